@@ -1,0 +1,29 @@
+"""qlower: a quantization-aware compiler for PyTorch models."""
+__version__ = "0.1.0"
+
+import logging as _logging
+
+
+class _DropOptionalKernelNoise(_logging.Filter):
+    """torchao logs a warning for each optional CUDA kernel library it cannot load, and torch
+    warns about a pytree registration inside torchao; both are noise on a CPU machine."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Failed to load") and "torchao" in msg) and "KernelPreference" not in msg
+
+
+for _name in ("torchao", "torch.utils._pytree"):
+    _logging.getLogger(_name).addFilter(_DropOptionalKernelNoise())
+
+from .api import compile, export, quantize  # noqa: E402
+from .capture import capture, load_pt2, save_pt2  # noqa: E402
+from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
+                     PassError, QlowerError, QuantizeError)
+from .meta import QPARAMS_KEY, QParams  # noqa: E402
+from .quantize import QuantConfig  # noqa: E402
+from .runtime import CompiledModule, load  # noqa: E402
+
+__all__ = ["compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
+           "CompiledModule", "QuantConfig", "QParams", "QPARAMS_KEY", "QlowerError", "CaptureError",
+           "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]

@@ -1,0 +1,69 @@
+"""The public face: compile(), quantize(), capture(), export(), load()."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import ops  # noqa: F401  (registers qlower ops)
+from .backends import get_backend, op_counts
+from .capture import capture, check_example_inputs, check_module, save_pt2
+from .errors import QlowerError, QuantizeError
+from .numerics import PROFILES
+from .passes import PassContext, PassManager, default_pipeline
+from .quantize import QuantConfig, is_quantized
+from .quantize import quantize as _quantize
+from .report import CompileReport
+from .runtime import CompiledModule, input_specs_of
+
+
+def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
+             dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """Q/DQ ExportedProgram of `model` (an already-quantized program is returned as is)."""
+    check_module(model)
+    return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+
+
+def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
+            dynamic_shapes=None, profile: str = "float") -> CompiledModule:
+    """Capture, (optionally) quantize, lower to integer ops, compile on `backend`.
+
+    quantize: None (float model, or an already-quantized program), "int8", or a QuantConfig.
+    profile:  requantization numerics profile, "float" (ONNX Runtime) or "fixed" (TOSA).
+    """
+    check_module(model)
+    example_inputs = check_example_inputs(example_inputs)
+    if profile not in PROFILES:
+        raise QlowerError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
+    if quantize is not None and quantize is not False:
+        if calibration is None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
+            raise QuantizeError("quantize was requested but no calibration data was given",
+                                hint="pass calibration=[(x,), ...] with a few representative inputs")
+        config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else quantize
+        ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+    else:
+        ep = capture(model, example_inputs, dynamic_shapes)
+    gm = ep.module()
+    ctx = PassManager(default_pipeline()).run(gm, PassContext(profile=profile))
+    chosen = get_backend(backend)
+    executable = chosen.compile(gm)
+    report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
+                           clusters=executable.clusters, rewrites=dict(ctx.rewrites),
+                           refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
+    if backend == "auto":
+        report.notes.append(f"backend 'auto' chose '{chosen.name}'")
+    dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
+    return CompiledModule(gm, executable, input_specs_of(gm), report, example_inputs, dyn)
+
+
+def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None) -> Path:
+    """Write a model to disk: "pt2" (torch.export program; a CompiledModule keeps its lowering)."""
+    path = Path(path)
+    if format != "pt2":
+        raise QlowerError(f"export format {format!r} is not available yet",
+                          hint="use format='pt2'; onnx and tosa land with their backends")
+    if isinstance(model_or_cm, CompiledModule):
+        return model_or_cm.save(path)
+    if example_inputs is None and not isinstance(model_or_cm, torch.export.ExportedProgram):
+        raise QlowerError("exporting an nn.Module needs example_inputs")
+    return save_pt2(capture(model_or_cm, example_inputs), path)

@@ -1,0 +1,31 @@
+"""Backends, one per folder. `get_backend(name)` resolves "auto" to the best available one."""
+from __future__ import annotations
+
+from ..errors import BackendError
+from .base import Backend, Executable, op_counts
+from .reference import ReferenceBackend
+
+_BACKENDS = {"reference": ReferenceBackend}
+# Preference order for backend="auto": the first available wins.
+AUTO_ORDER = ("reference",)
+
+
+def backend_names() -> list[str]:
+    return list(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            backend = _BACKENDS[candidate]()
+            if backend.available():
+                return backend
+    if name not in _BACKENDS:
+        raise BackendError(f"unknown backend {name!r}", hint=f"use 'auto' or one of {backend_names()}")
+    backend = _BACKENDS[name]()
+    if not backend.available():
+        raise BackendError(f"backend {name!r} is not available on this machine")
+    return backend
+
+
+__all__ = ["Backend", "Executable", "get_backend", "backend_names", "op_counts", "AUTO_ORDER"]

@@ -1,0 +1,83 @@
+"""The `qlower` command line."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="qlower: quantization-aware compiler for PyTorch models.")
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
+         backend: str = typer.Option("auto", help="auto | reference"),
+         runs: int = typer.Option(10, help="timed runs per stack (median reported)")):
+    """Quantize, compile and run the built-in models; print accuracy and latency."""
+    from .demo import run_demo
+    from .errors import QlowerError
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    try:
+        rows = run_demo(names, backend=backend, runs=runs)
+    except QlowerError as exc:
+        _fail(exc)
+    table = Table(title="qlower demo: int8 vs eager fp32 (batch 1)")
+    for col in ("model", "backend", "clusters", "fallbacks", "int conv/linear/matmul",
+                "SQNR dB", "cosine", "eager ms", "qlower ms", "speed-up"):
+        table.add_column(col, justify="right" if col not in ("model", "backend") else "left")
+    for r in rows:
+        table.add_row(r.model, r.backend, str(r.clusters), str(r.fallbacks), r.lowered,
+                      f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.eager_ms:.2f}", f"{r.qlower_ms:.2f}",
+                      f"{r.speedup:.2f}x")
+    console.print(table)
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)")):
+    """Print the graph of a .pt2 file and, for a qlower artifact, its compile report."""
+    from .errors import QlowerError
+    from .runtime import load
+    try:
+        cm = load(path)
+        console.print(str(cm.report()))
+        console.print(str(cm.graph_module.graph))
+    except QlowerError:
+        from .capture import load_pt2
+        try:
+            console.print(str(load_pt2(path).graph))
+        except QlowerError as exc:
+            _fail(exc)
+
+
+@app.command()
+def schema(path: Path = typer.Argument(..., help="a .pt2 file")):
+    """Print each call node's full op schema."""
+    from .capture import load_pt2
+    from .errors import QlowerError
+    from .fx import schema_of
+    try:
+        ep = load_pt2(path)
+    except QlowerError as exc:
+        _fail(exc)
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            console.print(f"{node.name}: {schema_of(node)}", markup=False)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    app(args=argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

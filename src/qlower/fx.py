@@ -1,0 +1,108 @@
+"""Small FX helpers shared by passes and backends: constants, shape metadata, Q/DQ recognition."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.fx import GraphModule, Node
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
+
+qd = torch.ops.quantized_decomposed
+QUANTIZE_OPS = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor,
+                qd.quantize_per_channel.default}
+DEQUANTIZE_OPS = {qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor,
+                  qd.dequantize_per_channel.default}
+
+_counter = itertools.count()
+
+
+def is_quantize(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in QUANTIZE_OPS
+
+
+def is_dequantize(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
+
+
+def constant_value(gm: GraphModule, node) -> torch.Tensor | None:
+    """The tensor behind a get_attr node, or None for anything that is not a constant."""
+    if not isinstance(node, Node) or node.op != "get_attr":
+        return None
+    obj = gm
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def fake_mode_of(gm: GraphModule):
+    vals = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    return detect_fake_mode(vals)
+
+
+def add_constant(gm: GraphModule, tensor: torch.Tensor, hint: str) -> Node:
+    """Register `tensor` as a buffer of gm and return a get_attr node for it (inserted at the
+    current insertion point), with meta['val'] set."""
+    name = f"_qlower_{hint}_{next(_counter)}"
+    while hasattr(gm, name):
+        name = f"_qlower_{hint}_{next(_counter)}"
+    gm.register_buffer(name, tensor.detach().clone(), persistent=True)
+    node = gm.graph.get_attr(name)
+    mode = fake_mode_of(gm)
+    node.meta["val"] = mode.from_tensor(tensor) if mode is not None else tensor
+    return node
+
+
+def _fake_arg(a, mode):
+    if isinstance(a, Node):
+        return a.meta["val"]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_fake_arg(x, mode) for x in a)
+    return a
+
+
+def infer_val(node: Node, gm: GraphModule) -> None:
+    """Compute node.meta['val'] by running its target on the fake values of its inputs."""
+    mode = fake_mode_of(gm)
+    args = _fake_arg(node.args, mode)
+    kwargs = {k: _fake_arg(v, mode) for k, v in node.kwargs.items()}
+    if mode is None:
+        node.meta["val"] = node.target(*args, **kwargs)
+        return
+    with mode:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+def call(gm: GraphModule, target, args, kwargs=None, like: Node | None = None) -> Node:
+    """Insert a call_function node at the current insertion point with meta['val'] computed,
+    carrying stack_trace from `like` so errors still point at the user's source line."""
+    node = gm.graph.call_function(target, tuple(args), kwargs or {})
+    if like is not None and "stack_trace" in like.meta:
+        node.meta["stack_trace"] = like.meta["stack_trace"]
+    infer_val(node, gm)
+    return node
+
+
+def source_of(node: Node) -> str | None:
+    """The last user-code frame of a node's stack trace ("file:line"), if recorded."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    return frames[-1] if frames else None
+
+
+def schema_of(node: Node) -> str:
+    """Full schema string of a call_function node's op (e.g. 'aten::add.Tensor(Tensor self, ...)')."""
+    schema = getattr(node.target, "_schema", None)
+    return str(schema) if schema is not None else str(node.target)
+
+
+def schema_name(node: Node) -> str:
+    """'ns::name.overload' for an OpOverload target ('ns::name' for the default overload)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return str(getattr(node.target, "__name__", node.target))
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")

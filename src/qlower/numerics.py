@@ -1,0 +1,185 @@
+"""THE canonical quantization numerics of qlower. Every other module calls these functions;
+there is no second copy of this math anywhere (see docs/numerics.md).
+
+Contract (all tensors on CPU):
+- quantize:   q = clamp(RNE(fp32(x) / fp32(s)) + zp, qmin, qmax)
+              IEEE fp32 *division* (not a reciprocal multiply), round half to even, zero point
+              added after rounding (in the integer domain), +-inf saturate to qmax/qmin,
+              NaN -> qmin (the ONNX Runtime/MLAS behaviour, so the onnxruntime backend agrees).
+- dequantize: x = fp32(int32(q) - zp) * fp32(s)
+- bias:       b_q = RNE(fp64(b) / fp64(s_acc)) as int32, s_acc = fp32(sx * sw); overflow -> error
+- requantize, two profiles (acc is the int32 accumulator, s_acc its fp32 scale):
+  * "float": M = fp32(s_acc / sy)   (ONNX Runtime QLinearConv/QLinearMatMul order:
+                                    fp32(fp32(sx*sw)/sy));  y = clamp(RNE(fp32(acc) * M) + zy)
+  * "fixed": TOSA RESCALE, SINGLE_ROUND: (m, shift) from fp64(s_acc)/fp64(sy) as TOSA's
+             reference utilities derive it; y = clamp(((int64(acc) * m + 2^(shift-1)) >> shift) + zy)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .errors import NumericsError
+
+Profile = Literal["float", "fixed"]
+PROFILES: tuple[str, ...] = ("float", "fixed")
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+_DTYPE_RANGE = {
+    torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767),
+    torch.int32: (INT32_MIN, INT32_MAX),
+}
+
+
+def dtype_range(dtype: torch.dtype) -> tuple[int, int]:
+    """Natural [qmin, qmax] of an integer storage dtype."""
+    if dtype not in _DTYPE_RANGE:
+        raise NumericsError(f"unsupported quantized storage dtype {dtype}",
+                            hint="use torch.uint8, torch.int8, torch.int16 or torch.int32")
+    return _DTYPE_RANGE[dtype]
+
+
+def _per_axis(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like`."""
+    if axis is None or t.numel() == 1:
+        return t.reshape(())
+    shape = [1] * like.dim()
+    shape[axis] = t.numel()
+    return t.reshape(shape)
+
+
+def _as_f32(v) -> torch.Tensor:
+    return torch.as_tensor(v, dtype=torch.float32)
+
+
+def _as_i32(v) -> torch.Tensor:
+    return torch.as_tensor(v).to(torch.int32)
+
+
+def quantize(x: torch.Tensor, scale, zero_point, qmin: int, qmax: int, dtype: torch.dtype,
+             axis: int | None = None) -> torch.Tensor:
+    """q = clamp(RNE(x / s) + zp, qmin, qmax); NaN -> qmin. See module docstring."""
+    x = x.to(torch.float32)
+    s = _per_axis(_as_f32(scale), x, axis)
+    zp = _per_axis(_as_i32(zero_point), x, axis)
+    r = torch.round(x / s)  # IEEE fp32 division, torch.round is half-to-even
+    # Clamping the rounded value to [qmin-zp, qmax-zp] in float is exact (all integers involved
+    # are < 2^24) and equals clamping after adding zp in int32; it also saturates +-inf.
+    lo, hi = (qmin - zp).to(torch.float32), (qmax - zp).to(torch.float32)
+    r = torch.minimum(torch.maximum(r, lo), hi)
+    r = torch.where(torch.isnan(r), lo, r)
+    return (r.to(torch.int32) + zp).to(dtype)
+
+
+def dequantize(q: torch.Tensor, scale, zero_point, axis: int | None = None) -> torch.Tensor:
+    """x = fp32(int32(q) - zp) * s."""
+    q32 = q.to(torch.int32)
+    s = _per_axis(_as_f32(scale), q32, axis)
+    zp = _per_axis(_as_i32(zero_point), q32, axis)
+    return (q32 - zp).to(torch.float32) * s
+
+
+def accumulator_scale(x_scale, w_scale) -> torch.Tensor:
+    """fp32(sx * sw): the scale of an int32 accumulator (and of a quantized bias)."""
+    return _as_f32(x_scale) * _as_f32(w_scale)
+
+
+def quantize_bias(bias: torch.Tensor, acc_scale) -> torch.Tensor:
+    """b_q = RNE(b / s_acc) in int32 (computed in fp64); raises if any value overflows int32."""
+    s = _as_f32(acc_scale).to(torch.float64).reshape(-1)
+    q = torch.round(bias.to(torch.float64) / (s if s.numel() > 1 else s.reshape(())))
+    if q.numel() and (not bool(torch.isfinite(q).all()) or q.abs().max().item() > INT32_MAX):
+        raise NumericsError("quantized bias overflows int32",
+                            hint="the activation or weight scale is too small for this bias")
+    return q.to(torch.int32)
+
+
+# ---------------------------------------------------------------- requantize: float profile
+def float_multiplier(acc_scale, out_scale) -> torch.Tensor:
+    """M = fp32(s_acc / sy), in fp32 exactly as ONNX Runtime's QLinear kernels compute it."""
+    return _as_f32(acc_scale) / _as_f32(out_scale)
+
+
+def requantize_float(acc: torch.Tensor, multiplier, out_zp: int, qmin: int, qmax: int,
+                     dtype: torch.dtype, axis: int | None = None) -> torch.Tensor:
+    """y = clamp(RNE(fp32(acc) * M) + zy). fp32(acc) drops low bits when |acc| > 2^24; that is
+    the documented behaviour of this profile (and of ONNX Runtime)."""
+    m = _per_axis(_as_f32(multiplier), acc, axis)
+    v = torch.round(acc.to(torch.float32) * m)
+    v = torch.clamp(v, float(qmin - out_zp), float(qmax - out_zp))
+    return (v.to(torch.int32) + int(out_zp)).to(dtype)
+
+
+# ---------------------------------------------------------------- requantize: fixed profile
+@dataclass(frozen=True)
+class FixedMultiplier:
+    """TOSA RESCALE parameters: value * scale ~= (value * multiplier) >> shift."""
+    multiplier: int
+    shift: int
+
+
+def fixed_multiplier(scale: float) -> FixedMultiplier:
+    """Derive a 32-bit (multiplier, shift) from a positive float scale the way TOSA's reference
+    utilities do: frexp, round-half-away of mantissa * 2^31, renormalise m == 2^31, and fold
+    shifts above 62 into the multiplier. Raises if the scale needs shift < 2."""
+    if not (scale > 0.0 and math.isfinite(scale)):
+        raise NumericsError(f"requantization scale must be positive and finite, got {scale!r}")
+    mantissa, exponent = math.frexp(scale)
+    m = int(math.floor(abs(mantissa) * (1 << 31) + 0.5))  # round half away from zero (m > 0)
+    if m == (1 << 31):
+        m //= 2
+        exponent += 1
+    shift = 31 - exponent
+    if shift > 62:
+        m >>= min(31, shift - 62)
+        shift = 62
+    if shift < 2:
+        raise NumericsError(f"requantization scale {scale!r} is too large for TOSA RESCALE",
+                            hint="scales >= 2^29 cannot be expressed with shift >= 2")
+    return FixedMultiplier(m, shift)
+
+
+def fixed_scale(acc_scale: float, out_scale: float) -> float:
+    """The real scale the fixed profile approximates: fp64(s_acc) / fp64(sy)."""
+    return float(acc_scale) / float(out_scale)
+
+
+def requantize_fixed(acc: torch.Tensor, multipliers: list[FixedMultiplier], out_zp: int,
+                     qmin: int, qmax: int, dtype: torch.dtype, axis: int | None = None) -> torch.Tensor:
+    """TOSA RESCALE SINGLE_ROUND: ((int64(acc) * m + 2^(shift-1)) >> shift) + zy, clamped.
+    Arithmetic shift right rounds toward -inf, so the tie rule is half toward +inf."""
+    a = acc.to(torch.int64)
+    m = _per_axis(torch.tensor([f.multiplier for f in multipliers], dtype=torch.int64), a, axis)
+    sh = _per_axis(torch.tensor([f.shift for f in multipliers], dtype=torch.int64), a, axis)
+    # |acc| < 2^31 and m < 2^31, so the product fits int64 without overflow.
+    v = torch.bitwise_right_shift(a * m + torch.bitwise_left_shift(torch.ones_like(sh), sh - 1), sh)
+    v = torch.clamp(v + int(out_zp), qmin, qmax)
+    return v.to(dtype)
+
+
+def requantize(acc: torch.Tensor, acc_scale, out_scale: float, out_zp: int, qmin: int, qmax: int,
+               dtype: torch.dtype, axis: int | None = None, profile: Profile = "float") -> torch.Tensor:
+    """Requantize an int32 accumulator of scale `acc_scale` (per-tensor or per-`axis`) to an
+    integer tensor of scale `out_scale`, under the named profile."""
+    if profile == "float":
+        return requantize_float(acc, float_multiplier(acc_scale, out_scale), out_zp, qmin, qmax,
+                                dtype, axis)
+    if profile == "fixed":
+        scales = _as_f32(acc_scale).reshape(-1).tolist()
+        mults = [fixed_multiplier(fixed_scale(s, out_scale)) for s in scales]
+        return requantize_fixed(acc, mults, out_zp, qmin, qmax, dtype, axis)
+    raise NumericsError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
+
+
+def clamp_range_for_activation(kind: str, scale: float, zero_point: int, qmin: int, qmax: int,
+                               lo: float | None = None, hi: float | None = None) -> tuple[int, int]:
+    """Integer output range after fusing relu / hardtanh / clamp(lo, hi) into requantization.
+    Exact because quantize is monotone and maps 0 to zp: Q(relu(y)) == max(Q(y), zp)."""
+    if kind == "relu":
+        return max(qmin, zero_point), qmax
+    q = lambda v: int(quantize(torch.tensor([v]), scale, zero_point, qmin, qmax, torch.int32)[0])
+    return (q(lo) if lo is not None else qmin), (q(hi) if hi is not None else qmax)

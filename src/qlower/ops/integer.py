@@ -1,0 +1,188 @@
+"""Integer ops of the lowered graph (namespace `qlower`), each with a bit-exact reference
+kernel that calls `qlower.numerics` and a fake kernel for shapes (symbolic dims allowed).
+
+Accumulating ops (conv1d/conv2d/linear/matmul) return the int32 accumulator
+sum((x - zx) * (w - zw)) (+ int32 bias); padding is a real zero (zx in the integer domain).
+Reference kernels compute in float64, which is exact for every int32 sum: each product is
+< 2^16 and every partial sum of a non-overflowing accumulator is < 2^53. A sum that leaves the
+int32 range raises instead of wrapping (the lowering pass proves it cannot happen first).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import numerics
+
+_NS = "qlower"
+
+
+def _axis(axis: Optional[int]) -> Optional[int]:
+    return None if axis is None or axis < -16 else axis
+
+
+# ------------------------------------------------------------------------------ quant ops
+@torch.library.custom_op(f"{_NS}::quantize", mutates_args=())
+def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int,
+             dtype: torch.dtype, axis: Optional[int] = None) -> torch.Tensor:
+    return numerics.quantize(x, scale, zero_point, qmin, qmax, dtype, _axis(axis))
+
+
+@quantize.register_fake
+def _(x, scale, zero_point, qmin, qmax, dtype, axis=None):
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.custom_op(f"{_NS}::dequantize", mutates_args=())
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+               axis: Optional[int] = None) -> torch.Tensor:
+    return numerics.dequantize(q, scale, zero_point, _axis(axis))
+
+
+@dequantize.register_fake
+def _(q, scale, zero_point, axis=None):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::requantize", mutates_args=())
+def requantize(acc: torch.Tensor, acc_scale: torch.Tensor, out_scale: float, out_zp: int,
+               qmin: int, qmax: int, dtype: torch.dtype, axis: Optional[int] = None,
+               profile: str = "float") -> torch.Tensor:
+    return numerics.requantize(acc, acc_scale, out_scale, out_zp, qmin, qmax, dtype,
+                               _axis(axis), profile)  # type: ignore[arg-type]
+
+
+@requantize.register_fake
+def _(acc, acc_scale, out_scale, out_zp, qmin, qmax, dtype, axis=None, profile="float"):
+    return acc.new_empty(acc.shape, dtype=dtype)
+
+
+# ------------------------------------------------------------------------ accumulating ops
+def _centered(q: torch.Tensor, zp: torch.Tensor | int, axis: int | None = None) -> torch.Tensor:
+    zp_t = torch.as_tensor(zp, dtype=torch.float64)
+    if axis is not None and zp_t.numel() > 1:
+        shape = [1] * q.dim()
+        shape[axis] = zp_t.numel()
+        zp_t = zp_t.reshape(shape)
+    else:
+        zp_t = zp_t.reshape(())
+    return q.to(torch.float64) - zp_t
+
+
+def _to_int32(acc: torch.Tensor, bias: Optional[torch.Tensor], bias_axis: int, op: str) -> torch.Tensor:
+    if bias is not None:
+        shape = [1] * acc.dim()
+        shape[bias_axis] = bias.numel()
+        acc = acc + bias.to(torch.float64).reshape(shape)
+    if acc.numel() and (acc.max().item() > numerics.INT32_MAX or acc.min().item() < numerics.INT32_MIN):
+        raise OverflowError(f"qlower::{op}: int32 accumulator overflow")
+    return acc.to(torch.int32)
+
+
+@torch.library.custom_op(f"{_NS}::conv2d", mutates_args=())
+def conv2d(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor, bias: Optional[torch.Tensor],
+           stride: list[int], padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+    acc = F.conv2d(_centered(x, x_zp), _centered(w, w_zp, 0), None, stride, padding, dilation, groups)
+    return _to_int32(acc, bias, 1, "conv2d")
+
+
+@conv2d.register_fake
+def _(x, x_zp, w, w_zp, bias, stride, padding, dilation, groups):
+    return F.conv2d(x.to(torch.float32), w.to(torch.float32), None, stride, padding, dilation,
+                    groups).to(torch.int32)
+
+
+@torch.library.custom_op(f"{_NS}::conv1d", mutates_args=())
+def conv1d(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor, bias: Optional[torch.Tensor],
+           stride: list[int], padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+    acc = F.conv1d(_centered(x, x_zp), _centered(w, w_zp, 0), None, stride, padding, dilation, groups)
+    return _to_int32(acc, bias, 1, "conv1d")
+
+
+@conv1d.register_fake
+def _(x, x_zp, w, w_zp, bias, stride, padding, dilation, groups):
+    return F.conv1d(x.to(torch.float32), w.to(torch.float32), None, stride, padding, dilation,
+                    groups).to(torch.int32)
+
+
+@torch.library.custom_op(f"{_NS}::linear", mutates_args=())
+def linear(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor,
+           bias: Optional[torch.Tensor]) -> torch.Tensor:
+    acc = torch.matmul(_centered(x, x_zp), _centered(w, w_zp, 0).t())
+    return _to_int32(acc, bias, acc.dim() - 1, "linear")
+
+
+@linear.register_fake
+def _(x, x_zp, w, w_zp, bias):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{_NS}::matmul", mutates_args=())
+def matmul(a: torch.Tensor, a_zp: int, b: torch.Tensor, b_zp: int) -> torch.Tensor:
+    return _to_int32(torch.matmul(_centered(a, a_zp), _centered(b, b_zp)), None, 0, "matmul")
+
+
+@matmul.register_fake
+def _(a, a_zp, b, b_zp):
+    return torch.matmul(a.to(torch.float32), b.to(torch.float32)).to(torch.int32)
+
+
+# ---------------------------------------------------------------- elementwise quantized ops
+def _binary(op, a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype):
+    # Defined through the canonical dequantize / quantize: y = Q(op(DQ(a), DQ(b))) in fp32.
+    y = op(numerics.dequantize(a, a_scale, a_zp), numerics.dequantize(b, b_scale, b_zp))
+    return numerics.quantize(y, out_scale, out_zp, qmin, qmax, dtype)
+
+
+@torch.library.custom_op(f"{_NS}::add", mutates_args=())
+def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float, b_zp: int,
+        out_scale: float, out_zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+    return _binary(torch.add, a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype)
+
+
+@add.register_fake
+def _(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype):
+    return torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+
+
+@torch.library.custom_op(f"{_NS}::mul", mutates_args=())
+def mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float, b_zp: int,
+        out_scale: float, out_zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+    return _binary(torch.mul, a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype)
+
+
+@mul.register_fake
+def _(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype):
+    return torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+
+
+# ------------------------------------------------------------ integer pass-through ops
+@torch.library.custom_op(f"{_NS}::max_pool2d", mutates_args=())
+def max_pool2d(q: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+               dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    # Integers up to 2^24 are exact in fp32, and max commutes with the monotone Q/DQ maps.
+    y = F.max_pool2d(q.to(torch.float32), kernel_size, stride or kernel_size, padding, dilation,
+                     ceil_mode)
+    return y.to(q.dtype)
+
+
+@max_pool2d.register_fake
+def _(q, kernel_size, stride, padding, dilation, ceil_mode):
+    return F.max_pool2d(q.to(torch.float32), kernel_size, stride or kernel_size, padding, dilation,
+                        ceil_mode).to(q.dtype)
+
+
+INTEGER_OPS = {
+    "quantize": torch.ops.qlower.quantize.default,
+    "dequantize": torch.ops.qlower.dequantize.default,
+    "requantize": torch.ops.qlower.requantize.default,
+    "conv1d": torch.ops.qlower.conv1d.default,
+    "conv2d": torch.ops.qlower.conv2d.default,
+    "linear": torch.ops.qlower.linear.default,
+    "matmul": torch.ops.qlower.matmul.default,
+    "add": torch.ops.qlower.add.default,
+    "mul": torch.ops.qlower.mul.default,
+    "max_pool2d": torch.ops.qlower.max_pool2d.default,
+}

@@ -1,0 +1,14 @@
+"""Graph passes, one per file. `default_pipeline()` is the order qlower runs them in."""
+from .attach_qparams import AttachQParams
+from .base import Pass, PassContext
+from .canonicalize_qdq import CanonicalizeQDQ
+from .lower_qdq import LowerQDQ
+from .manager import PassManager, verify
+
+
+def default_pipeline() -> list[Pass]:
+    return [AttachQParams(), LowerQDQ(), CanonicalizeQDQ()]
+
+
+__all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
+           "AttachQParams", "LowerQDQ", "CanonicalizeQDQ"]

@@ -1,0 +1,71 @@
+"""PassManager: runs passes (to a fixpoint where asked), verifies the graph after each one,
+and dumps before/after graphs when QLOWER_DUMP_PASSES=<dir> is set."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.fx import GraphModule
+
+from ..errors import PassError
+from ..fx import source_of
+from ..meta import QPARAMS_KEY
+from .base import Pass, PassContext
+
+DUMP_ENV = "QLOWER_DUMP_PASSES"
+MAX_FIXPOINT_ITERATIONS = 32
+
+
+def verify(gm: GraphModule, after: str) -> None:
+    """Graph invariants every pass must keep: FX lint clean, meta['val'] on every value node,
+    and QParams consistent with the shape they describe."""
+    try:
+        gm.graph.lint()
+    except Exception as exc:
+        raise PassError(f"graph is malformed after pass '{after}': {exc}") from exc
+    for node in gm.graph.nodes:
+        if node.op in ("output", "call_module") or (node.op == "placeholder" and not node.users):
+            continue
+        val = node.meta.get("val")
+        if val is None:
+            raise PassError(f"node has no meta['val'] after pass '{after}'", node=node.name,
+                            source=source_of(node), hint="passes must set meta['val'] on new nodes")
+        qp = node.meta.get(QPARAMS_KEY)
+        if qp is not None and isinstance(val, torch.Tensor):
+            problem = qp.check_shape(tuple(val.shape))
+            if problem:
+                raise PassError(f"QParams inconsistent with shape after pass '{after}': {problem}",
+                                node=node.name, source=source_of(node))
+
+
+class PassManager:
+    def __init__(self, passes: list[Pass], *, verify_each: bool = True, dump_dir: str | None = None):
+        self.passes = passes
+        self.verify_each = verify_each
+        self.dump_dir = Path(dump_dir or os.environ.get(DUMP_ENV, "") or ".") if (
+            dump_dir or os.environ.get(DUMP_ENV)) else None
+
+    def run(self, gm: GraphModule, ctx: PassContext | None = None) -> PassContext:
+        ctx = ctx or PassContext()
+        for index, p in enumerate(self.passes):
+            self._dump(gm, index, p, "before")
+            for _ in range(MAX_FIXPOINT_ITERATIONS if p.fixpoint else 1):
+                changed = p.run(gm, ctx)
+                gm.recompile()
+                if self.verify_each:
+                    verify(gm, p.name)
+                if not changed:
+                    break
+            else:
+                if p.fixpoint:
+                    raise PassError(f"pass '{p.name}' did not reach a fixpoint in "
+                                    f"{MAX_FIXPOINT_ITERATIONS} iterations")
+            self._dump(gm, index, p, "after")
+        return ctx
+
+    def _dump(self, gm: GraphModule, index: int, p: Pass, when: str) -> None:
+        if self.dump_dir is None:
+            return
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        (self.dump_dir / f"{index:02d}-{p.name}-{when}.txt").write_text(str(gm.graph))

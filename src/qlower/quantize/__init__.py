@@ -1,0 +1,49 @@
+"""Quantization: qlower's PT2E Quantizer, observers, calibration and the `quantize` entry."""
+from __future__ import annotations
+
+import torch
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+from ..capture import capture, check_example_inputs
+from ..errors import QuantizeError
+from .calibrate import calibrate
+from .config import QuantConfig
+from .quantizer import QlowerQuantizer
+
+__all__ = ["QuantConfig", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
+
+_QDQ_NAMESPACES = ("quantized_decomposed",)
+
+
+def is_quantized(program) -> bool:
+    """True when the graph already holds Q/DQ nodes (an already-quantized program)."""
+    gm = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
+    return any(n.op == "call_function" and getattr(n.target, "namespace", None) in _QDQ_NAMESPACES
+               for n in gm.graph.nodes)
+
+
+def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
+             dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """Capture, annotate with `QlowerQuantizer`, calibrate, convert: a Q/DQ ExportedProgram.
+    An already-quantized ExportedProgram is returned as is."""
+    if isinstance(model, torch.export.ExportedProgram) and is_quantized(model):
+        return model
+    if isinstance(config, str):
+        config = QuantConfig.from_name(config)
+    if calibration is None:
+        raise QuantizeError("quantization needs calibration data",
+                            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
+    example_inputs = check_example_inputs(example_inputs)
+    ep = capture(model, example_inputs, dynamic_shapes)
+    observed = prepare_pt2e(ep.module(), QlowerQuantizer(config))
+    calibrate(observed, calibration)
+    converted = convert_pt2e(observed, fold_quantize=True)
+    # Re-export so callers get a self-contained program with shape metadata on every node.
+    return torch.export.export(converted, example_inputs, dynamic_shapes=_positional(dynamic_shapes))
+
+
+def _positional(dynamic_shapes):
+    """ep.module() takes positional args; keyed dynamic_shapes become a positional tuple."""
+    if isinstance(dynamic_shapes, dict):
+        return tuple(dynamic_shapes.values())
+    return dynamic_shapes

@@ -1,0 +1,48 @@
+"""Quantization configuration (typed, immutable)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import QuantizeError
+
+Observer = Literal["minmax", "histogram", "percentile"]
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What qlower's Quantizer produces.
+
+    activation_dtype: "uint8" (asymmetric, the default and the fast x86 path) or "int8"
+        (symmetric, zero point 0).
+    weight_bits: 8 -> int8 symmetric weights in [-127, 127]; 7 -> [-63, 63] (`reduce_range`:
+        AVX2 without VNNI saturates 16-bit pair sums of u8*s8, 7-bit weights keep it exact).
+    per_channel: per-output-channel weight scales (else per-tensor).
+    observer: activation observer: "minmax", "histogram" (torchao's HistogramObserver, an
+        L2-error search over a histogram) or "percentile" (clips at `percentile`).
+    """
+    activation_dtype: Literal["uint8", "int8"] = "uint8"
+    weight_bits: Literal[7, 8] = 8
+    per_channel: bool = True
+    observer: Observer = "minmax"
+    percentile: float = 99.99
+
+    def __post_init__(self):
+        if self.activation_dtype not in ("uint8", "int8"):
+            raise QuantizeError(f"activation_dtype must be 'uint8' or 'int8', got {self.activation_dtype!r}")
+        if self.weight_bits not in (7, 8):
+            raise QuantizeError(f"weight_bits must be 7 or 8, got {self.weight_bits!r}")
+        if self.observer not in ("minmax", "histogram", "percentile"):
+            raise QuantizeError(f"unknown observer {self.observer!r}",
+                                hint="use 'minmax', 'histogram' or 'percentile'")
+        if not 50.0 < self.percentile <= 100.0:
+            raise QuantizeError(f"percentile must be in (50, 100], got {self.percentile}")
+
+    @staticmethod
+    def from_name(name: str) -> "QuantConfig":
+        presets = {"int8": QuantConfig(), "uint8": QuantConfig(),
+                   "int8-symmetric": QuantConfig(activation_dtype="int8"),
+                   "int8-7bit-weights": QuantConfig(weight_bits=7)}
+        if name not in presets:
+            raise QuantizeError(f"unknown quantization preset {name!r}", hint=f"use one of {sorted(presets)}")
+        return presets[name]

@@ -1,0 +1,162 @@
+"""qlower's PT2E Quantizer: annotates an exported ATen graph for torchao's prepare_pt2e.
+
+Scheme (QuantConfig): activations uint8 asymmetric per-tensor (or int8 symmetric), weights int8
+symmetric per-output-channel, bias int32 with scale fp32(sx * sw) (derived, zero point 0).
+- conv1d/conv2d/linear: input, weight, bias; output (or the output of a directly following
+  relu/hardtanh/clamp, which is then fused).
+- matmul/bmm, add/mul (tensor operands): every tensor input, output (relu fused as above).
+- ops that cannot widen the range (relu, pools, reshape family, concat): output shares the
+  input's qparams, so they run on integers unchanged.
+Everything else (softmax, layer_norm, gelu, ...) stays float: its inputs are dequantized.
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e.quantizer import (DerivedQuantizationSpec, QuantizationAnnotation,
+                                                 QuantizationSpec, Quantizer, SharedQuantizationSpec)
+
+from .. import numerics
+from .config import QuantConfig
+from .observers import PercentileObserver
+
+aten = torch.ops.aten
+ANNOTATION_KEY = "quantization_annotation"
+
+WEIGHTED_OPS = {aten.conv1d.default: 1, aten.conv2d.default: 1, aten.linear.default: 1}
+BINARY_OPS = {aten.matmul.default, aten.bmm.default, aten.add.Tensor, aten.mul.Tensor}
+FUSABLE_ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default,
+                       aten.hardtanh_.default, aten.clamp.default}
+RANGE_PRESERVING_OPS = {
+    aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.clamp.default,
+    aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default,
+    aten.reshape.default, aten.view.default, aten.flatten.using_ints, aten.permute.default,
+    aten.transpose.int, aten.squeeze.dim, aten.unsqueeze.default, aten.contiguous.default,
+}
+CONCAT_OPS = {aten.cat.default, aten.concat.default}
+
+
+class QlowerQuantizer(Quantizer):
+    """PT2E quantizer implementing the scheme in the module docstring."""
+
+    def __init__(self, config: QuantConfig | None = None):
+        super().__init__()
+        self.config = config or QuantConfig()
+        self.act_spec = self._activation_spec()
+        self.weight_spec = self._weight_spec()
+
+    # ---------------------------------------------------------------- specs
+    def _activation_spec(self) -> QuantizationSpec:
+        c = self.config
+        unsigned = c.activation_dtype == "uint8"
+        dtype = torch.uint8 if unsigned else torch.int8
+        qmin, qmax = numerics.dtype_range(dtype)
+        if c.observer == "histogram":
+            ctor = HistogramObserver
+        elif c.observer == "percentile":
+            ctor = PercentileObserver.with_args(percentile=c.percentile)
+        else:
+            ctor = MinMaxObserver
+        return QuantizationSpec(
+            dtype=dtype, quant_min=qmin, quant_max=qmax,
+            qscheme=torch.per_tensor_affine if unsigned else torch.per_tensor_symmetric,
+            is_dynamic=False, observer_or_fake_quant_ctr=ctor.with_args(eps=2**-12))
+
+    def _weight_spec(self) -> QuantizationSpec:
+        c = self.config
+        bound = (1 << (c.weight_bits - 1)) - 1
+        if c.per_channel:
+            return QuantizationSpec(dtype=torch.int8, quant_min=-bound, quant_max=bound,
+                                    qscheme=torch.per_channel_symmetric, ch_axis=0, is_dynamic=False,
+                                    observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12))
+        return QuantizationSpec(dtype=torch.int8, quant_min=-bound, quant_max=bound,
+                                qscheme=torch.per_tensor_symmetric, is_dynamic=False,
+                                observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
+
+    def _bias_spec(self, node: Node) -> DerivedQuantizationSpec:
+        act, weight = node.args[0], node.args[1]
+
+        def derive(observers):
+            act_scale, _ = observers[0].calculate_qparams()
+            w_scale, _ = observers[1].calculate_qparams()
+            scale = numerics.accumulator_scale(act_scale, w_scale).reshape(-1)
+            return scale, torch.zeros_like(scale, dtype=torch.int32)
+
+        per_channel = self.config.per_channel
+        return DerivedQuantizationSpec(
+            derived_from=[(act, node), (weight, node)], derive_qparams_fn=derive, dtype=torch.int32,
+            quant_min=numerics.INT32_MIN, quant_max=numerics.INT32_MAX,
+            qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
+            ch_axis=0 if per_channel else None)
+
+    # ---------------------------------------------------------------- annotation
+    def annotate(self, model: GraphModule) -> GraphModule:
+        for node in model.graph.nodes:
+            if node.op != "call_function" or _annotated(node):
+                continue
+            if node.target in WEIGHTED_OPS:
+                self._annotate_weighted(node)
+            elif node.target in BINARY_OPS:
+                self._annotate_binary(node)
+        for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
+            if node.op != "call_function" or _annotated(node):
+                continue
+            if node.target in RANGE_PRESERVING_OPS and _is_float_tensor(node.args[0]):
+                self._annotate_shared(node, [node.args[0]])
+            elif node.target in CONCAT_OPS and all(_is_float_tensor(a) for a in node.args[0]):
+                self._annotate_shared(node, list(node.args[0]))
+        return model
+
+    def _output_node(self, node: Node) -> Node:
+        """The node whose output carries `node`'s qparams: a sole following activation if any."""
+        users = list(node.users)
+        if len(users) == 1 and users[0].target in FUSABLE_ACTIVATIONS and not _annotated(users[0]):
+            return users[0]
+        return node
+
+    def _finish(self, node: Node, inputs: dict) -> None:
+        out = self._output_node(node)
+        if out is node:
+            node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, self.act_spec, _annotated=True)
+        else:
+            node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
+            out.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, self.act_spec, _annotated=True)
+
+    def _annotate_weighted(self, node: Node) -> None:
+        x, w = node.args[0], node.args[1]
+        bias = node.args[2] if len(node.args) > 2 else None
+        if not (_is_float_tensor(x) and _is_float_tensor(w)):
+            return
+        inputs = {x: self.act_spec, w: self.weight_spec}
+        if isinstance(bias, Node) and _is_float_tensor(bias):
+            inputs[bias] = self._bias_spec(node)
+        self._finish(node, inputs)
+
+    def _annotate_binary(self, node: Node) -> None:
+        tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
+        if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
+            return
+        self._finish(node, {a: self.act_spec for a in tensors})
+
+    def _annotate_shared(self, node: Node, inputs: list[Node]) -> None:
+        first = inputs[0]
+        spec = {first: self.act_spec}
+        spec.update({a: SharedQuantizationSpec((first, node)) for a in inputs[1:]})
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+            spec, SharedQuantizationSpec((first, node)), _annotated=True)
+
+    def validate(self, model: GraphModule) -> None:
+        pass
+
+
+def _annotated(node: Node) -> bool:
+    a = node.meta.get(ANNOTATION_KEY)
+    return a is not None and a._annotated
+
+
+def _is_float_tensor(arg) -> bool:
+    if not isinstance(arg, Node):
+        return False
+    val = arg.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point

@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+import qlower  # noqa: F401  (registers ops)
+from qlower import zoo
+
+
+class SmallNet(torch.nn.Module):
+    """conv-bn-relu, maxpool, residual add, mean, linear: the lowering's core patterns."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        y = torch.nn.functional.max_pool2d(y, 2)
+        y = torch.relu(self.conv2(y) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.fixture
+def small_net():
+    torch.manual_seed(0)
+    return SmallNet().eval()
+
+
+def calib(shape, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g),) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def quantized_zoo():
+    """Q/DQ programs of the demo models, built once per session."""
+    out = {}
+    for name in ("cnn", "transformer"):
+        e = zoo.get(name)
+        out[name] = (e, e.model(), qlower.quantize(e.model(), e.inputs(1), e.calibration(4)))
+    return out
