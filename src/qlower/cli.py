@@ -50,12 +50,12 @@ def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export pro
     from .runtime import load
     try:
         cm = load(path)
-        console.print(str(cm.report()))
-        console.print(str(cm.graph_module.graph))
+        console.print(str(cm.report()), markup=False)
+        console.print(str(cm.graph_module.graph), markup=False)
     except QlowerError:
         from .capture import load_pt2
         try:
-            console.print(str(load_pt2(path).graph))
+            console.print(str(load_pt2(path).graph), markup=False)
         except QlowerError as exc:
             _fail(exc)
 

@@ -52,16 +52,17 @@ class QlowerQuantizer(Quantizer):
         unsigned = c.activation_dtype == "uint8"
         dtype = torch.uint8 if unsigned else torch.int8
         qmin, qmax = numerics.dtype_range(dtype)
+        extra = {"eps": 2**-12}
         if c.observer == "histogram":
             ctor = HistogramObserver
         elif c.observer == "percentile":
-            ctor = PercentileObserver.with_args(percentile=c.percentile)
+            ctor, extra = PercentileObserver, {**extra, "percentile": c.percentile}
         else:
             ctor = MinMaxObserver
         return QuantizationSpec(
             dtype=dtype, quant_min=qmin, quant_max=qmax,
             qscheme=torch.per_tensor_affine if unsigned else torch.per_tensor_symmetric,
-            is_dynamic=False, observer_or_fake_quant_ctr=ctor.with_args(eps=2**-12))
+            is_dynamic=False, observer_or_fake_quant_ctr=ctor.with_args(**extra))
 
     def _weight_spec(self) -> QuantizationSpec:
         c = self.config

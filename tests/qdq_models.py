@@ -1,0 +1,47 @@
+"""Hand-written Q/DQ models: exact control over qparams for pass tests."""
+import torch
+import torch.nn.functional as F
+
+import qlower  # noqa: F401
+
+qd = torch.ops.quantized_decomposed
+
+
+class QDQLinear(torch.nn.Module):
+    """x -> Q/DQ -> linear(DQ(w_int8, per-channel on `axis`)) -> [relu] -> Q/DQ."""
+
+    def __init__(self, k=16, n=8, axis=0, relu=False, weight_value=None, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+        if weight_value is not None:
+            w = torch.full((n, k), weight_value, dtype=torch.int8)
+        self.register_buffer("w", w)
+        channels = w.shape[axis]
+        self.register_buffer("ws", torch.rand(channels, generator=g) * 0.01 + 0.001)
+        self.register_buffer("wz", torch.zeros(channels, dtype=torch.int64))
+        self.axis, self.relu = axis, relu
+
+    def forward(self, x):
+        xd = qd.dequantize_per_tensor(qd.quantize_per_tensor(x, 0.05, 0, 0, 255, torch.uint8),
+                                      0.05, 0, 0, 255, torch.uint8)
+        wd = qd.dequantize_per_channel(self.w, self.ws, self.wz, self.axis, -127, 127, torch.int8)
+        y = F.linear(xd, wd)
+        if self.relu:
+            y = torch.relu(y)
+        return qd.dequantize_per_tensor(qd.quantize_per_tensor(y, 0.1, 100, 0, 255, torch.uint8),
+                                        0.1, 100, 0, 255, torch.uint8)
+
+
+class RequantChain(torch.nn.Module):
+    """Q -> DQ -> Q (same params) -> DQ: the middle pair is value-preserving."""
+
+    def forward(self, x):
+        q = qd.quantize_per_tensor(x, 0.05, 10, 0, 255, torch.uint8)
+        d = qd.dequantize_per_tensor(q, 0.05, 10, 0, 255, torch.uint8)
+        q2 = qd.quantize_per_tensor(d, 0.05, 10, 0, 255, torch.uint8)
+        return qd.dequantize_per_tensor(q2, 0.05, 10, 0, 255, torch.uint8)
+
+
+def graph_module(model, *inputs):
+    return torch.export.export(model, inputs).module()

@@ -1,0 +1,106 @@
+import pytest
+import torch
+
+import qlower
+from qlower.errors import BackendError, InputError
+
+from conftest import calib
+
+ops = torch.ops.qlower
+
+
+class TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+        self.b = torch.nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        return {"a": self.a(x), "b": (self.b(y), x.sum())}
+
+
+def compiled(model, shape, **kw):
+    return qlower.compile(model, (torch.randn(*shape),), quantize="int8", calibration=calib(shape),
+                          backend="reference", **kw)
+
+
+def test_compile_reference_lowers_everything_and_reports(small_net):
+    cm = compiled(small_net, (1, 3, 8, 8))
+    report = cm.report()
+    assert report.backend == "reference" and report.quantized
+    assert report.lowered_fraction() == (3, 3)
+    assert len(report.clusters) == 1 and not report.fallbacks
+    assert "qlower::conv2d" in str(report)
+    y = cm(torch.randn(1, 3, 8, 8))
+    assert y.shape == (1, 5)
+
+
+def test_output_structure_is_preserved():
+    torch.manual_seed(0)
+    m = TwoOutputs().eval()
+    x, y = torch.randn(2, 8), torch.randn(2, 8)
+    cm = qlower.compile(m, (x, y), quantize="int8", calibration=[(x, y)], backend="reference")
+    out = cm(x, y)
+    assert set(out) == {"a", "b"} and isinstance(out["b"], tuple) and out["b"][0].shape == (2, 3)
+    assert torch.equal(out["b"][1], x.sum())
+
+
+def test_float_compile_without_quantization_is_exact(small_net):
+    x = torch.randn(1, 3, 8, 8)
+    cm = qlower.compile(small_net, (x,), backend="reference")
+    assert not cm.report().quantized
+    assert torch.equal(cm(x), small_net(x))
+
+
+def test_save_load_roundtrip_identical(small_net, tmp_path):
+    cm = compiled(small_net, (1, 3, 8, 8))
+    x = torch.randn(1, 3, 8, 8)
+    path = cm.save(tmp_path / "m.pt2")
+    cm2 = qlower.load(path)
+    assert torch.equal(cm2(x), cm(x))
+    assert cm2.report().rewrites == cm.report().rewrites
+    with pytest.raises(InputError):
+        cm2(torch.randn(1, 3, 9, 8))
+
+
+def test_dynamic_batch_runs_at_several_sizes(small_net, tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=16)
+    cm = compiled(small_net, (2, 3, 8, 8), dynamic_shapes={"x": {0: batch}})
+    outs = {b: cm(torch.randn(b, 3, 8, 8)).shape for b in (1, 3, 8)}
+    assert outs == {1: (1, 5), 3: (3, 5), 8: (8, 5)}
+    cm2 = qlower.load(cm.save(tmp_path / "dyn.pt2"))
+    x = torch.randn(3, 3, 8, 8)
+    assert torch.equal(cm2(x), cm(x))
+
+
+@pytest.mark.parametrize("args,match", [
+    ((), "expected 1 input"),
+    ((torch.randn(1, 3, 8, 8), torch.randn(1)), "expected 1 input"),
+    ((torch.randn(1, 3, 8, 8).double(),), "dtype float32"),
+    ((torch.randn(3, 8, 8),), "rank 4"),
+    ((torch.randn(2, 3, 8, 8),), "dim 0 must be 1"),
+    (("x",), "expected a tensor"),
+])
+def test_bad_call_inputs_are_typed(small_net, args, match):
+    cm = compiled(small_net, (1, 3, 8, 8))
+    with pytest.raises(InputError, match=match) as info:
+        cm(*args)
+    assert info.value.hint
+
+
+def test_bad_compile_arguments_are_typed(small_net):
+    x = (torch.randn(1, 3, 8, 8),)
+    with pytest.raises(BackendError, match="unknown backend"):
+        qlower.compile(small_net, x, backend="tpu")
+    with pytest.raises(qlower.QlowerError, match="profile"):
+        qlower.compile(small_net, x, profile="double")
+    with pytest.raises(qlower.CaptureError):
+        qlower.compile("not a model", x)
+
+
+def test_fixed_profile_compiles_and_stays_accurate(small_net):
+    x = torch.randn(1, 3, 8, 8)
+    a = compiled(small_net, (1, 3, 8, 8))
+    b = compiled(small_net, (1, 3, 8, 8), profile="fixed")
+    assert b.report().profile == "fixed"
+    assert qlower.report.sqnr_db(a(x), b(x)) > 30

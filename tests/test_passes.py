@@ -1,0 +1,158 @@
+import pytest
+import torch
+
+import qlower
+from qlower.errors import PassError
+from qlower.fx import add_constant
+from qlower.meta import QPARAMS_KEY, QParams
+from qlower.passes import (AttachQParams, CanonicalizeQDQ, LowerQDQ, Pass, PassContext, PassManager,
+                           default_pipeline)
+
+from qdq_models import QDQLinear, RequantChain, graph_module
+
+ops = torch.ops.qlower
+
+
+def targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+# ---------------------------------------------------------------- AttachQParams
+def test_attach_qparams_per_tensor_and_per_channel():
+    m = QDQLinear()
+    gm = graph_module(m, torch.randn(2, 16))
+    ctx = PassContext()
+    assert AttachQParams().run(gm, ctx)
+    qps = [n.meta[QPARAMS_KEY] for n in gm.graph.nodes if QPARAMS_KEY in n.meta]
+    per_channel = [q for q in qps if q.per_channel]
+    assert len(per_channel) == 1
+    assert per_channel[0].axis == 0 and per_channel[0].dtype == torch.int8
+    assert per_channel[0].scale == tuple(m.ws.tolist())
+    assert QParams((0.05,), (0,), 0, 255, torch.uint8) in qps
+    assert not AttachQParams().run(gm, ctx)  # idempotent
+
+
+# ---------------------------------------------------------------- PassManager
+class DropsMeta(Pass):
+    name = "drops_meta"
+
+    def run(self, gm, ctx):
+        node = next(n for n in gm.graph.nodes if n.op == "call_function")
+        del node.meta["val"]
+        return True
+
+
+class BadQParams(Pass):
+    name = "bad_qparams"
+
+    def run(self, gm, ctx):
+        node = next(n for n in gm.graph.nodes if n.op == "call_function")
+        node.meta[QPARAMS_KEY] = QParams((1.0,) * 3, (0,) * 3, -127, 127, torch.int8, axis=1)
+        return True
+
+
+class NeverSettles(Pass):
+    name = "never_settles"
+    fixpoint = True
+
+    def run(self, gm, ctx):
+        return True
+
+
+@pytest.mark.parametrize("bad,match", [(DropsMeta(), "meta"), (BadQParams(), "QParams inconsistent"),
+                                       (NeverSettles(), "fixpoint")])
+def test_manager_verification_failures(bad, match):
+    gm = graph_module(QDQLinear(), torch.randn(2, 16))
+    with pytest.raises(PassError, match=match):
+        PassManager([bad]).run(gm)
+
+
+def test_manager_dumps_graphs_when_env_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("QLOWER_DUMP_PASSES", str(tmp_path))
+    gm = graph_module(QDQLinear(), torch.randn(2, 16))
+    PassManager(default_pipeline()).run(gm)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "01-lower_qdq-before.txt" in names and "01-lower_qdq-after.txt" in names
+    assert "qlower.linear" in (tmp_path / "01-lower_qdq-after.txt").read_text()
+
+
+# ---------------------------------------------------------------- LowerQDQ
+def lowered(model, x, profile="float"):
+    gm = graph_module(model, x)
+    ctx = PassManager([AttachQParams(), LowerQDQ()]).run(gm, PassContext(profile=profile))
+    return gm, ctx
+
+
+def test_lower_linear_positive_with_relu_fused():
+    x = torch.randn(64, 16)
+    m = QDQLinear(relu=True)
+    gm, ctx = lowered(m, x)
+    assert ops.linear.default in targets(gm) and torch.ops.aten.linear.default not in targets(gm)
+    rq = next(n for n in gm.graph.nodes if n.target == ops.requantize.default)
+    assert rq.args[4:6] == (100, 255)  # relu fused: lower bound is the zero point
+    # Numerics before/after: integer path vs the float Q/DQ graph, within 1 LSB, mostly equal.
+    ref = graph_module(m, x)
+    diff = ((gm(x) - ref(x)).abs() / 0.1).round()
+    assert diff.max() <= 1 and (diff == 0).float().mean() > 0.95
+
+
+def test_lower_refuses_weight_axis_not_output_channel():
+    gm, ctx = lowered(QDQLinear(axis=1), torch.randn(2, 16))
+    assert torch.ops.aten.linear.default in targets(gm)
+    assert any("axis 1" in r.reason for r in ctx.refusals)
+
+
+def test_lower_refuses_possible_int32_overflow():
+    gm, ctx = lowered(QDQLinear(k=70000, n=1, weight_value=-127), torch.randn(1, 70000))
+    assert torch.ops.aten.linear.default in targets(gm)
+    assert any("overflow" in r.reason for r in ctx.refusals)
+    gm, ctx = lowered(QDQLinear(k=60000, n=1, weight_value=-127), torch.randn(1, 60000))
+    assert ops.linear.default in targets(gm)  # 60000*255*127 < 2^31: provably safe
+
+
+def test_lower_is_idempotent():
+    gm, _ = lowered(QDQLinear(relu=True), torch.randn(2, 16))
+    before = str(gm.graph)
+    assert not LowerQDQ().run(gm, PassContext())
+    assert str(gm.graph) == before
+
+
+def test_fixed_profile_is_recorded_on_requantize():
+    gm, _ = lowered(QDQLinear(), torch.randn(2, 16), profile="fixed")
+    rq = next(n for n in gm.graph.nodes if n.target == ops.requantize.default)
+    assert rq.args[8] == "fixed"
+
+
+# ---------------------------------------------------------------- CanonicalizeQDQ
+def test_canonicalize_replaces_qdq_and_drops_identity_pair():
+    x = torch.randn(3, 5)
+    gm = graph_module(RequantChain(), x)
+    ref = graph_module(RequantChain(), x)
+    PassManager([AttachQParams(), CanonicalizeQDQ()]).run(gm)
+    t = targets(gm)
+    assert t.count(ops.quantize.default) == 1 and t.count(ops.dequantize.default) == 1
+    assert not any(getattr(n, "namespace", "") == "quantized_decomposed" for n in t)
+    assert torch.equal(gm(x), ref(x))
+    before = str(gm.graph)
+    assert not CanonicalizeQDQ().run(gm, PassContext())  # idempotent
+    assert str(gm.graph) == before
+
+
+def test_canonical_quantize_uses_division_not_reciprocal():
+    # E1: PyTorch's decomposed op gives 128, the canonical numerics 127.
+    class Q(torch.nn.Module):
+        def forward(self, x):
+            q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.00214854861, 0, 0, 255, torch.uint8)
+            return q.to(torch.int32)
+    x = torch.tensor([0.273939937])
+    gm = graph_module(Q(), x)
+    assert gm(x).item() == 128
+    PassManager([AttachQParams(), CanonicalizeQDQ()]).run(gm)
+    assert gm(x).item() == 127
+
+
+def test_add_constant_sets_meta():
+    gm = graph_module(QDQLinear(), torch.randn(2, 16))
+    with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
+        node = add_constant(gm, torch.ones(3), "c")
+    assert tuple(node.meta["val"].shape) == (3,)

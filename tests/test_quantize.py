@@ -1,0 +1,77 @@
+import pytest
+import torch
+
+import qlower
+from qlower.fx import is_dequantize, is_quantize
+from qlower.quantize import QuantConfig, is_quantized
+
+from conftest import calib
+
+qd = torch.ops.quantized_decomposed
+
+
+def _targets(ep):
+    return [n.target for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def test_default_scheme_uint8_activations_int8_per_channel_weights(small_net):
+    ep = qlower.quantize(small_net, (torch.randn(1, 3, 8, 8),), calib((1, 3, 8, 8)))
+    nodes = list(ep.graph.nodes)
+    acts = [n for n in nodes if n.target == qd.quantize_per_tensor.default]
+    assert acts and all(n.args[5] == torch.uint8 and (n.args[3], n.args[4]) == (0, 255) for n in acts)
+    weights = [n for n in nodes if n.target == qd.dequantize_per_channel.default and n.args[6] == torch.int8]
+    assert len(weights) == 3 and all((n.args[4], n.args[5]) == (-127, 127) for n in weights)
+    biases = [n for n in nodes if n.target == qd.dequantize_per_channel.default and n.args[6] == torch.int32]
+    assert len(biases) == 2  # conv (bias) and fc; conv2 has none
+
+
+def test_per_tensor_weights_and_int8_symmetric_activations(small_net):
+    cfg = QuantConfig(activation_dtype="int8", per_channel=False)
+    ep = qlower.quantize(small_net, (torch.randn(1, 3, 8, 8),), calib((1, 3, 8, 8)), config=cfg)
+    acts = [n for n in ep.graph.nodes if n.target == qd.quantize_per_tensor.default]
+    assert all(n.args[5] == torch.int8 and n.args[2] == 0 for n in acts)
+    assert qd.dequantize_per_channel.default not in _targets(ep)
+
+
+@pytest.mark.parametrize("observer", ["histogram", "percentile"])
+def test_other_observers_produce_tighter_or_equal_ranges(small_net, observer):
+    data = calib((1, 3, 8, 8))
+    data[0][0][0, 0, 0, 0] = 60.0  # one outlier
+    x = (torch.randn(1, 3, 8, 8),)
+    minmax = qlower.quantize(small_net, x, data)
+    other = qlower.quantize(small_net, x, data, config=QuantConfig(observer=observer, percentile=99.0))
+    scale = lambda ep: next(n.args[1] for n in ep.graph.nodes if n.target == qd.quantize_per_tensor.default)
+    assert scale(other) < scale(minmax)
+
+
+def test_already_quantized_program_is_accepted_as_is(small_net):
+    x = (torch.randn(1, 3, 8, 8),)
+    ep = qlower.quantize(small_net, x, calib((1, 3, 8, 8)))
+    assert is_quantized(ep)
+    assert qlower.quantize(ep, x) is ep
+    cm = qlower.compile(ep, x, quantize="int8", backend="reference")  # no calibration needed
+    assert cm.report().quantized
+
+
+def test_shared_qparams_for_range_preserving_ops(small_net):
+    ep = qlower.quantize(small_net, (torch.randn(1, 3, 8, 8),), calib((1, 3, 8, 8)))
+    pool = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.max_pool2d.default)
+    before, after = pool.args[0], next(iter(pool.users))
+    assert is_dequantize(before) and is_quantize(after)
+    assert before.args[1:] == after.args[1:]
+
+
+def test_quantize_without_calibration_is_typed(small_net):
+    with pytest.raises(qlower.QuantizeError, match="calibration"):
+        qlower.quantize(small_net, (torch.randn(1, 3, 8, 8),))
+    with pytest.raises(qlower.QuantizeError, match="calibration"):
+        qlower.compile(small_net, (torch.randn(1, 3, 8, 8),), quantize="int8")
+    with pytest.raises(qlower.QuantizeError, match="empty"):
+        qlower.quantize(small_net, (torch.randn(1, 3, 8, 8),), [])
+
+
+def test_bad_config_is_typed():
+    with pytest.raises(qlower.QuantizeError):
+        QuantConfig(observer="magic")
+    with pytest.raises(qlower.QuantizeError):
+        QuantConfig.from_name("int3")
