@@ -41,3 +41,27 @@ def quantized_zoo():
         e = zoo.get(name)
         out[name] = (e, e.model(), qlower.quantize(e.model(), e.inputs(1), e.calibration(4)))
     return out
+
+
+class IntegerNet(torch.nn.Module):
+    """Only ops that lower to integers (conv, relu, max-pool, residual add, flatten, linear):
+    every value between input quantize and output dequantize is an integer tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.dw = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = torch.nn.functional.max_pool2d(y, 2)
+        y = torch.relu(self.conv2(y) + y)
+        return self.fc(torch.flatten(self.dw(y), 1))
+
+
+@pytest.fixture
+def integer_net():
+    torch.manual_seed(0)
+    return IntegerNet().eval()

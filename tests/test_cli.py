@@ -13,7 +13,7 @@ def test_demo_prints_table_for_a_model():
     result = runner.invoke(app, ["demo", "--models", "cnn", "--runs", "1"])
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "cnn" in line)
-    assert "reference" in row and "10/10" in row
+    assert "onnxruntime" in row and "10/10" in row
     sqnr = float(re.findall(r"│\s+([\d.]+)\s+│\s+0\.99", row)[0])
     assert sqnr > 25
 

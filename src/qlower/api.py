@@ -1,6 +1,7 @@
 """The public face: compile(), quantize(), capture(), export(), load()."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -46,10 +47,11 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     gm = ep.module()
     ctx = PassManager(default_pipeline()).run(gm, PassContext(profile=profile))
     chosen = get_backend(backend)
-    executable = chosen.compile(gm)
+    counts = op_counts(gm)
+    executable = chosen.compile(copy.deepcopy(gm))  # backends may restructure their copy
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
-                           refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
+                           refusals=[str(r) for r in ctx.refusals], op_counts=counts)
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes

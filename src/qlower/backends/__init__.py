@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from ..errors import BackendError
 from .base import Backend, Executable, op_counts
+from .onnxruntime import OnnxRuntimeBackend
 from .reference import ReferenceBackend
 
-_BACKENDS = {"reference": ReferenceBackend}
+_BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend}
 # Preference order for backend="auto": the first available wins.
-AUTO_ORDER = ("reference",)
+AUTO_ORDER = ("onnxruntime", "reference")
 
 
 def backend_names() -> list[str]:

@@ -13,6 +13,7 @@ class ClusterInfo:
     ops: dict[str, int]
     status: str = "compiled"          # compiled | fallback
     reason: str | None = None         # why it fell back
+    max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
 
 
 @dataclass
@@ -29,6 +30,10 @@ class CompileReport:
     @property
     def fallbacks(self) -> list[ClusterInfo]:
         return [c for c in self.clusters if c.status == "fallback"]
+
+    @property
+    def compiled(self) -> list[ClusterInfo]:
+        return [c for c in self.clusters if c.status == "compiled"]
 
     def lowered_fraction(self) -> tuple[int, int]:
         """(integer conv/linear/matmul ops, all conv/linear/matmul ops) in the final graph."""
@@ -52,10 +57,12 @@ class CompileReport:
                  f"quantized: {'yes' if self.quantized else 'no'}"]
         lowered, total = self.lowered_fraction()
         lines.append(f"integer conv/linear/matmul: {lowered}/{total}")
-        lines.append(f"clusters: {len(self.clusters)}   fallbacks: {len(self.fallbacks)}")
+        lines.append(f"clusters: {len(self.compiled)} compiled   fallbacks: {len(self.fallbacks)}")
         for c in self.clusters:
             ops = ", ".join(f"{k} x{v}" for k, v in Counter(c.ops).most_common(6))
             status = c.status + (f" ({c.reason})" if c.reason else "")
+            if c.max_abs_diff is not None:
+                status += f", worst diff vs PyTorch {c.max_abs_diff:.3g}"
             lines.append(f"  #{c.id} {c.backend}: {c.nodes} nodes, {status}; {ops}")
         if self.rewrites:
             lines.append("rewrites:")

@@ -1,0 +1,137 @@
+"""The onnxruntime backend: clusters of supported nodes become ONNX models run by ONNX Runtime
+sessions; everything else runs in PyTorch (the reference kernels). A cluster that fails to
+emit/compile, or raises at run time, falls back to PyTorch with the reason recorded."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.fx import GraphModule
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from ...fx import constant_value
+from ...partition import cluster_graph
+from ...report import ClusterInfo
+from ..base import Executable, op_counts
+from .capability import onnxruntime_capability
+from .emit import emit_cluster
+
+log = logging.getLogger("qlower.onnxruntime")
+CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
+_SESSIONS: dict[str, object] = {}     # in-memory session cache: model digest + options -> session
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    threads: int = 0                      # 0: torch.get_num_threads()
+    # BASIC keeps the emitted integer formulation as written; EXTENDED would re-fuse
+    # DQ->Add->Q into QLinearAdd, whose rounding differs from the canonical numerics.
+    optimization: str = "basic"          # disabled | basic | extended | all
+    min_cluster_size: int = 1
+
+
+def _session(model_bytes: bytes, opts: OrtOptions):
+    import onnxruntime as ort
+    key = hashlib.sha256(model_bytes).hexdigest() + f"|{ort.__version__}|{opts}"
+    if key not in _SESSIONS:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = opts.threads or torch.get_num_threads()
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        so.graph_optimization_level = {
+            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[opts.optimization]
+        _SESSIONS[key] = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return _SESSIONS[key]
+
+
+class OrtCluster(torch.nn.Module):
+    """Runs one cluster in ONNX Runtime; falls back to its PyTorch graph if a run fails."""
+
+    def __init__(self, fallback: GraphModule, session, input_names: list[str], runtime_positions: list[int],
+                 single_output: bool, info: ClusterInfo):
+        super().__init__()
+        self.fallback = fallback
+        self.session = session
+        self.input_names = input_names
+        self.runtime_positions = runtime_positions
+        self.single_output = single_output
+        self.info = info
+        self.check = os.environ.get(CHECK_ENV) == "1"
+
+    def forward(self, *args):
+        if self.session is None:
+            return self.fallback(*args)
+        try:
+            feeds = {n: args[i].detach().contiguous().numpy() for n, i in zip(self.input_names, self.runtime_positions)}
+            outs = [torch.from_numpy(o) for o in self.session.run(None, feeds)]
+        except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
+            self.session = None
+            self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
+            log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
+            return self.fallback(*args)
+        result = outs[0] if self.single_output else tuple(outs)
+        if self.check:
+            self._compare(result, self.fallback(*args))
+        return result
+
+    def _compare(self, got, want) -> None:
+        got_l, want_l = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
+        worst = max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
+                    for g, w in zip(got_l, want_l))
+        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def __init__(self, options: OrtOptions | None = None):
+        self.options = options or OrtOptions()
+        self.capability = onnxruntime_capability()
+
+    def available(self) -> bool:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def compile(self, gm: GraphModule) -> Executable:
+        clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
+        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
+        infos = []
+        for node in list(fused.graph.nodes):
+            if node.op == "call_module" and str(node.target).startswith("cluster_"):
+                infos.append(self._compile_cluster(fused, node, len(infos)))
+        fused.recompile()
+        for name, reason in clustering.unsupported.items():
+            infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
+        return Executable(run=fused, clusters=infos)
+
+    def _compile_cluster(self, fused: GraphModule, call, index: int) -> ClusterInfo:
+        sub: GraphModule = getattr(fused, call.target)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        constants, runtime_pos = {}, []
+        for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
+            value = constant_value(fused, outer)
+            if value is not None:
+                constants[ph.name] = value
+            else:
+                runtime_pos.append(pos)
+        info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
+                           op_counts(sub))
+        single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
+        try:
+            model, input_names, _ = emit_cluster(sub, constants)
+            session = _session(model.SerializeToString(), self.options)
+        except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
+            info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
+            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
+            session, input_names = None, []
+        setattr(fused, call.target, OrtCluster(sub, session, input_names, runtime_pos, single, info))
+        return info

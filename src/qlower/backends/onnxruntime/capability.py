@@ -1,0 +1,68 @@
+"""What the onnxruntime backend accepts (schema name -> predicate)."""
+from __future__ import annotations
+
+import torch
+from torch.fx import Node
+
+from ...partition import Capability
+from .cpu import has_vnni
+
+
+def _float_only(node: Node) -> str | None:
+    """float32 tensors only"""
+    for a in [node, *node.all_input_nodes]:
+        v = a.meta.get("val")
+        if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.uint8, torch.int8, torch.int32):
+            return f"dtype {v.dtype} not emitted"
+    return None
+
+
+def _static_shape_args(node: Node) -> str | None:
+    """target shape must be static"""
+    shape = node.args[1]
+    if any(not isinstance(d, int) for d in shape):
+        return "reshape to a symbolic shape is not emitted"
+    return _float_only(node)
+
+
+def _requant_float(node: Node) -> str | None:
+    """'float' numerics profile only"""
+    return None if node.args[8] == "float" else "onnxruntime reproduces only the 'float' requantization profile"
+
+
+def _matmul_operands(node: Node) -> str | None:
+    """u8 x u8 (exact on AVX2) or VNNI"""
+    a, b = node.args[0].meta["val"].dtype, node.args[2].meta["val"].dtype
+    if a != torch.uint8:
+        return "MatMulInteger is emitted for uint8 first operands only"
+    if b == torch.int8 and not has_vnni():
+        return "u8 x full-range s8 activations saturate on AVX2 without VNNI"
+    return None
+
+
+def _quantize_per_tensor_range(node: Node) -> str | None:
+    """natural dtype range"""
+    from ... import numerics
+    return None if (node.args[3], node.args[4]) == numerics.dtype_range(node.args[5]) else "narrowed range"
+
+
+def _adaptive_pool(node: Node) -> str | None:
+    """output size 1x1 only"""
+    return None if list(node.args[1]) in ([1, 1], [1]) else "only global pooling is emitted"
+
+
+def onnxruntime_capability() -> Capability:
+    cap = Capability("onnxruntime")
+    cap.register(["qlower::conv2d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
+                  "qlower::max_pool2d"])
+    cap.register("qlower::quantize", _quantize_per_tensor_range)
+    cap.register("qlower::requantize", _requant_float)
+    cap.register("qlower::matmul", _matmul_operands)
+    cap.register(["aten::reshape", "aten::view"], _static_shape_args)
+    cap.register(["aten::permute", "aten::transpose.int", "aten::flatten.using_ints", "aten::unbind.int",
+                  "getitem", "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
+                  "aten::softmax.int", "aten::layer_norm", "aten::gelu", "aten::relu", "aten::abs",
+                  "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor",
+                  "aten::alias"], _float_only)
+    cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
+    return cap

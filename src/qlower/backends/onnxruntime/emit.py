@@ -1,0 +1,331 @@
+"""Emit one cluster (an FX GraphModule of qlower integer ops and float ATen ops) as ONNX.
+
+Formulations, all bit-exact against qlower's `float` numerics profile (tests decide):
+- conv2d -> requantize:  QLinearConv with X_scale = 1 and W_scale = s_acc, so ONNX Runtime's
+  fp32(X_scale * W_scale) / Y_scale is exactly fp32(s_acc / sy) = the canonical M; chosen
+  when s8 weights are exact on this CPU (VNNI or 7-bit weights). Otherwise ConvInteger with
+  u8 weights (w + 128, zero point 128), which is exact on AVX2, + int32 bias + requantize.
+- linear / matmul:       MatMulInteger (s8 weights when exact, else u8 = w + 128) + bias.
+- requantize:            Cast(float) -> Mul(M) -> QuantizeLinear(scale 1, zp) [-> Clip]:
+                         RNE(fp32(acc) * M) + zp, saturated: the canonical formula.
+- add / mul:             DequantizeLinear x2 -> Add/Mul -> QuantizeLinear [-> Clip].
+- quantize/dequantize:   QuantizeLinear (true fp32 division, RNE) / DequantizeLinear.
+Float ops map to their standard ONNX counterparts.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch.fx import GraphModule, Node
+
+from ... import numerics
+from ...fx import constant_value, schema_name
+from .cpu import s8_weights_exact
+
+OPSET = 21
+aten = torch.ops.aten
+q = torch.ops.qlower
+
+_DTYPE = {torch.float32: TensorProto.FLOAT, torch.uint8: TensorProto.UINT8, torch.int8: TensorProto.INT8,
+          torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
+
+
+class EmitError(Exception):
+    """The cluster cannot be expressed in ONNX (the partition falls back to PyTorch)."""
+
+
+@dataclass
+class Emitter:
+    gm: GraphModule
+    constants: dict[str, torch.Tensor]      # placeholder name -> value, for constant inputs
+    nodes: list = field(default_factory=list)
+    inits: list = field(default_factory=list)
+    deferred_conv: dict = field(default_factory=dict)
+    _n: int = 0
+
+    # ---------------------------------------------------------------- helpers
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}__{self._n}"
+
+    def const(self, value, hint: str, dtype=None) -> str:
+        arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value, dtype=dtype)
+        if dtype is not None:
+            arr = arr.astype(dtype)
+        name = self.fresh(hint)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs) -> str:
+        out = out or self.fresh(op_type)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], domain=domain or None, **attrs))
+        return out
+
+    def value(self, node: Node) -> torch.Tensor | None:
+        """Constant value of an FX input (get_attr or constant placeholder)."""
+        if node.op == "placeholder" and node.name in self.constants:
+            return self.constants[node.name]
+        return constant_value(self.gm, node)
+
+    # ---------------------------------------------------------------- integer ops
+    def requant_chain(self, acc: str, multiplier: torch.Tensor, shape_axis: int | None, rank: int,
+                      zp: int, lo: int, hi: int, dtype: torch.dtype, out: str) -> str:
+        m = multiplier.to(torch.float32)
+        if m.numel() > 1:
+            shape = [1] * rank
+            shape[shape_axis] = m.numel()
+            m = m.reshape(shape)
+        else:
+            m = m.reshape(())
+        v = self.op("Mul", [self.op("Cast", [acc], to=TensorProto.FLOAT), self.const(m, "M")])
+        np_dtype = np.uint8 if dtype == torch.uint8 else np.int8
+        qmin, qmax = numerics.dtype_range(dtype)
+        needs_clip = (lo, hi) != (qmin, qmax)
+        y = self.op("QuantizeLinear", [v, self.const(np.float32(1.0), "one"), self.const(zp, "zp", np_dtype)],
+                    None if needs_clip else out)
+        if needs_clip:
+            y = self.op("Clip", [y, self.const(lo, "lo", np_dtype), self.const(hi, "hi", np_dtype)], out)
+        return y
+
+    def weight_operand(self, w: torch.Tensor, w_zp: torch.Tensor, transpose: bool) -> tuple[str, str, bool]:
+        """(weight name, zero-point name, is_s8) in the formulation that is exact on this CPU."""
+        if w_zp.unique().numel() != 1:
+            raise EmitError("per-channel weight zero points are not emitted")
+        zp = int(w_zp.reshape(-1)[0])
+        wt = w.t() if transpose else w
+        if s8_weights_exact(int(w.min()), int(w.max())) and w.dtype == torch.int8:
+            return self.const(wt.contiguous(), "w_s8"), self.const(zp, "w_zp", np.int8), True
+        shifted = (wt.to(torch.int32) + 128).to(torch.uint8)  # exact u8 x u8 path on AVX2
+        return self.const(shifted.contiguous(), "w_u8"), self.const(zp + 128, "w_zp", np.uint8), False
+
+    def emit_accumulate(self, node: Node, name: str) -> str:
+        t = node.target
+        if t is q.matmul.default:
+            a, a_zp, b, b_zp = node.args
+            b_dtype = b.meta["val"].dtype
+            a_zp_n = self.const(a_zp, "a_zp", np.uint8 if a.meta["val"].dtype == torch.uint8 else np.int8)
+            b_zp_n = self.const(b_zp, "b_zp", np.uint8 if b_dtype == torch.uint8 else np.int8)
+            return self.op("MatMulInteger", [a.name, b.name, a_zp_n, b_zp_n], name)
+        x, x_zp, w, w_zp, bias = node.args[:5]
+        wv, zpv = self.value(w), self.value(w_zp)
+        if wv is None or zpv is None:
+            raise EmitError("weights must be constants")
+        x_zp_n = self.const(x_zp, "x_zp", np.uint8 if x.meta["val"].dtype == torch.uint8 else np.int8)
+        bv = self.value(bias) if bias is not None else None
+        if t is q.linear.default:
+            wn, zn, _ = self.weight_operand(wv, zpv, transpose=True)
+            acc = self.op("MatMulInteger", [x.name, wn, x_zp_n, zn])
+            return self.op("Add", [acc, self.const(bv, "bias")], name) if bv is not None else \
+                self.op("Identity", [acc], name)
+        if t is q.conv2d.default:
+            stride, padding, dilation, groups = node.args[5:9]
+            wn, zn, _ = self.weight_operand(wv, zpv, transpose=False)
+            acc = self.op("ConvInteger", [x.name, wn, x_zp_n, zn], strides=list(stride),
+                          pads=list(padding) * 2, dilations=list(dilation), group=int(groups))
+            if bv is not None:
+                return self.op("Add", [acc, self.const(bv.reshape(1, -1, 1, 1), "bias")], name)
+            return self.op("Identity", [acc], name)
+        raise EmitError(f"no ONNX lowering for {schema_name(node)}")
+
+    def try_qlinearconv(self, conv: Node, rq: Node) -> bool:
+        x, x_zp, w, w_zp, bias, stride, padding, dilation, groups = conv.args
+        wv, zpv = self.value(w), self.value(w_zp)
+        acc_scale = self.value(rq.args[1])
+        _, _, out_scale, out_zp, lo, hi, dtype = rq.args[:7]
+        if wv is None or acc_scale is None or x.meta["val"].dtype != torch.uint8 or dtype != torch.uint8:
+            return False
+        if not s8_weights_exact(int(wv.min()), int(wv.max())) or zpv.unique().numel() != 1 or int(zpv[0]) != 0:
+            return False
+        bv = self.value(bias) if bias is not None else None
+        inputs = [x.name, self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8),
+                  self.const(wv, "w_s8"), self.const(acc_scale.reshape(-1).to(torch.float32), "w_scale"),
+                  self.const(np.zeros(acc_scale.numel(), np.int8) if acc_scale.numel() > 1 else np.int8(0), "w_zp"),
+                  self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
+        if bv is not None:
+            inputs.append(self.const(bv.to(torch.int32), "bias"))
+        needs_clip = (lo, hi) != (0, 255)
+        y = self.op("QLinearConv", inputs, None if needs_clip else rq.name, strides=list(stride),
+                    pads=list(padding) * 2, dilations=list(dilation), group=int(groups))
+        if needs_clip:
+            self.op("Clip", [y, self.const(lo, "lo", np.uint8), self.const(hi, "hi", np.uint8)], rq.name)
+        return True
+
+    # ---------------------------------------------------------------- dispatch
+    def emit(self, node: Node) -> None:
+        t, name = node.target, node.name
+        if t is q.conv2d.default and len(node.users) == 1 and next(iter(node.users)).target is q.requantize.default:
+            self.deferred_conv[name] = node
+            return
+        if t is q.requantize.default:
+            acc, scale, out_scale, out_zp, lo, hi, dtype, axis, profile = node.args
+            if profile != "float":
+                raise EmitError("onnxruntime reproduces only the 'float' requantization profile")
+            if acc.name in self.deferred_conv:
+                conv = self.deferred_conv.pop(acc.name)
+                if self.try_qlinearconv(conv, node):
+                    return
+                self.emit_accumulate(conv, conv.name)
+            m = numerics.float_multiplier(self.value(scale), out_scale)
+            rank = acc.meta["val"].dim()
+            self.requant_chain(acc.name, m, None if axis is None else axis % rank, rank, out_zp, lo, hi, dtype, name)
+        elif t in (q.conv2d.default, q.linear.default, q.matmul.default):
+            self.emit_accumulate(node, name)
+        elif t is q.quantize.default:
+            x, scale, zp, qmin, qmax, dtype, axis = node.args
+            np_dtype = np.uint8 if dtype == torch.uint8 else np.int8
+            if (qmin, qmax) != numerics.dtype_range(dtype):
+                raise EmitError("quantize with a narrowed range is not emitted")
+            sc, z = self.value(scale), self.value(zp)
+            attrs = {"axis": int(axis)} if axis is not None else {}
+            self.op("QuantizeLinear", [x.name, self.const(_squeeze(sc).to(torch.float32), "scale"),
+                                       self.const(_squeeze(z).numpy().astype(np_dtype), "zp")], name, **attrs)
+        elif t is q.dequantize.default:
+            x, scale, zp, axis = node.args
+            in_dtype = x.meta["val"].dtype
+            np_dtype = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int32: np.int32}[in_dtype]
+            attrs = {"axis": int(axis) % x.meta["val"].dim()} if axis is not None else {}
+            self.op("DequantizeLinear", [x.name, self.const(_squeeze(self.value(scale)).to(torch.float32), "scale"),
+                                         self.const(_squeeze(self.value(zp)).numpy().astype(np_dtype), "zp")],
+                    name, **attrs)
+        elif t in (q.add.default, q.mul.default):
+            a, sa, za, b, sb, zb, sy, zy, lo, hi, dtype = node.args
+            np_in = lambda n: np.uint8 if n.meta["val"].dtype == torch.uint8 else np.int8
+            da = self.op("DequantizeLinear", [a.name, self.const(np.float32(sa), "s"), self.const(za, "z", np_in(a))])
+            db = self.op("DequantizeLinear", [b.name, self.const(np.float32(sb), "s"), self.const(zb, "z", np_in(b))])
+            s = self.op("Add" if t is q.add.default else "Mul", [da, db])
+            np_out = np.uint8 if dtype == torch.uint8 else np.int8
+            qmin, qmax = numerics.dtype_range(dtype)
+            clip = (lo, hi) != (qmin, qmax)
+            y = self.op("QuantizeLinear", [s, self.const(np.float32(sy), "s"), self.const(zy, "z", np_out)],
+                        None if clip else name)
+            if clip:
+                self.op("Clip", [y, self.const(lo, "lo", np_out), self.const(hi, "hi", np_out)], name)
+        elif t is q.max_pool2d.default:
+            x, k, stride, padding, dilation, ceil = node.args
+            self.op("MaxPool", [x.name], name, kernel_shape=list(k), strides=list(stride or k),
+                    pads=list(padding) * 2, dilations=list(dilation), ceil_mode=int(ceil))
+        else:
+            self.emit_aten(node)
+
+    def emit_aten(self, node: Node) -> None:
+        t, name, a = node.target, node.name, node.args
+        if t is aten.adaptive_avg_pool2d.default:
+            if list(a[1]) not in ([1, 1], [1]):
+                raise EmitError("adaptive_avg_pool2d only to 1x1")
+            self.op("GlobalAveragePool", [a[0].name], name)
+        elif t is aten.flatten.using_ints:
+            start, end = (a[1] if len(a) > 1 else 0), (a[2] if len(a) > 2 else -1)
+            rank = a[0].meta["val"].dim()
+            if end % rank != rank - 1:
+                raise EmitError("flatten must run to the last dim")
+            self.op("Flatten", [a[0].name], name, axis=start % rank) if start % rank else \
+                self.op("Reshape", [a[0].name, self.const(np.array([-1], np.int64), "shape")], name)
+        elif t in (aten.reshape.default, aten.view.default):
+            self.op("Reshape", [a[0].name, self.const(np.array(a[1], np.int64), "shape")], name)
+        elif t is aten.permute.default:
+            self.op("Transpose", [a[0].name], name, perm=[int(p) % len(a[1]) for p in a[1]])
+        elif t is aten.transpose.int:
+            rank = a[0].meta["val"].dim()
+            perm = list(range(rank))
+            i, j = a[1] % rank, a[2] % rank
+            perm[i], perm[j] = perm[j], perm[i]
+            self.op("Transpose", [a[0].name], name, perm=perm)
+        elif t is aten.unbind.int:
+            dim = a[1] if len(a) > 1 else 0
+            n = a[0].meta["val"].shape[dim]
+            outs = [f"{name}__{i}" for i in range(n)]
+            parts = [self.fresh("split") for _ in range(n)]
+            self.nodes.append(helper.make_node("Split", [a[0].name], parts, axis=dim, num_outputs=n))
+            for p, o in zip(parts, outs):
+                self.op("Squeeze", [p, self.const(np.array([dim], np.int64), "axes")], o)
+        elif t is operator.getitem:
+            self.op("Identity", [f"{a[0].name}__{a[1]}"], name)
+        elif t in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor):
+            op = {aten.add.Tensor: "Add", aten.mul.Tensor: "Mul", aten.sub.Tensor: "Sub", aten.div.Tensor: "Div"}[t]
+            ins = [x.name if isinstance(x, Node) else self.const(np.float32(x), "c") for x in a[:2]]
+            self.op(op, ins, name)
+        elif t is aten.softmax.int:
+            self.op("Softmax", [a[0].name], name, axis=int(a[1]))
+        elif t is aten.layer_norm.default:
+            x, shape, w, b = a[:4]
+            eps = a[4] if len(a) > 4 else 1e-5
+            d = int(np.prod(shape))
+            wn = w.name if w is not None and self.value(w) is None else \
+                self.const(self.value(w) if w is not None else torch.ones(d), "ln_w")
+            bn = b.name if b is not None and self.value(b) is None else \
+                self.const(self.value(b) if b is not None else torch.zeros(d), "ln_b")
+            self.op("LayerNormalization", [x.name, wn, bn], name, axis=-len(shape), epsilon=float(eps))
+        elif t is aten.gelu.default:
+            approx = node.kwargs.get("approximate", "none")
+            self.op("Gelu", [a[0].name], name, approximate=approx)
+        elif t in (aten.relu.default, aten.abs.default, aten.sigmoid.default, aten.tanh.default):
+            op = {aten.relu.default: "Relu", aten.abs.default: "Abs", aten.sigmoid.default: "Sigmoid",
+                  aten.tanh.default: "Tanh"}[t]
+            self.op(op, [a[0].name], name)
+        elif t is aten.linear.default:
+            x, w = a[0], a[1]
+            b = a[2] if len(a) > 2 else None
+            wt = self.op("Transpose", [w.name], perm=[1, 0])
+            y = self.op("MatMul", [x.name, wt], None if b is not None else name)
+            if b is not None:
+                self.op("Add", [y, b.name], name)
+        elif t is aten.cat.default:
+            dim = a[1] if len(a) > 1 else 0
+            self.op("Concat", [x.name for x in a[0]], name, axis=int(dim))
+        elif t is aten.slice.Tensor:
+            x, dim, start, end = (list(a) + [0, None, None])[:4]
+            step = a[4] if len(a) > 4 else 1
+            big = np.iinfo(np.int64).max
+            self.op("Slice", [x.name, self.const(np.array([start or 0], np.int64), "st"),
+                              self.const(np.array([big if end is None else end], np.int64), "en"),
+                              self.const(np.array([dim], np.int64), "ax"),
+                              self.const(np.array([step], np.int64), "sp")], name)
+        elif t is aten.alias.default:
+            self.op("Identity", [a[0].name], name)
+        else:
+            raise EmitError(f"no ONNX lowering for {schema_name(node)}")
+
+
+def _squeeze(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(()) if t.numel() == 1 else t.reshape(-1)
+
+
+def _value_info(name: str, val) -> onnx.ValueInfoProto:
+    dims = [d if isinstance(d, int) else str(d) for d in val.shape]
+    return helper.make_tensor_value_info(name, _DTYPE[val.dtype], dims)
+
+
+def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[onnx.ModelProto, list[str], list[str]]:
+    """ONNX model of a fused cluster; returns (model, runtime input names, output names)."""
+    e = Emitter(gm, constants)
+    inputs, outputs = [], []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in constants:
+                e.inits.append(numpy_helper.from_array(constants[node.name].detach().numpy(), node.name))
+            else:
+                inputs.append(_value_info(node.name, node.meta["val"]))
+        elif node.op == "get_attr":
+            e.inits.append(numpy_helper.from_array(constant_value(gm, node).detach().numpy(), node.name))
+        elif node.op == "call_function":
+            e.emit(node)
+        elif node.op == "output":
+            results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+            for r in results:
+                if not isinstance(r, Node):
+                    raise EmitError("non-tensor cluster output")
+                outputs.append(_value_info(r.name, r.meta["val"]))
+    if e.deferred_conv:
+        raise EmitError("internal: unfused conv left behind")
+    used = {i for n in e.nodes for i in n.input}
+    inits = [t for t in e.inits if t.name in used]
+    graph = helper.make_graph(e.nodes, "qlower_cluster", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="qlower")
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model, [i.name for i in inputs], [o.name for o in outputs]

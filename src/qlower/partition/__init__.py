@@ -1,0 +1,5 @@
+"""Partitioning by backend capability: clusters run on the backend, the rest in PyTorch."""
+from .capability import ALLOW_ENV, DENY_ENV, Capability
+from .cluster import Clustering, cluster_graph
+
+__all__ = ["Capability", "Clustering", "cluster_graph", "ALLOW_ENV", "DENY_ENV"]

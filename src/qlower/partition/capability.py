@@ -1,0 +1,58 @@
+"""Backend capability: which op schemas a backend accepts, with predicates, adjusted by
+QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST (';'-separated schema names, e.g. 'aten::gelu')."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from torch.fx import Node
+
+from ..fx import schema_name
+
+ALLOW_ENV = "QLOWER_OP_ALLOWLIST"
+DENY_ENV = "QLOWER_OP_DENYLIST"
+
+# A predicate returns None when the node is supported, else the reason it is not.
+Predicate = Callable[[Node], Optional[str]]
+# Ops that move values around without computing; they never justify a cluster on their own.
+STRUCTURAL = {"getitem", "aten::reshape", "aten::view", "aten::flatten.using_ints", "aten::permute",
+              "aten::transpose.int", "aten::unsqueeze", "aten::squeeze.dim", "aten::contiguous"}
+
+
+def _env_list(name: str) -> set[str]:
+    return {s.strip() for s in os.environ.get(name, "").split(";") if s.strip()}
+
+
+@dataclass
+class Capability:
+    backend: str
+    ops: dict[str, Predicate] = field(default_factory=dict)
+
+    def register(self, names, predicate: Predicate | None = None) -> None:
+        for n in ([names] if isinstance(names, str) else names):
+            self.ops[n] = predicate or (lambda node: None)
+
+    def why_not(self, node: Node) -> str | None:
+        """None when `node` is supported; otherwise a human-readable reason."""
+        if node.op != "call_function":
+            return f"{node.op} nodes are not compiled"
+        name = schema_name(node)
+        if name in _env_list(DENY_ENV):
+            return f"{name} is in {DENY_ENV}"
+        if name in _env_list(ALLOW_ENV) and name in self.ops:
+            return None
+        predicate = self.ops.get(name)
+        if predicate is None:
+            return f"{self.backend} has no lowering for {name}"
+        return predicate(node)
+
+    def supports(self, node: Node) -> bool:
+        return self.why_not(node) is None
+
+    def table(self) -> list[tuple[str, str]]:
+        """(schema name, note) rows for `qlower ops`."""
+        deny = _env_list(DENY_ENV)
+        return [(name, "denied by env" if name in deny else
+                 ("conditions apply" if getattr(pred, "__doc__", None) else "always"))
+                for name, pred in sorted(self.ops.items())]
