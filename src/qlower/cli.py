@@ -44,6 +44,37 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
 
 
 @app.command()
+def bench(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
+          stacks: str = typer.Option(",".join(("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime",
+                                               "qlower-onnxruntime-w7")), help="comma-separated stacks"),
+          quick: bool = typer.Option(False, help="few rounds: a smoke run"),
+          rounds: int = typer.Option(7, help="interleaved timing rounds"),
+          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md go")):
+    """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy)."""
+    from .bench import run_bench, write_outputs
+    from .errors import QlowerError
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    chosen = [s.strip() for s in stacks.split(",") if s.strip()]
+    try:
+        results = run_bench(names, chosen, rounds=2 if quick else rounds, block=3 if quick else 10,
+                            warmup=1 if quick else 3, log=lambda m: err.print(m, markup=False))
+    except QlowerError as exc:
+        _fail(exc)
+    table = Table(title="qlower bench (batch 1, medians)")
+    for col in ("model", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine", "prepare s"):
+        table.add_column(col, justify="left" if col in ("model", "stack") else "right")
+    for r in results:
+        if r.ok and r.median_ms is not None:
+            table.add_row(r.model, r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}", f"{r.vs_eager:.2f}x",
+                          f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.prepare_s:.1f}")
+        else:
+            table.add_row(r.model, r.stack, "failed", r.error or "", "", "", "", "")
+    console.print(table)
+    write_outputs(results, out, "qlower bench " + " ".join(sys.argv[2:]))
+    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+
+
+@app.command()
 def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)")):
     """Print the graph of a .pt2 file and, for a qlower artifact, its compile report."""
     from .errors import QlowerError
