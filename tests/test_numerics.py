@@ -161,6 +161,29 @@ def test_float_profile_ties_solved_near_half():
         assert got == oracle_requant_float(a, m, 1.0, 3, -128, 127)
 
 
+def test_requant_accumulators_solved_onto_ties():
+    """Solve (acc, M) so that acc * M is exactly k + 1/2 (distance 0 <= 1e-9): acc = +-2^a,
+    M = (2k+1) * 2^-(a+1), exact in fp32. Check both profiles against integer / rational oracles
+    and the tie rule each profile declares (float: half to even; fixed: half toward +inf)."""
+    rng = np.random.default_rng(7)
+    for a in range(0, 31):
+        for k in rng.integers(0, 127, size=6).tolist():
+            m = (2 * k + 1) * 2.0 ** -(a + 1)
+            assert f32(m) == m
+            for sign in (1, -1):
+                acc = sign * 2**a if not (sign == 1 and a == 31) else 2**31 - 1
+                assert Fraction(acc) * Fraction(m) == sign * (k + Fraction(1, 2))
+                t = torch.tensor([acc], dtype=torch.int32)
+                got_float = N.requantize(t, m, 1.0, 0, -128, 127, torch.int8).item()
+                assert got_float == oracle_requant_float(acc, m, 1.0, 0, -128, 127)
+                assert got_float == max(-128, min(127, rne(sign * (k + Fraction(1, 2)))))
+                fm = N.fixed_multiplier(m)
+                got_fixed = N.requantize(t, m, 1.0, 0, -128, 127, torch.int8, profile="fixed").item()
+                want = (acc * fm.multiplier + (1 << (fm.shift - 1))) >> fm.shift
+                assert got_fixed == max(-128, min(127, want))
+                assert got_fixed == max(-128, min(127, math.floor(sign * (k + Fraction(1, 2)) + Fraction(1, 2))))
+
+
 def test_float_profile_documented_disagreements():
     acc = torch.tensor([5, 5279], dtype=torch.int32)
     assert N.requantize(acc[:1], 0.5, 1.0, 0, -128, 127, torch.int8).item() == 2

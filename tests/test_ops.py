@@ -129,3 +129,19 @@ def test_integer_ops_survive_export_save_load():
     buf.seek(0)
     loaded = torch.export.load(buf)
     assert torch.equal(loaded.module()(x), IntModel()(x))
+
+
+@settings(max_examples=20, deadline=None)
+@given(sx=st.floats(1e-3, 0.1), zx=st.integers(0, 255), groups=st.sampled_from([1, 2, 4]),
+       stride=st.integers(1, 2), seed=st.integers(0, 1000))
+def test_integer_conv_equals_float_on_dequantized_operands(sx, zx, groups, stride, seed):
+    x = rand_int((1, 4, 7, 7), 0, 255, torch.uint8, seed)
+    w = rand_int((4, 4 // groups, 3, 3), -127, 127, torch.int8, seed + 1)
+    sw = torch.rand(4, generator=torch.Generator().manual_seed(seed)) * 0.01 + 1e-3
+    zeros = torch.zeros(4, dtype=torch.int32)
+    acc = ops.conv2d(x, zx, w, zeros, None, [stride] * 2, [1, 1], [1, 1], groups)
+    y = N.dequantize(acc, N.accumulator_scale(sx, sw), zeros, axis=1).double()
+    xd, wd = N.dequantize(x, sx, zx).double(), N.dequantize(w, sw, zeros, axis=0).double()
+    ref = torch.nn.functional.conv2d(xd, wd, None, stride, 1, 1, groups)
+    magnitude = torch.nn.functional.conv2d(xd.abs(), wd.abs(), None, stride, 1, 1, groups)
+    assert torch.all((y - ref).abs() <= 4 * 2.0**-24 * magnitude)

@@ -43,7 +43,8 @@ ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default, ate
                aten.clamp.default}
 SHAPE_PASSTHROUGH = {aten.reshape.default, aten.view.default, aten.flatten.using_ints,
                      aten.permute.default, aten.transpose.int, aten.squeeze.dim,
-                     aten.unsqueeze.default, aten.contiguous.default}
+                     aten.unsqueeze.default, aten.contiguous.default, aten.slice.Tensor,
+                     aten.select.int}
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def onnxruntime_capability() -> Capability:
     cap.register(["aten::permute", "aten::transpose.int", "aten::flatten.using_ints", "aten::unbind.int",
                   "getitem", "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
                   "aten::softmax.int", "aten::layer_norm", "aten::gelu", "aten::relu", "aten::abs",
-                  "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor",
+                  "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor", "aten::max_pool2d",
                   "aten::alias"], _float_only)
     cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
     return cap
