@@ -8,11 +8,12 @@ import qlower
 from conftest import calib
 
 
-def both(model, shape, **kw):
-    data = calib(shape)
+def both(model, shape, dynamic_shapes=None, **kw):
+    """The same Q/DQ program compiled on both backends."""
     x = (torch.randn(*shape),)
-    ref = qlower.compile(model, x, quantize="int8", calibration=data, backend="reference", **kw)
-    ort = qlower.compile(model, x, quantize="int8", calibration=data, backend="onnxruntime", **kw)
+    ep = qlower.quantize(model, x, calib(shape), dynamic_shapes=dynamic_shapes)
+    ref = qlower.compile(ep, x, backend="reference", dynamic_shapes=dynamic_shapes, **kw)
+    ort = qlower.compile(ep, x, backend="onnxruntime", dynamic_shapes=dynamic_shapes, **kw)
     return ref, ort
 
 
@@ -83,7 +84,7 @@ def test_forced_compile_failure_falls_back(monkeypatch, integer_net):
 
 def test_forced_runtime_failure_falls_back(integer_net):
     ref, ort = both(integer_net, (1, 3, 16, 16))
-    cluster = next(m for m in ort._executable.run.modules() if type(m).__name__ == "OrtCluster")
+    cluster = next(m for m in ort._executable.module.modules() if type(m).__name__ == "OrtCluster")
 
     class Broken:
         def run(self, *a, **k):
@@ -115,3 +116,18 @@ def test_fixed_profile_requantize_is_not_run_by_onnxruntime(small_net):
     _, ort = both(small_net, (1, 3, 8, 8), profile="fixed")
     reasons = [c.reason for c in ort.report().clusters if c.backend == "pytorch"]
     assert any("'float' requantization profile" in (r or "") for r in reasons)
+
+
+def test_int8_preset_picks_weights_by_cpu(small_net):
+    from qlower.backends.onnxruntime.cpu import has_vnni
+    x = (torch.randn(1, 3, 8, 8),)
+    cm = qlower.compile(small_net, x, quantize="int8", calibration=calib((1, 3, 8, 8)), backend="onnxruntime")
+    weights = [m for n, m in cm.graph_module.named_buffers() if m.dtype == torch.int8]
+    if has_vnni():
+        assert not any("7-bit" in n for n in cm.report().notes)
+    else:
+        assert any("7-bit weights" in n for n in cm.report().notes)
+        assert all(int(w.min()) >= -63 and int(w.max()) <= 63 for w in weights)
+    explicit = qlower.compile(small_net, x, quantize=qlower.QuantConfig(), calibration=calib((1, 3, 8, 8)),
+                              backend="onnxruntime")
+    assert max(int(w.abs().max()) for n, w in explicit.graph_module.named_buffers() if w.dtype == torch.int8) == 127

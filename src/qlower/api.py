@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     """
     check_module(model)
     example_inputs = check_example_inputs(example_inputs)
+    notes: list[str] = []
     if profile not in PROFILES:
         raise QlowerError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
     if quantize is not None and quantize is not False:
@@ -41,6 +43,10 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             raise QuantizeError("quantize was requested but no calibration data was given",
                                 hint="pass calibration=[(x,), ...] with a few representative inputs")
         config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else quantize
+        chosen = get_backend(backend)
+        config, note = _weights_for_backend(config, chosen.name, preset=isinstance(quantize, str))
+        if note:
+            notes.append(note)
         ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes)
     else:
         ep = capture(model, example_inputs, dynamic_shapes)
@@ -54,8 +60,20 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
                            refusals=[str(r) for r in ctx.refusals], op_counts=counts)
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
+    report.notes += notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
     return CompiledModule(gm, executable, input_specs_of(gm), report, example_inputs, dyn)
+
+
+def _weights_for_backend(config: QuantConfig, backend: str, preset: bool) -> tuple[QuantConfig, str | None]:
+    """A named preset on onnxruntime without VNNI gets 7-bit weights: ORT's fused u8 x s8 kernels
+    are exact only then, and measured accuracy is the same (docs/performance.md). An explicit
+    QuantConfig is respected; 8-bit weights then run on the exact (slower) u8 x u8 path."""
+    from .backends.onnxruntime.cpu import has_vnni
+    if preset and backend == "onnxruntime" and not has_vnni() and config.weight_bits == 8:
+        return dataclasses.replace(config, weight_bits=7), \
+            "7-bit weights: this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with 7-bit weights"
+    return config, None
 
 
 def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None) -> Path:

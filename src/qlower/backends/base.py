@@ -13,9 +13,11 @@ from ..report import ClusterInfo
 
 @dataclass
 class Executable:
-    """A compiled graph: `run(*args)` has the model's calling convention."""
+    """A compiled graph: `run(*args)` has the model's calling convention; `module` is the
+    (possibly restructured) GraphModule behind it, for inspection."""
     run: Callable
     clusters: list[ClusterInfo]
+    module: GraphModule | None = None
 
 
 class Backend(Protocol):

@@ -17,4 +17,4 @@ class ReferenceBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-        return Executable(run=gm, clusters=[ClusterInfo(0, self.name, nodes, op_counts(gm))])
+        return Executable(run=gm, clusters=[ClusterInfo(0, self.name, nodes, op_counts(gm))], module=gm)
