@@ -51,7 +51,7 @@ def add_constant(gm: GraphModule, tensor: torch.Tensor, hint: str) -> Node:
     gm.register_buffer(name, tensor.detach().clone(), persistent=True)
     node = gm.graph.get_attr(name)
     mode = fake_mode_of(gm)
-    node.meta["val"] = mode.from_tensor(tensor) if mode is not None else tensor
+    node.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
     return node
 
 

@@ -2,13 +2,15 @@
 from .attach_qparams import AttachQParams
 from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
+from .fold_quantized_constants import FoldQuantizedConstants
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
+from .propagate_dequantize import PropagateDequantize
 
 
 def default_pipeline() -> list[Pass]:
-    return [AttachQParams(), LowerQDQ(), CanonicalizeQDQ()]
+    return [AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "LowerQDQ", "CanonicalizeQDQ"]
+           "AttachQParams", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]

@@ -35,7 +35,7 @@ from .base import Pass, PassContext
 aten = torch.ops.aten
 qlower = torch.ops.qlower
 
-ACCUMULATING = {aten.conv1d.default: qlower.conv1d.default, aten.conv2d.default: qlower.conv2d.default,
+ACCUMULATING = {aten.mm.default: qlower.matmul.default, aten.conv1d.default: qlower.conv1d.default, aten.conv2d.default: qlower.conv2d.default,
                 aten.linear.default: qlower.linear.default, aten.matmul.default: qlower.matmul.default,
                 aten.bmm.default: qlower.matmul.default}
 BINARY = {aten.add.Tensor: qlower.add.default, aten.mul.Tensor: qlower.mul.default}
@@ -106,6 +106,8 @@ class LowerQDQ(Pass):
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.graph is not gm.graph:
                 continue
+            if node.target in (aten.matmul.default, aten.mm.default):
+                node = self._matmul_with_constant_as_linear(gm, node)
             if node.target in ACCUMULATING:
                 changed |= self._lower_accumulating(gm, node, ctx)
             elif node.target in BINARY:
@@ -118,6 +120,23 @@ class LowerQDQ(Pass):
         return changed
 
     # ------------------------------------------------------------------ conv/linear/matmul
+    @staticmethod
+    def _matmul_with_constant_as_linear(gm: GraphModule, node: Node) -> Node:
+        """x @ DQ(B) with B a constant 2-D integer tensor quantized per-tensor or per output
+        column is linear(x, DQ(B.T)) with the channel on axis 0: one lowering path for both."""
+        from .dq_through_shape import dequantize_node
+        b = dq_operand(node.args[1])
+        b_int = constant_value(gm, b.q) if b is not None else None
+        if b_int is None or b_int.dim() != 2 or (b.qp.per_channel and b.qp.axis != 1):
+            return node
+        qp = QParams(b.qp.scale, b.qp.zero_point, b.qp.qmin, b.qp.qmax, b.qp.dtype, 0 if b.qp.per_channel else None)
+        with gm.graph.inserting_before(node):
+            w = add_constant(gm, b_int.t().contiguous(), "w_t")
+            linear = call(gm, aten.linear.default, (node.args[0], dequantize_node(gm, w, qp, like=node)), like=node)
+        node.replace_all_uses_with(linear)
+        gm.graph.erase_node(node)
+        return linear
+
     def _lower_accumulating(self, gm: GraphModule, node: Node, ctx: PassContext) -> bool:
         x = dq_operand(node.args[0])
         if x is None:

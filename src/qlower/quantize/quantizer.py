@@ -18,6 +18,8 @@ from torchao.quantization.pt2e.quantizer import (DerivedQuantizationSpec, Quanti
                                                  QuantizationSpec, Quantizer, SharedQuantizationSpec)
 
 from .. import numerics
+from ..axis import SHAPE_OPS, derive
+from ..meta import QParams
 from .config import QuantConfig
 from .observers import PercentileObserver
 
@@ -130,12 +132,52 @@ class QlowerQuantizer(Quantizer):
         bias = node.args[2] if len(node.args) > 2 else None
         if not (_is_float_tensor(x) and _is_float_tensor(w)):
             return
-        inputs = {x: self.act_spec, w: self.weight_spec}
-        if isinstance(bias, Node) and _is_float_tensor(bias):
+        inputs = {x: self.act_spec}
+        if not self._annotate_weight_chain(w, out_axis=0):
+            inputs[w] = self.weight_spec
+        if isinstance(bias, Node) and _is_float_tensor(bias) and w in inputs:
             inputs[bias] = self._bias_spec(node)
         self._finish(node, inputs)
 
+    def _annotate_weight_chain(self, w: Node, out_axis: int) -> bool:
+        """A weight reached through shape ops (w.t(), permute, reshape...) from a parameter:
+        quantize the parameter itself, per channel along the axis that the shape ops carry to
+        the consumer's output-channel axis `out_axis` (TICO #499). Folding then removes the
+        shape ops at compile time. True when annotated that way."""
+        chain, src = [], w
+        while isinstance(src, Node) and src.op == "call_function" and src.target in SHAPE_OPS:
+            chain.append(src)
+            src = src.args[0]
+        if not chain or not (isinstance(src, Node) and src.op == "get_attr"):
+            return False
+        chain.reverse()
+        shape = tuple(src.meta["val"].shape)
+        target_axis = out_axis % w.meta["val"].dim()
+        for axis in range(len(shape)):
+            qp = QParams((1.0,) * shape[axis], (0,) * shape[axis], -127, 127, torch.int8, axis)
+            for op in chain:
+                qp = derive(op.target, tuple(op.args[1:]), tuple(op.args[0].meta["val"].shape), qp)
+                if isinstance(qp, str):
+                    break
+            if not isinstance(qp, str) and (qp.axis == target_axis or not self.config.per_channel):
+                spec = self._weight_spec_on(axis)
+                chain[0].meta[ANNOTATION_KEY] = QuantizationAnnotation({src: spec}, None, _annotated=True)
+                for op in chain[1:]:
+                    op.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, None, _annotated=True)
+                return True
+        return False
+
+    def _weight_spec_on(self, axis: int) -> QuantizationSpec:
+        if not self.config.per_channel:
+            return self.weight_spec
+        from dataclasses import replace
+        return replace(self.weight_spec, ch_axis=axis)
+
     def _annotate_binary(self, node: Node) -> None:
+        if node.target in (aten.matmul.default, aten.mm.default) and _is_float_tensor(node.args[0]) and \
+                self._annotate_weight_chain(node.args[1], out_axis=-1):
+            self._finish(node, {node.args[0]: self.act_spec})
+            return
         tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return

@@ -53,12 +53,12 @@ def _adaptive_pool(node: Node) -> str | None:
 
 def onnxruntime_capability() -> Capability:
     cap = Capability("onnxruntime")
-    cap.register(["qlower::conv2d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
+    cap.register(["qlower::conv2d", "qlower::conv1d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
                   "qlower::max_pool2d"])
     cap.register("qlower::quantize", _quantize_per_tensor_range)
     cap.register("qlower::requantize", _requant_float)
     cap.register("qlower::matmul", _matmul_operands)
-    cap.register(["aten::reshape", "aten::view"], _static_shape_args)
+    cap.register(["aten::reshape", "aten::view", "aten::expand"], _static_shape_args)
     cap.register(["aten::permute", "aten::transpose.int", "aten::flatten.using_ints", "aten::unbind.int",
                   "getitem", "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
                   "aten::softmax.int", "aten::layer_norm", "aten::gelu", "aten::relu", "aten::abs",

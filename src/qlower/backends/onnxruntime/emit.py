@@ -122,13 +122,14 @@ class Emitter:
             acc = self.op("MatMulInteger", [x.name, wn, x_zp_n, zn])
             return self.op("Add", [acc, self.const(bv, "bias")], name) if bv is not None else \
                 self.op("Identity", [acc], name)
-        if t is q.conv2d.default:
+        if t in (q.conv2d.default, q.conv1d.default):
             stride, padding, dilation, groups = node.args[5:9]
             wn, zn, _ = self.weight_operand(wv, zpv, transpose=False)
             acc = self.op("ConvInteger", [x.name, wn, x_zp_n, zn], strides=list(stride),
                           pads=list(padding) * 2, dilations=list(dilation), group=int(groups))
             if bv is not None:
-                return self.op("Add", [acc, self.const(bv.reshape(1, -1, 1, 1), "bias")], name)
+                spatial = [1] * (wv.dim() - 2)
+                return self.op("Add", [acc, self.const(bv.reshape(1, -1, *spatial), "bias")], name)
             return self.op("Identity", [acc], name)
         raise EmitError(f"no ONNX lowering for {schema_name(node)}")
 
@@ -158,7 +159,8 @@ class Emitter:
     # ---------------------------------------------------------------- dispatch
     def emit(self, node: Node) -> None:
         t, name = node.target, node.name
-        if t is q.conv2d.default and len(node.users) == 1 and next(iter(node.users)).target is q.requantize.default:
+        if t in (q.conv2d.default, q.conv1d.default) and len(node.users) == 1 and \
+                next(iter(node.users)).target is q.requantize.default:
             self.deferred_conv[name] = node
             return
         if t is q.requantize.default:
@@ -173,7 +175,7 @@ class Emitter:
             m = numerics.float_multiplier(self.value(scale), out_scale)
             rank = acc.meta["val"].dim()
             self.requant_chain(acc.name, m, None if axis is None else axis % rank, rank, out_zp, lo, hi, dtype, name)
-        elif t in (q.conv2d.default, q.linear.default, q.matmul.default):
+        elif t in (q.conv2d.default, q.conv1d.default, q.linear.default, q.matmul.default):
             self.emit_accumulate(node, name)
         elif t is q.quantize.default:
             x, scale, zp, qmin, qmax, dtype, axis = node.args
@@ -285,6 +287,11 @@ class Emitter:
                               self.const(np.array([big if end is None else end], np.int64), "en"),
                               self.const(np.array([dim], np.int64), "ax"),
                               self.const(np.array([step], np.int64), "sp")], name)
+        elif t is aten.expand.default:
+            out = node.meta["val"].shape
+            if any(not isinstance(d, int) for d in out):
+                raise EmitError("expand to a symbolic shape is not emitted")
+            self.op("Expand", [a[0].name, self.const(np.array(list(out), np.int64), "shape")], name)
         elif t is aten.alias.default:
             self.op("Identity", [a[0].name], name)
         else:
