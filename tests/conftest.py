@@ -65,3 +65,12 @@ class IntegerNet(torch.nn.Module):
 def integer_net():
     torch.manual_seed(0)
     return IntegerNet().eval()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Tests never read or write the user's ~/.cache/qlower, nor share compiled sessions."""
+    import qlower.backends.onnxruntime as ortb
+    monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path / "qlower-cache"))
+    monkeypatch.setattr(ortb, "_SESSIONS", {})
+    monkeypatch.setattr(ortb, "_MODELS", {})

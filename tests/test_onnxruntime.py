@@ -131,3 +131,37 @@ def test_int8_preset_picks_weights_by_cpu(small_net):
     explicit = qlower.compile(small_net, x, quantize=qlower.QuantConfig(), calibration=calib((1, 3, 8, 8)),
                               backend="onnxruntime")
     assert max(int(w.abs().max()) for n, w in explicit.graph_module.named_buffers() if w.dtype == torch.int8) == 127
+
+
+def test_cache_hits_and_changed_weights_miss(integer_net, monkeypatch, tmp_path):
+    import qlower.backends.onnxruntime as ortb
+    monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path / "c"))
+    x = (torch.randn(1, 3, 16, 16),)
+    ep = qlower.quantize(integer_net, x, calib((1, 3, 16, 16)))
+    first = qlower.compile(ep, x, backend="onnxruntime")
+    assert first.report().compiled[0].cache == "miss"
+    assert len(list((tmp_path / "c").glob("*.onnx"))) == 1
+    assert qlower.compile(ep, x, backend="onnxruntime").report().compiled[0].cache == "memory"
+    monkeypatch.setattr(ortb, "_SESSIONS", {})
+    monkeypatch.setattr(ortb, "_MODELS", {})
+    again = qlower.compile(ep, x, backend="onnxruntime")
+    assert again.report().compiled[0].cache == "disk"
+    assert torch.equal(again(*x), first(*x))
+    with torch.no_grad():
+        integer_net.fc.weight[0, 0] += 0.5  # a changed weight must never hit the stale entry
+    changed = qlower.compile(integer_net, x, quantize="int8", calibration=calib((1, 3, 16, 16)), backend="onnxruntime")
+    assert changed.report().compiled[0].cache == "miss"
+
+
+def test_export_onnx_whole_model_and_refusal(integer_net, tmp_path):
+    import onnxruntime as ort
+    _, cm = both(integer_net, (1, 3, 16, 16))
+    path = qlower.export(cm, tmp_path / "m.onnx", format="onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(1, 3, 16, 16)
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+    assert torch.equal(got, cm(x))
+    torch.manual_seed(0)
+    fft = qlower.compile(WithFFT().eval(), (torch.randn(2, 16),), backend="onnxruntime")
+    with pytest.raises(qlower.BackendError, match="fft"):
+        qlower.export(fft, tmp_path / "f.onnx", format="onnx")

@@ -77,13 +77,39 @@ def _weights_for_backend(config: QuantConfig, backend: str, preset: bool) -> tup
 
 
 def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None) -> Path:
-    """Write a model to disk: "pt2" (torch.export program; a CompiledModule keeps its lowering)."""
+    """Write a model to disk.
+    "pt2":  a torch.export program (a CompiledModule keeps its lowering).
+    "onnx": one ONNX file, when one onnxruntime cluster covers the whole graph; otherwise a
+            BackendError names the nodes that prevent it. An nn.Module / program is compiled
+            (unquantized) for onnxruntime first; pass a CompiledModule to export int8."""
     path = Path(path)
-    if format != "pt2":
-        raise QlowerError(f"export format {format!r} is not available yet",
-                          hint="use format='pt2'; onnx and tosa land with their backends")
+    if format not in ("pt2", "onnx"):
+        raise QlowerError(f"export format {format!r} is not available",
+                          hint="use 'pt2' or 'onnx' (TOSA lands with the IREE backend)")
+    if format == "onnx":
+        if not isinstance(model_or_cm, CompiledModule):
+            if example_inputs is None:
+                raise QlowerError("exporting a model to ONNX needs example_inputs")
+            model_or_cm = compile(model_or_cm, example_inputs, backend="onnxruntime")
+        return _export_onnx(model_or_cm, path)
     if isinstance(model_or_cm, CompiledModule):
         return model_or_cm.save(path)
     if example_inputs is None and not isinstance(model_or_cm, torch.export.ExportedProgram):
         raise QlowerError("exporting an nn.Module needs example_inputs")
     return save_pt2(capture(model_or_cm, example_inputs), path)
+
+
+def _export_onnx(cm: CompiledModule, path: Path) -> Path:
+    from .errors import BackendError
+    report = cm.report()
+    if report.backend != "onnxruntime":
+        raise BackendError(f"ONNX export needs a model compiled for onnxruntime, not {report.backend!r}",
+                           hint="compile with backend='onnxruntime'")
+    blockers = [f"{next(iter(c.ops))}: {c.reason}" for c in report.clusters if c.status != "compiled"]
+    compiled = [c for c in report.clusters if c.status == "compiled"]
+    if blockers or len(compiled) != 1 or compiled[0].onnx is None or cm._executable.run is cm._executable.module:
+        detail = "; ".join(blockers) or f"{len(compiled)} clusters with PyTorch code between them"
+        raise BackendError(f"the model is not one ONNX graph: {detail}",
+                           hint="`qlower schema` lists every node and why it is not supported")
+    path.write_bytes(compiled[0].onnx)
+    return path

@@ -75,6 +75,31 @@ def bench(models: str = typer.Option("cnn,transformer", help="comma-separated zo
 
 
 @app.command()
+def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program, Q/DQ program or qlower artifact)"),
+           out: Path = typer.Argument(..., help="output file"),
+           format: str = typer.Option("onnx", help="onnx | pt2")):
+    """Export a saved program as one ONNX file (or .pt2); says which nodes prevent it otherwise."""
+    from .api import compile as qcompile
+    from .api import export as qexport
+    from .capture import load_pt2
+    from .errors import QlowerError
+    try:
+        ep = load_pt2(path)
+        example = tuple(torch_zeros_like(n.meta["val"]) for n in ep.graph.nodes
+                        if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
+        cm = qcompile(ep, example, backend="onnxruntime" if format == "onnx" else "reference")
+        qexport(cm, out, format=format)
+    except QlowerError as exc:
+        _fail(exc)
+    console.print(f"wrote {out}")
+
+
+def torch_zeros_like(val):
+    import torch
+    return torch.zeros(tuple(d if isinstance(d, int) else 1 for d in val.shape), dtype=val.dtype)
+
+
+@app.command()
 def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)")):
     """Print the graph of a .pt2 file and, for a qlower artifact, its compile report."""
     from .errors import QlowerError
@@ -92,18 +117,45 @@ def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export pro
 
 
 @app.command()
-def schema(path: Path = typer.Argument(..., help="a .pt2 file")):
-    """Print each call node's full op schema."""
+def schema(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)"),
+           backend: str = typer.Option("onnxruntime", help="whose capability to check")):
+    """Print each call node's full op schema and whether (and why not) the backend supports it."""
+    from .backends import get_backend
     from .capture import load_pt2
     from .errors import QlowerError
     from .fx import schema_of
     try:
         ep = load_pt2(path)
+        cap = get_backend(backend).capability
     except QlowerError as exc:
         _fail(exc)
-    for node in ep.graph.nodes:
+    gm = ep.module()
+    unsupported = 0
+    for node in gm.graph.nodes:
         if node.op == "call_function":
-            console.print(f"{node.name}: {schema_of(node)}", markup=False)
+            why = cap.why_not(node)
+            unsupported += why is not None
+            status = "supported" if why is None else f"NOT supported: {why}"
+            console.print(f"{node.name}: {schema_of(node)}\n    {backend}: {status}", markup=False)
+    console.print(f"{unsupported} node(s) not supported by {backend}", markup=False)
+
+
+@app.command()
+def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | reference")):
+    """List the op schemas a backend accepts and the condition on each
+    (QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST adjust it)."""
+    from .backends import get_backend
+    from .errors import QlowerError
+    try:
+        cap = get_backend(backend).capability
+    except QlowerError as exc:
+        _fail(exc)
+    table = Table(title=f"{backend} capability")
+    table.add_column("op schema")
+    table.add_column("condition")
+    for name, note in cap.table():
+        table.add_row(name, note)
+    console.print(table)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -24,6 +24,11 @@ def _env_list(name: str) -> set[str]:
     return {s.strip() for s in os.environ.get(name, "").split(";") if s.strip()}
 
 
+def _always(node: Node) -> str | None:
+    """always"""
+    return None
+
+
 @dataclass
 class Capability:
     backend: str
@@ -31,7 +36,9 @@ class Capability:
 
     def register(self, names, predicate: Predicate | None = None) -> None:
         for n in ([names] if isinstance(names, str) else names):
-            self.ops[n] = predicate or (lambda node: None)
+            self.ops[n] = predicate or _always
+
+
 
     def why_not(self, node: Node) -> str | None:
         """None when `node` is supported; otherwise a human-readable reason."""
@@ -42,7 +49,7 @@ class Capability:
             return f"{name} is in {DENY_ENV}"
         if name in _env_list(ALLOW_ENV) and name in self.ops:
             return None
-        predicate = self.ops.get(name)
+        predicate = self.ops.get(name, self.ops.get("*"))
         if predicate is None:
             return f"{self.backend} has no lowering for {name}"
         return predicate(node)
@@ -51,8 +58,14 @@ class Capability:
         return self.why_not(node) is None
 
     def table(self) -> list[tuple[str, str]]:
-        """(schema name, note) rows for `qlower ops`."""
-        deny = _env_list(DENY_ENV)
-        return [(name, "denied by env" if name in deny else
-                 ("conditions apply" if getattr(pred, "__doc__", None) else "always"))
-                for name, pred in sorted(self.ops.items())]
+        """(schema name, condition) rows for `qlower ops`; a predicate's docstring is its condition."""
+        deny, allow = _env_list(DENY_ENV), _env_list(ALLOW_ENV)
+        rows = []
+        for name, pred in sorted(self.ops.items()):
+            if name in deny:
+                rows.append((name, f"denied by {DENY_ENV}"))
+            elif name in allow:
+                rows.append((name, f"forced by {ALLOW_ENV}"))
+            else:
+                rows.append((name, (pred.__doc__ or "always").strip().splitlines()[0]))
+        return rows

@@ -14,6 +14,8 @@ class ClusterInfo:
     status: str = "compiled"          # compiled | fallback
     reason: str | None = None         # why it fell back
     max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
+    cache: str | None = None           # memory | disk | miss
+    onnx: bytes | None = field(default=None, repr=False, compare=False)  # the emitted model, if any
 
 
 @dataclass
@@ -44,7 +46,10 @@ class CompileReport:
         return integer, integer + floating
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for c in d["clusters"]:
+            c.pop("onnx", None)
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> "CompileReport":
@@ -61,6 +66,8 @@ class CompileReport:
         for c in self.clusters:
             ops = ", ".join(f"{k} x{v}" for k, v in Counter(c.ops).most_common(6))
             status = c.status + (f" ({c.reason})" if c.reason else "")
+            if c.cache:
+                status += f", cache {c.cache}"
             if c.max_abs_diff is not None:
                 status += f", worst diff vs PyTorch {c.max_abs_diff:.3g}"
             lines.append(f"  #{c.id} {c.backend}: {c.nodes} nodes, {status}; {ops}")

@@ -16,12 +16,14 @@ from ...fx import constant_value
 from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, op_counts
+from . import cache
 from .capability import onnxruntime_capability
 from .emit import emit_cluster
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
-_SESSIONS: dict[str, object] = {}     # in-memory session cache: model digest + options -> session
+_SESSIONS: dict[str, object] = {}     # in-memory session cache: cluster key -> session
+_MODELS: dict[str, bytes] = {}        # cluster key -> emitted ONNX model (for export)
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,9 @@ class OrtOptions:
     min_cluster_size: int = 1
 
 
-def _session(model_bytes: bytes, opts: OrtOptions):
+def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
     import onnxruntime as ort
-    key = hashlib.sha256(model_bytes).hexdigest() + f"|{ort.__version__}|{opts}"
+    key = key or hashlib.sha256(model_bytes).hexdigest() + f"|{ort.__version__}|{opts}"
     if key not in _SESSIONS:
         so = ort.SessionOptions()
         so.intra_op_num_threads = opts.threads or torch.get_num_threads()
@@ -152,6 +154,21 @@ class OnnxRuntimeBackend:
             infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
         return Executable(run=_direct_runner(fused) or fused, clusters=infos, module=fused)
 
+    @staticmethod
+    def _model_for(key: str, sub: GraphModule, constants) -> tuple[bytes, list[str], str]:
+        """(ONNX bytes, runtime input names, 'memory' | 'disk' | 'miss')."""
+        runtime_inputs = [n.name for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
+        if key in _SESSIONS and key in _MODELS:
+            return _MODELS[key], runtime_inputs, "memory"
+        cached = cache.load_model(key)
+        if cached is not None:
+            _MODELS[key] = cached
+            return cached, runtime_inputs, "disk"
+        model, input_names, _ = emit_cluster(sub, constants)
+        model_bytes = _MODELS[key] = model.SerializeToString()
+        cache.store_model(key, model_bytes)
+        return model_bytes, input_names, "miss"
+
     def _compile_cluster(self, fused: GraphModule, call, index: int) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
@@ -166,8 +183,10 @@ class OnnxRuntimeBackend:
                            op_counts(sub))
         single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
         try:
-            model, input_names, _ = emit_cluster(sub, constants)
-            session = _session(model.SerializeToString(), self.options)
+            key = cache.cluster_key(sub, constants, self.options)
+            model_bytes, input_names, info.cache = self._model_for(key, sub, constants)
+            session = _session(model_bytes, self.options, key)
+            info.onnx = model_bytes
         except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)

@@ -9,7 +9,7 @@ from .cpu import has_vnni
 
 
 def _float_only(node: Node) -> str | None:
-    """float32 tensors only"""
+    """float32 or integer tensors"""
     for a in [node, *node.all_input_nodes]:
         v = a.meta.get("val")
         if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.uint8, torch.int8, torch.int32):

@@ -58,7 +58,7 @@ class Emitter:
         if dtype is not None:
             arr = arr.astype(dtype)
         name = self.fresh(hint)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.inits.append(numpy_helper.from_array(np.array(arr, order="C"), name))  # keeps 0-d scalars 0-d
         return name
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs) -> str:

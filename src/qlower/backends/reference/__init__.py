@@ -12,6 +12,11 @@ from ...report import ClusterInfo
 class ReferenceBackend:
     name = "reference"
 
+    def __init__(self):
+        from ...partition import Capability
+        self.capability = Capability(self.name)
+        self.capability.register("*")  # every op: PyTorch runs whatever the graph holds
+
     def available(self) -> bool:
         return True
 
