@@ -35,8 +35,8 @@ def cluster_graph(graph: Graph, capability: Capability, min_size: int = 1) -> Cl
     unsupported: dict[str, str] = {}
     parent: dict[Node, Node] = {}
     for node in graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output", "call_module"):
-            continue  # inputs, constants and export's input guards are never clustered
+        if node.op in ("placeholder", "get_attr", "output", "call_module") or _graph_assertion(node):
+            continue  # inputs, constants, export's input guards and runtime asserts stay in PyTorch
         reason = capability.why_not(node)
         supported[node] = reason is None
         if reason is not None:
@@ -60,6 +60,12 @@ def cluster_graph(graph: Graph, capability: Capability, min_size: int = 1) -> Cl
         compute = [n for n in nodes if _compute_op(n)]
         (kept if len(compute) >= min_size and compute else dropped).append(nodes)
     return Clustering(kept, unsupported, dropped)
+
+
+def _graph_assertion(node: Node) -> bool:
+    """A call nobody reads that returns nothing (aten._assert_tensor_metadata, ...)."""
+    schema = getattr(node.target, "_schema", None)
+    return not node.users and schema is not None and len(schema.returns) == 0
 
 
 def _compute_op(node: Node) -> bool:

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from .models import ResNetish, TinyEncoder
+from .models import MobileNetV2ish, ResNetish, StreamingLSTM, TinyBert, TinyDecoderStep, TinyEncoder, TinyViT
 
 
 @dataclass(frozen=True)
@@ -22,12 +22,31 @@ class ZooEntry:
         return self.build().eval()
 
     def inputs(self, batch: int = 1, seed: int = 1) -> tuple:
+        """Example inputs: float tensors are N(0, 1); integer tensors are filled by the entry
+        (token ids, masks) from the same seed."""
         gen = torch.Generator().manual_seed(seed)
         return tuple(t.normal_(generator=gen) if t.dtype.is_floating_point else t
-                     for t in self.example(batch))
+                     for t in self.example(batch, gen) if True) if _takes_gen(self.example) else \
+            tuple(t.normal_(generator=gen) if t.dtype.is_floating_point else t for t in self.example(batch))
 
     def calibration(self, batches: int = 8, batch: int = 1) -> list[tuple]:
         return [self.inputs(batch, seed=100 + i) for i in range(batches)]
+
+
+def _takes_gen(fn) -> bool:
+    return fn.__code__.co_argcount == 2
+
+
+def _bert_inputs(b: int, gen: torch.Generator) -> tuple:
+    ids = torch.randint(0, 1000, (b, 32), generator=gen)
+    lengths = torch.randint(8, 33, (b,), generator=gen)
+    mask = (torch.arange(32)[None, :] < lengths[:, None]).to(torch.int64)  # padded sequences
+    return ids, mask
+
+
+def _decoder_inputs(b: int, gen: torch.Generator) -> tuple:
+    return (torch.randint(0, 1000, (b, 1), generator=gen),
+            torch.empty(2, b, 4, 16, 16), torch.empty(2, b, 4, 16, 16))
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -36,6 +55,17 @@ ZOO: dict[str, ZooEntry] = {
     "transformer": ZooEntry("transformer", lambda: TinyEncoder(),
                             lambda b: (torch.empty(b, 16, 64),),
                             "2-layer transformer encoder: MHA (matmul/softmax), LayerNorm, GELU MLP"),
+    "mobilenet": ZooEntry("mobilenet", lambda: MobileNetV2ish(), lambda b: (torch.empty(b, 3, 32, 32),),
+                          "MobileNetV2-style CNN: depthwise convs, inverted residuals, ReLU6"),
+    "vit": ZooEntry("vit", lambda: TinyViT(), lambda b: (torch.empty(b, 3, 32, 32),),
+                    "small ViT: 8x8 patch conv, position embedding, 2 encoder layers, mean-pool head"),
+    "bert": ZooEntry("bert", lambda: TinyBert(), _bert_inputs,
+                     "BERT-style encoder: embeddings, padding mask (additive), 2 layers, seq 32"),
+    "decoder": ZooEntry("decoder", lambda: TinyDecoderStep(), _decoder_inputs,
+                        "decoder-only LM step with a 16-slot sliding KV cache passed in and out"),
+    "lstm": ZooEntry("lstm", lambda: StreamingLSTM(),
+                     lambda b: (torch.empty(b, 20, 40), torch.zeros(1, b, 64), torch.zeros(1, b, 64)),
+                     "streaming LSTM: conv front end, LSTM with (h, c) state in/out"),
 }
 
 

@@ -12,7 +12,8 @@ def _float_only(node: Node) -> str | None:
     """float32 or integer tensors"""
     for a in [node, *node.all_input_nodes]:
         v = a.meta.get("val")
-        if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.uint8, torch.int8, torch.int32):
+        if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.uint8, torch.int8, torch.int32,
+                                                           torch.int64):
             return f"dtype {v.dtype} not emitted"
     return None
 
@@ -51,6 +52,17 @@ def _adaptive_pool(node: Node) -> str | None:
     return None if list(node.args[1]) in ([1, 1], [1]) else "only global pooling is emitted"
 
 
+def _getitem_of_supported(node: Node) -> str | None:
+    """item of an unbind (the only multi-output op emitted)"""
+    src = node.args[0]
+    return None if getattr(src, "target", None) is torch.ops.aten.unbind.int else "getitem of an op not emitted"
+
+
+def _integer_arange(node: Node) -> str | None:
+    """constant end, default start/step"""
+    return None if len(node.args) == 1 and isinstance(node.args[0], int) else "non-constant arange"
+
+
 def onnxruntime_capability() -> Capability:
     cap = Capability("onnxruntime")
     cap.register(["qlower::conv2d", "qlower::conv1d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
@@ -60,9 +72,14 @@ def onnxruntime_capability() -> Capability:
     cap.register("qlower::matmul", _matmul_operands)
     cap.register(["aten::reshape", "aten::view", "aten::expand"], _static_shape_args)
     cap.register(["aten::permute", "aten::transpose.int", "aten::flatten.using_ints", "aten::unbind.int",
-                  "getitem", "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
+                  "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
                   "aten::softmax.int", "aten::layer_norm", "aten::gelu", "aten::relu", "aten::abs",
                   "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor", "aten::max_pool2d",
                   "aten::alias"], _float_only)
     cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
+    cap.register("getitem", _getitem_of_supported)
+    cap.register("aten::arange", _integer_arange)
+    cap.register(["aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",
+                  "aten::embedding", "aten::mean.dim", "aten::stack", "aten::rsub.Scalar", "aten::to.dtype"],
+                 _float_only)
     return cap

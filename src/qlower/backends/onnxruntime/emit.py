@@ -221,14 +221,31 @@ class Emitter:
                 raise EmitError("adaptive_avg_pool2d only to 1x1")
             self.op("GlobalAveragePool", [a[0].name], name)
         elif t is aten.flatten.using_ints:
-            start, end = (a[1] if len(a) > 1 else 0), (a[2] if len(a) > 2 else -1)
-            rank = a[0].meta["val"].dim()
-            if end % rank != rank - 1:
-                raise EmitError("flatten must run to the last dim")
-            self.op("Flatten", [a[0].name], name, axis=start % rank) if start % rank else \
-                self.op("Reshape", [a[0].name, self.const(np.array([-1], np.int64), "shape")], name)
+            self.op("Reshape", [a[0].name, self.const(np.array(_reshape_target(node), np.int64), "shape")], name)
         elif t in (aten.reshape.default, aten.view.default):
             self.op("Reshape", [a[0].name, self.const(np.array(a[1], np.int64), "shape")], name)
+        elif t in (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims):
+            dims = a[1] if isinstance(a[1], (list, tuple)) else [a[1]]
+            self.op("Unsqueeze" if t is aten.unsqueeze.default else "Squeeze",
+                    [a[0].name, self.const(np.array(list(dims), np.int64), "axes")], name)
+        elif t is aten.select.int:
+            self.op("Gather", [a[0].name, self.const(np.array(a[2], np.int64), "index")], name, axis=int(a[1]))
+        elif t is aten.embedding.default:
+            self.op("Gather", [a[0].name, a[1].name], name, axis=0)
+        elif t is aten.mean.dim:
+            keep = a[2] if len(a) > 2 else node.kwargs.get("keepdim", False)
+            self.op("ReduceMean", [a[0].name, self.const(np.array(list(a[1]), np.int64), "axes")], name,
+                    keepdims=int(bool(keep)))
+        elif t is aten.stack.default:
+            dim = a[1] if len(a) > 1 else 0
+            parts = [self.op("Unsqueeze", [x.name, self.const(np.array([dim], np.int64), "axes")]) for x in a[0]]
+            self.op("Concat", parts, name, axis=int(dim))
+        elif t is aten.arange.default:
+            self.op("Identity", [self.const(np.arange(int(a[0]), dtype=np.int64), "arange")], name)
+        elif t is aten.rsub.Scalar:
+            self.op("Sub", [self.const(np.float32(a[1]), "c"), a[0].name], name)
+        elif t is aten.to.dtype:
+            self.op("Cast", [a[0].name], name, to=_DTYPE[node.meta["val"].dtype])
         elif t is aten.permute.default:
             self.op("Transpose", [a[0].name], name, perm=[int(p) % len(a[1]) for p in a[1]])
         elif t is aten.transpose.int:
@@ -296,6 +313,15 @@ class Emitter:
             self.op("Identity", [a[0].name], name)
         else:
             raise EmitError(f"no ONNX lowering for {schema_name(node)}")
+
+
+def _reshape_target(node: Node) -> list[int]:
+    """Static output shape for Reshape; a dynamic leading dim becomes 0 (copy the input's)."""
+    out = list(node.meta["val"].shape)
+    dims = [d if isinstance(d, int) else (0 if i == 0 else None) for i, d in enumerate(out)]
+    if None in dims:
+        raise EmitError("reshape with a dynamic non-leading dimension is not emitted")
+    return dims
 
 
 def _squeeze(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,31 @@
+"""Every zoo model quantizes, lowers and runs on onnxruntime; only ops without an ONNX lowering
+fall back (the LSTM), and the result tracks fp32."""
+import pytest
+import torch
+
+import qlower
+from qlower import zoo
+from qlower.report import sqnr_db
+
+EXPECTED_FALLBACK = {"lstm": "aten::lstm"}
+MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "vit": 18, "bert": 18, "decoder": 25, "lstm": 25}
+
+
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_zoo_model_compiles_and_tracks_fp32(name):
+    entry = zoo.get(name)
+    model = entry.model()
+    cm = qlower.compile(model, entry.inputs(1), quantize="int8", calibration=entry.calibration(4),
+                        backend="onnxruntime")
+    report = cm.report()
+    lowered, total = report.lowered_fraction()
+    assert lowered == total > 0
+    fallbacks = [c.reason for c in report.fallbacks]
+    if name in EXPECTED_FALLBACK:
+        assert any(EXPECTED_FALLBACK[name] in r for r in fallbacks)
+    else:
+        assert fallbacks == []
+    x = entry.inputs(1, seed=11)
+    with torch.no_grad():
+        want = model(*x)
+    assert sqnr_db(want, cm(*x)) > MIN_SQNR[name]
