@@ -16,7 +16,8 @@ def test_bench_smoke(tmp_path):
     assert rows["eager-fp32"]["ok"] and rows["qlower-reference"]["ok"]
     assert rows["eager-fp32"]["vs_eager"] == 1.0
     assert rows["qlower-reference"]["sqnr_db"] > 20 and len(rows["qlower-reference"]["samples"]) == 2
-    assert "| cnn | qlower-reference |" in (tmp_path / "bench.md").read_text()
+    assert "| cnn | 1 | qlower-reference |" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "bench.png").stat().st_size > 1000
 
 
 def test_bench_records_a_failing_stack_instead_of_crashing(tmp_path):

@@ -23,8 +23,11 @@ from .api import compile as qcompile
 from .quantize import QuantConfig
 from .report import cosine, max_abs, sqnr_db
 
-STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime", "qlower-onnxruntime-w7",
-          "qlower-reference")
+STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
+          "qlower-onnxruntime", "qlower-onnxruntime-w8", "qlower-reference")
+DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
+                  "qlower-onnxruntime")
+QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime")
 
 
 @dataclass
@@ -32,6 +35,8 @@ class StackResult:
     model: str
     stack: str
     ok: bool
+    batch: int = 1
+    rss_mb: float | None = None          # resident memory added while preparing the stack
     error: str | None = None
     median_ms: float | None = None
     spread_ms: float | None = None
@@ -57,12 +62,44 @@ def _export_fp32_onnx(model, inputs, path: str) -> None:
 
 def _ort_runner(session) -> Callable:
     names = [i.name for i in session.get_inputs()]
-    return lambda *xs: torch.from_numpy(session.run(None, {n: x.numpy() for n, x in zip(names, xs)})[0])
+
+    def run(*xs):
+        outs = [torch.from_numpy(o) for o in session.run(None, {n: x.numpy() for n, x in zip(names, xs)})]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return run
+
+
+def _rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _pt2e_inductor(model, inputs, calibration):
+    import torch._inductor.config as inductor_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+    for batch in calibration:
+        prepared(*batch)
+    converted = convert_pt2e(prepared)
+    inductor_config.freezing = True  # reaches the prepacked int8 kernels (DESIGN.md)
+    return torch.compile(converted)
 
 
 def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> Callable:
     if stack == "eager-fp32":
         return lambda *xs: model(*xs)
+    if stack == "compile-fp32":
+        return torch.compile(model)
+    if stack == "pt2e-inductor-int8":
+        return _pt2e_inductor(model, inputs, calibration)
     if stack == "ort-fp32":
         path = f"{workdir}/{entry.name}-fp32.onnx"
         _export_fp32_onnx(model, inputs, path)
@@ -73,11 +110,11 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
         src, pre, dst = (f"{workdir}/{entry.name}-{s}.onnx" for s in ("fp32q", "pre", "int8"))
         _export_fp32_onnx(model, inputs, src)
         quant_pre_process(src, pre)
-        name = _ort_session(pre).get_inputs()[0].name
+        names = [i.name for i in _ort_session(pre).get_inputs()]
 
         class Reader(CalibrationDataReader):
             def __init__(self):
-                self.it = iter([{name: b[0].numpy()} for b in calibration])
+                self.it = iter([{n: t.numpy() for n, t in zip(names, b)} for b in calibration])
 
             def get_next(self):
                 return next(self.it, None)
@@ -86,8 +123,8 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
         return _ort_runner(_ort_session(dst))
     if stack.startswith("qlower-"):
         backend = "onnxruntime" if "onnxruntime" in stack else "reference"
-        cfg = QuantConfig(weight_bits=7 if stack.endswith("-w7") else 8)
-        cm = qcompile(model, inputs, quantize=cfg, calibration=calibration, backend=backend)
+        quantize = QuantConfig(weight_bits=8) if stack.endswith("-w8") else "int8"  # preset picks per CPU
+        cm = qcompile(model, inputs, quantize=quantize, calibration=calibration, backend=backend)
         if cm.report().fallbacks:
             reasons = "; ".join(f"#{c.id}: {c.reason}" for c in cm.report().fallbacks)
             print(f"  note: {stack} on {entry.name} has fallbacks: {reasons}")
@@ -96,71 +133,119 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
 
 
 def run_bench(models: list[str], stacks: list[str], rounds: int = 5, block: int = 10, warmup: int = 3,
-              batch: int = 1, pause_s: float = 0.25, log: Callable[[str], None] = print) -> list[StackResult]:
+              batches: tuple[int, ...] = (1,), pause_s: float = 0.25, log: Callable[[str], None] = print
+              ) -> list[StackResult]:
+    torch.manual_seed(0)
     results: list[StackResult] = []
     for name in models:
-        entry = zoo.get(name)
-        model = entry.model()
-        inputs = entry.inputs(batch)
-        calibration = entry.calibration(8, batch)
-        test = entry.inputs(batch, seed=4242)
-        with torch.no_grad():
-            reference = model(*test)
-        runners: dict[str, Callable] = {}
-        row: dict[str, StackResult] = {}
-        with tempfile.TemporaryDirectory() as workdir, torch.no_grad():
-            for stack in stacks:
-                log(f"[{name}] preparing {stack}")
-                start = time.perf_counter()
-                try:
-                    fn = build_stack(stack, entry, model, inputs, calibration, workdir)
-                    copies = tuple(t.clone() for t in test)
-                    out = fn(*copies)
-                    if not all(torch.equal(a, b) for a, b in zip(copies, test)):
-                        raise RuntimeError("stack modified its input tensors")
-                    runners[stack] = (fn, copies)
-                    row[stack] = StackResult(name, stack, True, prepare_s=time.perf_counter() - start,
-                                             sqnr_db=sqnr_db(reference, out), cosine=cosine(reference, out),
-                                             max_abs=max_abs(reference, out))
-                except Exception as exc:  # a peer failing is a result, not a crash
-                    row[stack] = StackResult(name, stack, False, error=str(exc).splitlines()[0][:200])
-            for fn, copies in runners.values():
-                for _ in range(warmup):
-                    fn(*copies)
-            order = list(runners)
-            for r in range(rounds):
-                for stack in (order if r % 2 == 0 else order[::-1]):
-                    fn, copies = runners[stack]
-                    t0 = time.perf_counter()
-                    for _ in range(block):
-                        fn(*copies)
-                    row[stack].samples.append((time.perf_counter() - t0) * 1e3 / block)
-                    if not all(torch.equal(a, b) for a, b in zip(copies, test)):
-                        row[stack].ok, row[stack].error = False, "stack modified its input tensors"
-                    time.sleep(pause_s)
-        for res in row.values():
-            if res.samples:
-                res.median_ms = statistics.median(res.samples)
-                res.spread_ms = max(res.samples) - min(res.samples)
-        eager = row.get("eager-fp32")
-        for res in row.values():
-            if res.median_ms and eager and eager.median_ms:
-                res.vs_eager = eager.median_ms / res.median_ms
-        results += row.values()
+        for batch in batches:
+            results += _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log)
     return results
+
+
+def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log) -> list[StackResult]:
+    results: list[StackResult] = []
+    entry = zoo.get(name)
+    model = entry.model()
+    inputs = entry.inputs(batch)
+    calibration = entry.calibration(8, batch)
+    test = entry.inputs(batch, seed=4242)
+    with torch.no_grad():
+        reference = model(*test)
+    runners: dict[str, Callable] = {}
+    row: dict[str, StackResult] = {}
+    with tempfile.TemporaryDirectory() as workdir, torch.no_grad():
+        for stack in stacks:
+            log(f"[{name} b{batch}] preparing {stack}")
+            start, rss0 = time.perf_counter(), _rss_mb()
+            try:
+                fn = build_stack(stack, entry, model, inputs, calibration, workdir)
+                copies = tuple(t.clone() for t in test)
+                out = fn(*copies)
+                if not all(torch.equal(a, b) for a, b in zip(copies, test)):
+                    raise RuntimeError("stack modified its input tensors")
+                runners[stack] = (fn, copies)
+                row[stack] = StackResult(name, stack, True, batch, _rss_mb() - rss0,
+                                         prepare_s=time.perf_counter() - start,
+                                         sqnr_db=sqnr_db(reference, out), cosine=cosine(reference, out),
+                                         max_abs=max_abs(reference, out))
+            except Exception as exc:  # a peer failing is a result, not a crash
+                msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                row[stack] = StackResult(name, stack, False, batch, error=f"{type(exc).__name__}: {msg}")
+        for fn, copies in runners.values():
+            for _ in range(warmup):
+                fn(*copies)
+        order = list(runners)
+        for r in range(rounds):
+            for stack in (order if r % 2 == 0 else order[::-1]):
+                fn, copies = runners[stack]
+                t0 = time.perf_counter()
+                for _ in range(block):
+                    fn(*copies)
+                row[stack].samples.append((time.perf_counter() - t0) * 1e3 / block)
+                if not all(torch.equal(a, b) for a, b in zip(copies, test)):
+                    row[stack].ok, row[stack].error = False, "stack modified its input tensors"
+                time.sleep(pause_s)
+    for res in row.values():
+        if res.samples:
+            res.median_ms = statistics.median(res.samples)
+            res.spread_ms = max(res.samples) - min(res.samples)
+    eager = row.get("eager-fp32")
+    for res in row.values():
+        if res.median_ms and eager and eager.median_ms:
+            res.vs_eager = eager.median_ms / res.median_ms
+    results += row.values()
+    return results
+
+
+def best_peer_ratios(results: list[StackResult]) -> dict[str, float]:
+    """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster)."""
+    out = {}
+    for key in sorted({(r.model, r.batch) for r in results}):
+        rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.median_ms]
+        ours = [r.median_ms for r in rows if r.stack.startswith("qlower-") and r.stack != "qlower-reference"]
+        peers = [r.median_ms for r in rows if not r.stack.startswith("qlower-") and r.stack != "eager-fp32"]
+        if ours and peers:
+            out[f"{key[0]} b{key[1]}"] = min(ours) / min(peers)
+    return out
 
 
 def write_outputs(results: list[StackResult], out: Path, command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"command": command, "results": [asdict(r) for r in results]},
-                                               indent=1))
+    (out / "bench.json").write_text(json.dumps({"command": command, "results": [asdict(r) for r in results],
+                                                "qlower_vs_best_peer": best_peer_ratios(results)}, indent=1))
     lines = [f"Command: `{command}`", "",
-             "| model | stack | median ms | spread ms | speed-up vs eager | SQNR dB | cosine | prepare s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | batch | stack | median ms | spread ms | vs eager | SQNR dB | cosine | prepare s | RSS +MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.ok and r.median_ms is not None:
-            lines.append(f"| {r.model} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | {r.vs_eager:.2f}x | "
-                         f"{r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} |")
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | "
+                         f"{r.vs_eager:.2f}x | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} |")
         else:
-            lines.append(f"| {r.model} | {r.stack} | failed: {r.error} | | | | | |")
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | |")
+    lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]
+    lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results).items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
+    _chart(results, out / "bench.png")
+
+
+def _chart(results: list[StackResult], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r.model, r.batch) for r in results})
+    stacks = list(dict.fromkeys(r.stack for r in results))
+    width = 0.8 / max(len(stacks), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    for i, stack in enumerate(stacks):
+        values = [next((r.vs_eager or 0.0 for r in results if (r.model, r.batch) == g and r.stack == stack), 0.0)
+                  for g in groups]
+        ax.bar([j + i * width for j in range(len(groups))], values, width, label=stack)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{m} b{b}" for m, b in groups])
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_ylabel("speed-up vs eager fp32 (median)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

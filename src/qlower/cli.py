@@ -44,34 +44,38 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
 
 
 @app.command()
-def bench(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
-          stacks: str = typer.Option(",".join(("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime",
-                                               "qlower-onnxruntime-w7")), help="comma-separated stacks"),
-          quick: bool = typer.Option(False, help="few rounds: a smoke run"),
+def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: all; --quick: cnn,transformer)"),
+          stacks: Optional[str] = typer.Option(None, help="comma-separated stacks (default: all peers + qlower-onnxruntime)"),
+          batch: str = typer.Option("1", help="comma-separated batch sizes, e.g. 1,8"),
+          quick: bool = typer.Option(False, help="smoke run: 2 models, fast stacks, 2 rounds (< 3 min)"),
           rounds: int = typer.Option(7, help="interleaved timing rounds"),
-          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md go")):
+          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png go")):
     """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy)."""
-    from .bench import run_bench, write_outputs
+    from . import zoo
+    from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, run_bench, write_outputs
     from .errors import QlowerError
-    names = [m.strip() for m in models.split(",") if m.strip()]
-    chosen = [s.strip() for s in stacks.split(",") if s.strip()]
+    names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else list(zoo.ZOO))
+    chosen = [s.strip() for s in stacks.split(",")] if stacks else list(QUICK_STACKS if quick else DEFAULT_STACKS)
+    batches = tuple(int(b) for b in batch.split(","))
     try:
         results = run_bench(names, chosen, rounds=2 if quick else rounds, block=3 if quick else 10,
-                            warmup=1 if quick else 3, log=lambda m: err.print(m, markup=False))
+                            warmup=1 if quick else 3, batches=batches, log=lambda m: err.print(m, markup=False))
     except QlowerError as exc:
         _fail(exc)
-    table = Table(title="qlower bench (batch 1, medians)")
-    for col in ("model", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine", "prepare s"):
+    table = Table(title="qlower bench (medians per call)")
+    for col in ("model", "batch", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine", "prepare s"):
         table.add_column(col, justify="left" if col in ("model", "stack") else "right")
     for r in results:
         if r.ok and r.median_ms is not None:
-            table.add_row(r.model, r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}", f"{r.vs_eager:.2f}x",
-                          f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.prepare_s:.1f}")
+            table.add_row(r.model, str(r.batch), r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}",
+                          f"{r.vs_eager:.2f}x", f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.prepare_s:.1f}")
         else:
-            table.add_row(r.model, r.stack, "failed", r.error or "", "", "", "", "")
+            table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "")
     console.print(table)
+    for key, ratio in best_peer_ratios(results).items():
+        console.print(f"{key}: qlower best / best peer latency = {ratio:.2f}")
     write_outputs(results, out, "qlower bench " + " ".join(sys.argv[2:]))
-    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {out / 'bench.png'}")
 
 
 @app.command()

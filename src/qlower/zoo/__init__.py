@@ -25,9 +25,8 @@ class ZooEntry:
         """Example inputs: float tensors are N(0, 1); integer tensors are filled by the entry
         (token ids, masks) from the same seed."""
         gen = torch.Generator().manual_seed(seed)
-        return tuple(t.normal_(generator=gen) if t.dtype.is_floating_point else t
-                     for t in self.example(batch, gen) if True) if _takes_gen(self.example) else \
-            tuple(t.normal_(generator=gen) if t.dtype.is_floating_point else t for t in self.example(batch))
+        tensors = self.example(batch, gen) if _takes_gen(self.example) else self.example(batch)
+        return tuple(t.normal_(generator=gen) if t.dtype.is_floating_point else t for t in tensors)
 
     def calibration(self, batches: int = 8, batch: int = 1) -> list[tuple]:
         return [self.inputs(batch, seed=100 + i) for i in range(batches)]
