@@ -16,6 +16,7 @@ class _DropOptionalKernelNoise(_logging.Filter):
 for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).addFilter(_DropOptionalKernelNoise())
 
+from . import blockops  # noqa: E402
 from .api import compile, export, quantize  # noqa: E402
 from .capture import capture, load_pt2, save_pt2  # noqa: E402
 from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
@@ -24,6 +25,6 @@ from .meta import QPARAMS_KEY, QParams  # noqa: E402
 from .quantize import QuantConfig  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
 
-__all__ = ["compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
+__all__ = ["blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
            "CompiledModule", "QuantConfig", "QParams", "QPARAMS_KEY", "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from . import ops  # noqa: F401  (registers qlower ops)
+from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import get_backend, op_counts
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .errors import QlowerError, QuantizeError

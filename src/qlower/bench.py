@@ -219,8 +219,9 @@ def write_outputs(results: list[StackResult], out: Path, command: str) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.ok and r.median_ms is not None:
+            ratio = f"{r.vs_eager:.2f}x" if r.vs_eager else "-"
             lines.append(f"| {r.model} | {r.batch} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | "
-                         f"{r.vs_eager:.2f}x | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} |")
+                         f"{ratio} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} |")
         else:
             lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | |")
     lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]

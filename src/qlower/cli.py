@@ -68,7 +68,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     for r in results:
         if r.ok and r.median_ms is not None:
             table.add_row(r.model, str(r.batch), r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}",
-                          f"{r.vs_eager:.2f}x", f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.prepare_s:.1f}")
+                          f"{r.vs_eager:.2f}x" if r.vs_eager else "-", f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}",
+                          f"{r.prepare_s:.1f}")
         else:
             table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "")
     console.print(table)

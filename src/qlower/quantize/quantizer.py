@@ -17,6 +17,7 @@ from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChan
 from torchao.quantization.pt2e.quantizer import (DerivedQuantizationSpec, QuantizationAnnotation,
                                                  QuantizationSpec, Quantizer, SharedQuantizationSpec)
 
+from .. import blockops  # noqa: F401  (registers the block ops annotated below)
 from .. import numerics
 from ..axis import SHAPE_OPS, derive
 from ..meta import QParams
@@ -38,6 +39,14 @@ RANGE_PRESERVING_OPS = {
     aten.slice.Tensor, aten.select.int,
 }
 CONCAT_OPS = {aten.cat.default, aten.concat.default}
+# Block ops are quantized at their boundary only: these inputs and (single) output get activation
+# qparams; masks, lengths, weights, tables and recurrent state stay float.
+_q = torch.ops.qlower
+BLOCK_OP_ACTIVATION_INPUTS = {
+    _q.rms_norm.default: (0,), _q.layer_norm.default: (0,), _q.skip_layer_norm.default: (0, 1),
+    _q.group_norm.default: (0,), _q.masked_softmax.default: (0,), _q.attention.default: (0, 1, 2),
+    _q.rotary_embedding.default: (0,),
+}
 
 
 class QlowerQuantizer(Quantizer):
@@ -103,6 +112,8 @@ class QlowerQuantizer(Quantizer):
                 self._annotate_weighted(node)
             elif node.target in BINARY_OPS:
                 self._annotate_binary(node)
+            elif node.target in BLOCK_OP_ACTIVATION_INPUTS:
+                self._annotate_block_op(node)
         for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
             if node.op != "call_function" or _annotated(node):
                 continue
@@ -182,6 +193,11 @@ class QlowerQuantizer(Quantizer):
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return
         self._finish(node, {a: self.act_spec for a in tensors})
+
+    def _annotate_block_op(self, node: Node) -> None:
+        inputs = {node.args[i]: self.act_spec for i in BLOCK_OP_ACTIVATION_INPUTS[node.target]
+                  if _is_float_tensor(node.args[i])}
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, self.act_spec, _annotated=True)
 
     def _annotate_shared(self, node: Node, inputs: list[Node]) -> None:
         first = inputs[0]

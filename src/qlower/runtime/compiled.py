@@ -41,9 +41,22 @@ class CompiledModule:
     def backend(self) -> str:
         return self._report.backend
 
+    def _sync_state(self) -> None:
+        """Copy module state (buffers the program mutates: caches, recurrent state) from the
+        running executable back into the graph that gets saved."""
+        running = self._executable.module
+        if running is None or running is self.graph_module:
+            return
+        live = dict(running.named_buffers())
+        for name, buf in self.graph_module.named_buffers():
+            if name in live and live[name].shape == buf.shape and live[name] is not buf:
+                buf.copy_(live[name])
+
     def save(self, path: str | Path) -> Path:
-        """Write one .pt2 file: the lowered program plus qlower's metadata as an extra file."""
+        """Write one .pt2 file: the lowered program (with its current state) plus qlower's
+        metadata as an extra file."""
         path = Path(path)
+        self._sync_state()
         ep = torch.export.export(self.graph_module, self._example_inputs,
                                  dynamic_shapes=self._dynamic_shapes)
         meta = {"format": ARTIFACT_FORMAT, "qlower_version": __version__,

@@ -100,6 +100,18 @@ class OrtCluster(torch.nn.Module):
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
 
 
+def _mutated_attributes(gm: GraphModule) -> set[str]:
+    """get_attr targets written in place (module state such as caches): never constants."""
+    out = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            for arg in node.args[:1]:
+                if getattr(arg, "op", None) == "get_attr":
+                    out.add(arg.target)
+    return out
+
+
 def _direct_runner(fused: GraphModule):
     """When one cluster takes the graph inputs in order and produces every output, skip the FX
     interpreter: flatten inputs, call the cluster, unflatten outputs (saves ~0.1 ms per call).
@@ -145,9 +157,10 @@ class OnnxRuntimeBackend:
         clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
         infos = []
+        mutated = _mutated_attributes(fused)
         for node in list(fused.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith("cluster_"):
-                infos.append(self._compile_cluster(fused, node, len(infos)))
+                infos.append(self._compile_cluster(fused, node, len(infos), mutated))
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
         for name, reason in clustering.unsupported.items():
@@ -169,12 +182,13 @@ class OnnxRuntimeBackend:
         cache.store_model(key, model_bytes)
         return model_bytes, input_names, "miss"
 
-    def _compile_cluster(self, fused: GraphModule, call, index: int) -> ClusterInfo:
+    def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
         constants, by_position, runtime_args = {}, {}, []
         for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
-            value = constant_value(fused, outer)
+            value = None if getattr(outer, "op", None) == "get_attr" and outer.target in mutated \
+                else constant_value(fused, outer)
             if value is not None:
                 constants[ph.name] = by_position[pos] = value
             else:

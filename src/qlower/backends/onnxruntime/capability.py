@@ -63,6 +63,27 @@ def _integer_arange(node: Node) -> str | None:
     return None if len(node.args) == 1 and isinstance(node.args[0], int) else "non-constant arange"
 
 
+def _masked_softmax(node: Node) -> str | None:
+    """additive-mask mode (lengths mode runs in PyTorch)"""
+    return None if node.args[2] is None else "sequence-lengths mode has no ONNX lowering yet"
+
+
+def _attention(node: Node) -> str | None:
+    """static shapes, additive (float) mask"""
+    vals = [a.meta["val"] for a in node.args[:3]]
+    if any(not isinstance(d, int) for v in vals for d in v.shape):
+        return "attention with symbolic shapes is not emitted"
+    mask = node.args[3]
+    if mask is not None and mask.meta["val"].dtype == torch.bool:
+        return "boolean attention masks are not emitted"
+    return None
+
+
+def _rotary(node: Node) -> str | None:
+    """half-split rotation (interleaved runs in PyTorch)"""
+    return None if not node.args[3] else "interleaved rotary has no ONNX lowering yet"
+
+
 def onnxruntime_capability() -> Capability:
     cap = Capability("onnxruntime")
     cap.register(["qlower::conv2d", "qlower::conv1d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
@@ -77,6 +98,11 @@ def onnxruntime_capability() -> Capability:
                   "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor", "aten::max_pool2d",
                   "aten::alias"], _float_only)
     cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
+    cap.register(["qlower::layer_norm", "qlower::skip_layer_norm", "qlower::rms_norm", "qlower::group_norm"])
+    cap.register("qlower::masked_softmax", _masked_softmax)
+    cap.register("qlower::attention", _attention)
+    cap.register("qlower::rotary_embedding", _rotary)
+    cap.register(["aten::matmul", "aten::bmm", "aten::mm"], _float_only)
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)
     cap.register(["aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",

@@ -214,8 +214,93 @@ class Emitter:
         else:
             self.emit_aten(node)
 
+    def emit_block_op(self, node: Node) -> bool:
+        """Block ops with an ONNX counterpart; False when this op/variant has none here."""
+        t, name, a = node.target, node.name, node.args
+        if t in (q.layer_norm.default, q.skip_layer_norm.default):
+            x = a[0].name
+            if t is q.skip_layer_norm.default:
+                x = self.op("Add", [x, a[1].name])
+                a = (a[0], *a[2:])
+            shape, w, b, eps = a[1], a[2], a[3], a[4]
+            d = int(np.prod(shape))
+            wn = w.name if w is not None else self.const(np.ones(d, np.float32), "ln_w")
+            bn = b.name if b is not None else self.const(np.zeros(d, np.float32), "ln_b")
+            self.op("LayerNormalization", [x, wn, bn], name, axis=-len(shape), epsilon=float(eps))
+        elif t is q.rms_norm.default:
+            x, shape, w, eps = a
+            eps = float(np.finfo(np.float32).eps) if eps is None else float(eps)
+            axes = self.const(np.arange(-len(shape), 0, dtype=np.int64), "axes")
+            ms = self.op("ReduceMean", [self.op("Mul", [x.name, x.name]), axes], keepdims=1)
+            inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps), "eps")])])])
+            y = self.op("Mul", [x.name, inv], None if w is not None else name)
+            if w is not None:
+                self.op("Mul", [y, w.name], name)
+        elif t is q.group_norm.default:
+            x, groups, w, b, eps, silu = a
+            c = x.meta["val"].shape[1]
+            wn = w.name if w is not None else self.const(np.ones(c, np.float32), "gn_w")
+            bn = b.name if b is not None else self.const(np.zeros(c, np.float32), "gn_b")
+            y = self.op("GroupNormalization", [x.name, wn, bn], None if silu else name, num_groups=int(groups),
+                        epsilon=float(eps))
+            if silu:
+                self.op("Mul", [y, self.op("Sigmoid", [y])], name)
+        elif t is q.masked_softmax.default:
+            scores, mask, lengths, dim = a
+            if lengths is not None:
+                return False
+            s = self.op("Add", [scores.name, mask.name]) if mask is not None else scores.name
+            self.op("Softmax", [s], name, axis=int(dim))
+        elif t is q.attention.default:
+            return self.emit_attention(node)
+        elif t is q.rotary_embedding.default:
+            x, cos, sin, interleaved = a
+            if interleaved:
+                return False
+            d = x.meta["val"].shape[-1]
+            half = d // 2
+            first = self.op("Slice", [x.name, self.const(np.array([0], np.int64), "st"),
+                                      self.const(np.array([half], np.int64), "en"), self.const(np.array([-1], np.int64), "ax")])
+            second = self.op("Slice", [x.name, self.const(np.array([half], np.int64), "st"),
+                                       self.const(np.array([d], np.int64), "en"), self.const(np.array([-1], np.int64), "ax")])
+            rotated = self.op("Concat", [self.op("Neg", [second]), first], axis=-1)
+            self.op("Add", [self.op("Mul", [x.name, cos.name]), self.op("Mul", [rotated, sin.name])], name)
+        else:
+            return False
+        return True
+
+    def emit_attention(self, node: Node) -> bool:
+        qn, kn, vn, mask, causal, scale = node.args
+        qv, kv = qn.meta["val"], kn.meta["val"]
+        if any(not isinstance(d, int) for d in (*qv.shape, *kv.shape)):
+            return False
+        b, hq, sq, d = qv.shape
+        hk, sk = kv.shape[1], kv.shape[2]
+        k, v = kn.name, vn.name
+        if hq != hk:  # grouped-query: repeat each kv head hq // hk times
+            rep = hq // hk
+            k, v = (self.op("Reshape", [self.op("Expand", [self.op("Unsqueeze", [t, self.const(np.array([2], np.int64), "ax")]),
+                                                           self.const(np.array([b, hk, rep, sk, d], np.int64), "sh")]),
+                                        self.const(np.array([b, hq, sk, d], np.int64), "sh")]) for t in (k, v))
+        scale = 1.0 / np.sqrt(d) if scale is None else scale
+        scores = self.op("Mul", [self.op("MatMul", [qn.name, self.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                                 self.const(np.float32(scale), "scale")])
+        if causal:
+            allowed = np.tril(np.ones((sq, sk), dtype=bool), sk - sq)
+            scores = self.op("Add", [scores, self.const(np.where(allowed, 0.0, -np.inf).astype(np.float32), "causal")])
+        if mask is not None:
+            if mask.meta["val"].dtype == torch.bool:
+                return False
+            scores = self.op("Add", [scores, mask.name])
+        self.op("MatMul", [self.op("Softmax", [scores], axis=-1), v], node.name)
+        return True
+
     def emit_aten(self, node: Node) -> None:
         t, name, a = node.target, node.name, node.args
+        if getattr(t, "namespace", None) == "qlower":
+            if self.emit_block_op(node):
+                return
+            raise EmitError(f"no ONNX lowering for {schema_name(node)} with these arguments")
         if t is aten.adaptive_avg_pool2d.default:
             if list(a[1]) not in ([1, 1], [1]):
                 raise EmitError("adaptive_avg_pool2d only to 1x1")
@@ -264,6 +349,8 @@ class Emitter:
                 self.op("Squeeze", [p, self.const(np.array([dim], np.int64), "axes")], o)
         elif t is operator.getitem:
             self.op("Identity", [f"{a[0].name}__{a[1]}"], name)
+        elif t in (aten.matmul.default, aten.bmm.default, aten.mm.default):
+            self.op("MatMul", [a[0].name, a[1].name], name)
         elif t in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor):
             op = {aten.add.Tensor: "Add", aten.mul.Tensor: "Mul", aten.sub.Tensor: "Sub", aten.div.Tensor: "Div"}[t]
             ins = [x.name if isinstance(x, Node) else self.const(np.float32(x), "c") for x in a[:2]]
