@@ -250,3 +250,27 @@ def _chart(results: list[StackResult], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def partition_scaling(nodes: int, every: int = 7) -> tuple[float, int]:
+    """Seconds to cluster a synthetic chain-with-skips graph of `nodes` ops (every `every`-th op
+    unsupported), and the number of clusters found. Near-linear clustering keeps this well under
+    a second at 5,000 nodes."""
+    from torch.fx import Graph
+    from .partition import Capability, cluster_graph
+    aten = torch.ops.aten
+    g = Graph()
+    prev = skip = g.placeholder("x")
+    for i in range(nodes):
+        op = aten.sigmoid.default if i % every == every - 1 else aten.relu.default
+        cur = g.call_function(op, (prev,))
+        if i % 3 == 2:  # diamonds: a skip connection joins back in
+            cur = g.call_function(aten.add.Tensor, (cur, skip))
+            skip = cur
+        prev = cur
+    g.output(prev)
+    cap = Capability("bench")
+    cap.register(["aten::relu", "aten::add.Tensor"])
+    start = time.perf_counter()
+    clustering = cluster_graph(g, cap)
+    return time.perf_counter() - start, len(clustering.clusters)

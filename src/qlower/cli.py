@@ -49,9 +49,15 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
           batch: str = typer.Option("1", help="comma-separated batch sizes, e.g. 1,8"),
           quick: bool = typer.Option(False, help="smoke run: 2 models, fast stacks, 2 rounds (< 3 min)"),
           rounds: int = typer.Option(7, help="interleaved timing rounds"),
-          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png go")):
+          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png go"),
+          partition_nodes: int = typer.Option(0, help="instead: time clustering a synthetic graph of N ops")):
     """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy)."""
     from . import zoo
+    if partition_nodes:
+        from .bench import partition_scaling
+        seconds, clusters = partition_scaling(partition_nodes)
+        console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
+        return
     from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, run_bench, write_outputs
     from .errors import QlowerError
     names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else list(zoo.ZOO))

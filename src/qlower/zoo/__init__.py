@@ -32,6 +32,12 @@ class ZooEntry:
         return [self.inputs(batch, seed=100 + i) for i in range(batches)]
 
 
+def _with_block_ops(model: torch.nn.Module) -> torch.nn.Module:
+    from ..blockops import replace
+    replace(model)
+    return model
+
+
 def _takes_gen(fn) -> bool:
     return fn.__code__.co_argcount == 2
 
@@ -54,6 +60,9 @@ ZOO: dict[str, ZooEntry] = {
     "transformer": ZooEntry("transformer", lambda: TinyEncoder(),
                             lambda b: (torch.empty(b, 16, 64),),
                             "2-layer transformer encoder: MHA (matmul/softmax), LayerNorm, GELU MLP"),
+    "transformer-blockops": ZooEntry("transformer-blockops", lambda: _with_block_ops(TinyEncoder()),
+                                     lambda b: (torch.empty(b, 16, 64),),
+                                     "the transformer with qlower.blockops.replace() applied (LayerNorm block ops)"),
     "mobilenet": ZooEntry("mobilenet", lambda: MobileNetV2ish(), lambda b: (torch.empty(b, 3, 32, 32),),
                           "MobileNetV2-style CNN: depthwise convs, inverted residuals, ReLU6"),
     "vit": ZooEntry("vit", lambda: TinyViT(), lambda b: (torch.empty(b, 3, 32, 32),),
