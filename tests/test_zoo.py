@@ -8,7 +8,7 @@ from qlower import zoo
 from qlower.report import sqnr_db
 
 EXPECTED_FALLBACK = {"lstm": "aten::lstm"}
-MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "vit": 18, "bert": 18, "decoder": 25, "lstm": 25}
+MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "transformer-blockops": 25, "vit": 18, "bert": 18, "decoder": 25, "lstm": 25}
 
 
 @pytest.mark.parametrize("name", sorted(zoo.ZOO))
