@@ -165,3 +165,29 @@ def test_export_onnx_whole_model_and_refusal(integer_net, tmp_path):
     fft = qlower.compile(WithFFT().eval(), (torch.randn(2, 16),), backend="onnxruntime")
     with pytest.raises(qlower.BackendError, match="fft"):
         qlower.export(fft, tmp_path / "f.onnx", format="onnx")
+
+
+class LinearStack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 48)
+        self.b = torch.nn.Linear(48, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("bits", [8, 7])
+def test_3d_linear_chain_bit_exact(bits):
+    """3-D inputs: QGemm on a 2-D view (7-bit weights) or MatMulInteger (8-bit) must equal the
+    reference on every element."""
+    torch.manual_seed(0)
+    m = LinearStack().eval()
+    cfg = qlower.QuantConfig(weight_bits=bits)
+    x = (torch.randn(2, 5, 32),)
+    ep = qlower.quantize(m, x, calib((2, 5, 32)), config=cfg)
+    ref = qlower.compile(ep, x, backend="reference")
+    ort = qlower.compile(ep, x, backend="onnxruntime")
+    assert not ort.report().fallbacks
+    for xs in calib((2, 5, 32), n=8, seed=77):
+        assert torch.equal(ort(*xs), ref(*xs))

@@ -156,10 +156,39 @@ class Emitter:
             self.op("Clip", [y, self.const(lo, "lo", np.uint8), self.const(hi, "hi", np.uint8)], rq.name)
         return True
 
+    def try_qgemm(self, linear: Node, rq: Node) -> bool:
+        """linear -> requantize as com.microsoft QGemm with A_scale = 1, B_scale = s_acc (so the
+        multiplier is fp32(s_acc / sy), the canonical one), on a 2-D view of the input."""
+        x, x_zp, w, w_zp, bias = linear.args
+        wv, zpv, acc_scale = self.value(w), self.value(w_zp), self.value(rq.args[1])
+        _, _, out_scale, out_zp, lo, hi, dtype = rq.args[:7]
+        if wv is None or acc_scale is None or x.meta["val"].dtype != torch.uint8 or dtype != torch.uint8:
+            return False
+        if not s8_weights_exact(int(wv.min()), int(wv.max())) or zpv.unique().numel() != 1 or int(zpv[0]) != 0:
+            return False
+        k, n = wv.shape[1], wv.shape[0]
+        rank = x.meta["val"].dim()
+        a = x.name if rank == 2 else self.op("Reshape", [x.name, self.const(np.array([-1, k], np.int64), "shape")])
+        bv = self.value(bias) if bias is not None else None
+        scales = acc_scale.reshape(-1).to(torch.float32)
+        inputs = [a, self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8),
+                  self.const(wv.t().contiguous(), "w_s8"), self.const(scales if scales.numel() > 1 else scales.reshape(()), "w_scale"),
+                  self.const(np.zeros(n, np.int8) if scales.numel() > 1 else np.int8(0), "w_zp"),
+                  self.const(bv.to(torch.int32), "bias") if bv is not None else "",
+                  self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
+        needs_clip = (lo, hi) != (0, 255)
+        y = self.op("QGemm", inputs, None if (needs_clip or rank != 2) else rq.name, domain="com.microsoft")
+        if rank != 2:
+            shape = self.op("Concat", [self.op("Shape", [x.name], end=-1), self.const(np.array([n], np.int64), "n")], axis=0)
+            y = self.op("Reshape", [y, shape], None if needs_clip else rq.name)
+        if needs_clip:
+            self.op("Clip", [y, self.const(lo, "lo", np.uint8), self.const(hi, "hi", np.uint8)], rq.name)
+        return True
+
     # ---------------------------------------------------------------- dispatch
     def emit(self, node: Node) -> None:
         t, name = node.target, node.name
-        if t in (q.conv2d.default, q.conv1d.default) and len(node.users) == 1 and \
+        if t in (q.conv2d.default, q.conv1d.default, q.linear.default) and len(node.users) == 1 and \
                 next(iter(node.users)).target is q.requantize.default:
             self.deferred_conv[name] = node
             return
@@ -168,10 +197,11 @@ class Emitter:
             if profile != "float":
                 raise EmitError("onnxruntime reproduces only the 'float' requantization profile")
             if acc.name in self.deferred_conv:
-                conv = self.deferred_conv.pop(acc.name)
-                if self.try_qlinearconv(conv, node):
+                producer = self.deferred_conv.pop(acc.name)
+                fused = self.try_qgemm if producer.target is q.linear.default else self.try_qlinearconv
+                if fused(producer, node):
                     return
-                self.emit_accumulate(conv, conv.name)
+                self.emit_accumulate(producer, producer.name)
             m = numerics.float_multiplier(self.value(scale), out_scale)
             rank = acc.meta["val"].dim()
             self.requant_chain(acc.name, m, None if axis is None else axis % rank, rank, out_zp, lo, hi, dtype, name)
@@ -445,7 +475,8 @@ def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[o
     used = {i for n in e.nodes for i in n.input}
     inits = [t for t in e.inits if t.name in used]
     graph = helper.make_graph(e.nodes, "qlower_cluster", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="qlower")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)], producer_name="qlower")
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model, [i.name for i in inputs], [o.name for o in outputs]
