@@ -236,3 +236,36 @@ def test_end_to_end_decomposed_model_folds_and_lowers():
         xs = calib((2, 4, 6), n=1, seed=seed)[0]
         assert torch.equal(only_folded(*xs), unfolded(*xs))
     assert qlower.report.sqnr_db(model(x), gm(x)) > 20
+
+
+class FloatConstChain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6, 4))
+        self.register_buffer("noise_free", torch.ones(6))
+
+    def forward(self, x):
+        w = self.w.t() * 0.5 + self.noise_free  # all-constant arithmetic: folds
+        return x @ w.t() + x.sum()             # x-dependent: stays
+
+
+def test_fold_float_constants_positive_near_miss_idempotent():
+    from qlower.passes import FoldFloatConstants
+    torch.manual_seed(0)
+    m = FloatConstChain().eval()
+    x = torch.randn(3, 6)
+    gm = graph_module(m, x)
+    ctx = PassManager([FoldFloatConstants()]).run(gm)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.mul.Tensor not in targets and aten.t.default not in targets  # whole weight chain folded
+    assert aten.sum.default in targets  # near miss: x-dependent ops stay
+    assert ctx.rewrites and torch.equal(gm(x), m(x))
+    before = str(gm.graph)
+    assert not FoldFloatConstants().run(gm, PassContext())
+    assert str(gm.graph) == before
+
+
+def test_fold_float_constants_never_touches_quantized_tensors():
+    from qlower.passes import FoldFloatConstants
+    gm = graph_module(WeightChain(lambda w: w.t()), torch.randn(3, 6))
+    assert not FoldFloatConstants().run(gm, PassContext())  # int8 constant -> DQ: not its business

@@ -191,3 +191,15 @@ def test_3d_linear_chain_bit_exact(bits):
     assert not ort.report().fallbacks
     for xs in calib((2, 5, 32), n=8, seed=77):
         assert torch.equal(ort(*xs), ref(*xs))
+
+
+def test_backend_options_are_configurable_and_checked(integer_net):
+    from qlower.backends.onnxruntime import OrtOptions
+    x = (torch.randn(1, 3, 16, 16),)
+    ep = qlower.quantize(integer_net, x, calib((1, 3, 16, 16)))
+    ref = qlower.compile(ep, x, backend="reference")
+    basic = qlower.compile(ep, x, backend="onnxruntime",
+                           backend_options=OrtOptions(threads=1, optimization="basic", disabled_optimizers=()))
+    assert torch.equal(basic(*x), ref(*x))
+    with pytest.raises(qlower.BackendError, match="OrtOptions"):
+        qlower.compile(ep, x, backend="onnxruntime", backend_options={"threads": 1})

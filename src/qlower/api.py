@@ -27,11 +27,12 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
 
 
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
-            dynamic_shapes=None, profile: str = "float") -> CompiledModule:
+            dynamic_shapes=None, profile: str = "float", backend_options=None) -> CompiledModule:
     """Capture, (optionally) quantize, lower to integer ops, compile on `backend`.
 
     quantize: None (float model, or an already-quantized program), "int8", or a QuantConfig.
     profile:  requantization numerics profile, "float" (ONNX Runtime) or "fixed" (TOSA).
+    backend_options: e.g. qlower.backends.onnxruntime.OrtOptions(threads=1, optimization="basic").
     """
     check_module(model)
     example_inputs = check_example_inputs(example_inputs)
@@ -43,7 +44,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             raise QuantizeError("quantize was requested but no calibration data was given",
                                 hint="pass calibration=[(x,), ...] with a few representative inputs")
         config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else quantize
-        chosen = get_backend(backend)
+        chosen = get_backend(backend, backend_options)
         config, note = _weights_for_backend(config, chosen.name, preset=isinstance(quantize, str))
         if note:
             notes.append(note)
@@ -52,7 +53,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         ep = capture(model, example_inputs, dynamic_shapes)
     gm = ep.module()
     ctx = PassManager(default_pipeline()).run(gm, PassContext(profile=profile))
-    chosen = get_backend(backend)
+    chosen = get_backend(backend, backend_options)
     counts = op_counts(gm)
     executable = chosen.compile(copy.deepcopy(gm))  # backends may restructure their copy
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),

@@ -11,19 +11,30 @@ _BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend}
 AUTO_ORDER = ("onnxruntime", "reference")
 
 
+def _make(name: str, options):
+    from .onnxruntime import OrtOptions
+    if name == "onnxruntime":
+        if options is not None and not isinstance(options, OrtOptions):
+            raise BackendError(f"backend_options for onnxruntime must be OrtOptions, got {type(options).__name__}")
+        return OnnxRuntimeBackend(options)
+    return _BACKENDS[name]()
+
+
 def backend_names() -> list[str]:
     return list(_BACKENDS)
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, options=None) -> Backend:
+    """The backend called `name` ("auto": the first available in AUTO_ORDER). `options` is the
+    backend's options dataclass (e.g. OrtOptions) and is passed only to the backend it belongs to."""
     if name == "auto":
         for candidate in AUTO_ORDER:
-            backend = _BACKENDS[candidate]()
+            backend = _make(candidate, options)
             if backend.available():
                 return backend
     if name not in _BACKENDS:
         raise BackendError(f"unknown backend {name!r}", hint=f"use 'auto' or one of {backend_names()}")
-    backend = _BACKENDS[name]()
+    backend = _make(name, options)
     if not backend.available():
         raise BackendError(f"backend {name!r} is not available on this machine")
     return backend

@@ -2,6 +2,7 @@
 from .attach_qparams import AttachQParams
 from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
+from .fold_float_constants import FoldFloatConstants
 from .fold_quantized_constants import FoldQuantizedConstants
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
@@ -9,8 +10,8 @@ from .propagate_dequantize import PropagateDequantize
 
 
 def default_pipeline() -> list[Pass]:
-    return [AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
+    return [FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
+           "AttachQParams", "FoldFloatConstants", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
