@@ -203,3 +203,22 @@ def test_backend_options_are_configurable_and_checked(integer_net):
     assert torch.equal(basic(*x), ref(*x))
     with pytest.raises(qlower.BackendError, match="OrtOptions"):
         qlower.compile(ep, x, backend="onnxruntime", backend_options={"threads": 1})
+
+
+class TwinClusters(torch.nn.Module):
+    """Two structurally identical clusters (same ops, no weights) around an unsupported op."""
+
+    def forward(self, x):
+        a = torch.relu(x) * 2.0 + 1.0
+        b = torch.fft.fft(a).real  # same shape as a: the second cluster matches the first
+        return torch.relu(b) * 2.0 + 1.0
+
+
+def test_identical_clusters_share_a_session_and_stay_correct():
+    m = TwinClusters()
+    x = torch.randn(3, 8)
+    cm = qlower.compile(m, (x,), backend="onnxruntime")
+    compiled = cm.report().compiled
+    assert len(compiled) == 2 and [c.cache for c in compiled] == ["miss", "memory"]
+    assert torch.allclose(cm(x), m(x), atol=1e-6)
+    assert {next(iter(c.ops)) for c in cm.report().fallbacks} == {"fft_fft", "real"}  # only the unsupported ops

@@ -26,7 +26,7 @@ def verify(gm: GraphModule, after: str) -> None:
         raise PassError(f"graph is malformed after pass '{after}': {exc}") from exc
     for node in gm.graph.nodes:
         # Nodes nobody reads (asserts, guards, dead inputs) may legitimately carry no value.
-        if node.op in ("output", "call_module") or not node.users:
+        if node.op in ("output", "call_module") or not node.users or _is_submodule_ref(gm, node):
             continue
         val = node.meta.get("val")
         if val is None:
@@ -38,6 +38,16 @@ def verify(gm: GraphModule, after: str) -> None:
             if problem:
                 raise PassError(f"QParams inconsistent with shape after pass '{after}': {problem}",
                                 node=node.name, source=source_of(node))
+
+
+def _is_submodule_ref(gm: GraphModule, node) -> bool:
+    """get_attr of a subgraph (the body of a higher-order op such as wrap_with_autocast)."""
+    if node.op != "get_attr":
+        return False
+    obj = gm
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return isinstance(obj, torch.nn.Module)
 
 
 class PassManager:

@@ -203,6 +203,9 @@ class OnnxRuntimeBackend:
             key = cache.cluster_key(sub, constants, self.options)
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants)
             session = _session(model_bytes, self.options, key)
+            # Structurally identical clusters share a session: feed by the session's own input
+            # names, whose order is the clusters' (positional) placeholder order.
+            input_names = [i.name for i in session.get_inputs()]
             info.onnx = model_bytes
         except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"

@@ -106,6 +106,7 @@ def onnxruntime_capability() -> Capability:
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)
     cap.register(["aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",
-                  "aten::embedding", "aten::mean.dim", "aten::stack", "aten::rsub.Scalar", "aten::to.dtype"],
-                 _float_only)
+                  "aten::embedding", "aten::mean.dim", "aten::stack", "aten::rsub.Scalar", "aten::to.dtype",
+                  "aten::dropout", "aten::to.device", "aten::clone", "aten::lift_fresh_copy", "aten::new_ones",
+                  "aten::new_zeros", "aten::ones", "aten::zeros", "aten::full"], _float_only)
     return cap

@@ -66,6 +66,12 @@ class Emitter:
         self.nodes.append(helper.make_node(op_type, inputs, [out], domain=domain or None, **attrs))
         return out
 
+    def cast_to(self, node: Node, dtype: torch.dtype) -> str:
+        """node's value, cast when its dtype differs (type promotion, as PyTorch does)."""
+        if node.meta["val"].dtype == dtype:
+            return node.name
+        return self.op("Cast", [node.name], to=_DTYPE[dtype])
+
     def value(self, node: Node) -> torch.Tensor | None:
         """Constant value of an FX input (get_attr or constant placeholder)."""
         if node.op == "placeholder" and node.name in self.constants:
@@ -383,8 +389,25 @@ class Emitter:
             self.op("MatMul", [a[0].name, a[1].name], name)
         elif t in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor):
             op = {aten.add.Tensor: "Add", aten.mul.Tensor: "Mul", aten.sub.Tensor: "Sub", aten.div.Tensor: "Div"}[t]
-            ins = [x.name if isinstance(x, Node) else self.const(np.float32(x), "c") for x in a[:2]]
+            out_dtype = node.meta["val"].dtype
+            np_dtype = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32}.get(out_dtype)
+            if np_dtype is None:
+                raise EmitError(f"{op} on {out_dtype} is not emitted")
+            ins = [self.cast_to(x, out_dtype) if isinstance(x, Node) else self.const(np.array(x, np_dtype), "c")
+                   for x in a[:2]]
             self.op(op, ins, name)
+        elif t in (aten.dropout.default, aten.to.device, aten.clone.default, aten.contiguous.default,
+                   aten.lift_fresh_copy.default):
+            if t is aten.dropout.default and len(a) > 2 and a[2]:
+                raise EmitError("dropout in training mode")
+            self.op("Identity", [a[0].name], name)
+        elif t in (aten.new_ones.default, aten.new_zeros.default, aten.ones.default, aten.zeros.default,
+                   aten.full.default):
+            val = node.meta["val"]
+            if any(not isinstance(d, int) for d in val.shape):
+                raise EmitError("constant of symbolic shape")
+            fill = 1 if t in (aten.new_ones.default, aten.ones.default) else 0 if t is not aten.full.default else a[1]
+            self.op("Identity", [self.const(torch.full(tuple(val.shape), fill, dtype=val.dtype), "filled")], name)
         elif t is aten.softmax.int:
             self.op("Softmax", [a[0].name], name, axis=int(a[1]))
         elif t is aten.layer_norm.default:
