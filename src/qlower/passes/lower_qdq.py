@@ -106,7 +106,7 @@ class LowerQDQ(Pass):
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.graph is not gm.graph:
                 continue
-            if node.target in (aten.matmul.default, aten.mm.default):
+            if node.target in (aten.matmul.default, aten.mm.default, aten.addmm.default):
                 node = self._matmul_with_constant_as_linear(gm, node)
             if node.target in ACCUMULATING:
                 changed |= self._lower_accumulating(gm, node, ctx)
@@ -122,17 +122,23 @@ class LowerQDQ(Pass):
     # ------------------------------------------------------------------ conv/linear/matmul
     @staticmethod
     def _matmul_with_constant_as_linear(gm: GraphModule, node: Node) -> Node:
-        """x @ DQ(B) with B a constant 2-D integer tensor quantized per-tensor or per output
-        column is linear(x, DQ(B.T)) with the channel on axis 0: one lowering path for both."""
+        """x @ DQ(B) (or addmm(bias, x, DQ(B))) with B a constant 2-D integer tensor quantized
+        per-tensor or per output column is linear(x, DQ(B.T)[, bias]) with the channel on axis 0:
+        one lowering path for all three."""
         from .dq_through_shape import dequantize_node
-        b = dq_operand(node.args[1])
+        is_addmm = node.target is aten.addmm.default
+        if is_addmm and (node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1):
+            return node
+        x_arg, b_arg = (node.args[1], node.args[2]) if is_addmm else (node.args[0], node.args[1])
+        b = dq_operand(b_arg)
         b_int = constant_value(gm, b.q) if b is not None else None
         if b_int is None or b_int.dim() != 2 or (b.qp.per_channel and b.qp.axis != 1):
             return node
         qp = QParams(b.qp.scale, b.qp.zero_point, b.qp.qmin, b.qp.qmax, b.qp.dtype, 0 if b.qp.per_channel else None)
         with gm.graph.inserting_before(node):
             w = add_constant(gm, b_int.t().contiguous(), "w_t")
-            linear = call(gm, aten.linear.default, (node.args[0], dequantize_node(gm, w, qp, like=node)), like=node)
+            extra = (node.args[0],) if is_addmm else ()
+            linear = call(gm, aten.linear.default, (x_arg, dequantize_node(gm, w, qp, like=node), *extra), like=node)
         node.replace_all_uses_with(linear)
         gm.graph.erase_node(node)
         return linear

@@ -87,8 +87,9 @@ class QlowerQuantizer(Quantizer):
                                 qscheme=torch.per_tensor_symmetric, is_dynamic=False,
                                 observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
 
-    def _bias_spec(self, node: Node) -> DerivedQuantizationSpec:
-        act, weight = node.args[0], node.args[1]
+    def _bias_spec(self, node: Node, act: Node | None = None, weight: Node | None = None) -> DerivedQuantizationSpec:
+        act = act if act is not None else node.args[0]
+        weight = weight if weight is not None else node.args[1]
 
         def derive(observers):
             act_scale, _ = observers[0].calculate_qparams()
@@ -114,6 +115,8 @@ class QlowerQuantizer(Quantizer):
                 self._annotate_binary(node)
             elif node.target in BLOCK_OP_ACTIVATION_INPUTS:
                 self._annotate_block_op(node)
+            elif node.target is aten.addmm.default:
+                self._annotate_addmm(node)
         for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
             if node.op != "call_function" or _annotated(node):
                 continue
@@ -193,6 +196,19 @@ class QlowerQuantizer(Quantizer):
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return
         self._finish(node, {a: self.act_spec for a in tensors})
+
+    def _annotate_addmm(self, node: Node) -> None:
+        """addmm(bias, x, W) with W [in, out] a parameter (HF GPT-2's Conv1D): W per-channel on
+        its output axis 1, bias int32 at fp32(sx * sw)."""
+        bias, x, w = node.args[:3]
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return
+        if not (_is_float_tensor(x) and _is_float_tensor(w)) or w.op != "get_attr" or w.meta["val"].dim() != 2:
+            return
+        inputs = {x: self.act_spec, w: self._weight_spec_on(1)}
+        if _is_float_tensor(bias):
+            inputs[bias] = self._bias_spec(node, x, w)
+        self._finish(node, inputs)
 
     def _annotate_block_op(self, node: Node) -> None:
         inputs = {node.args[i]: self.act_spec for i in BLOCK_OP_ACTIVATION_INPUTS[node.target]
