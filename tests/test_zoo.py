@@ -11,7 +11,7 @@ EXPECTED_FALLBACK = {"lstm": "aten::lstm"}
 MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "transformer-blockops": 25, "vit": 18, "bert": 18, "decoder": 25, "lstm": 25}
 
 
-@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+@pytest.mark.parametrize("name", sorted(n for n in zoo.ZOO if not n.startswith("hf-")))  # hf-*: test_hf.py
 def test_zoo_model_compiles_and_tracks_fp32(name):
     entry = zoo.get(name)
     model = entry.model()
@@ -28,4 +28,4 @@ def test_zoo_model_compiles_and_tracks_fp32(name):
     x = entry.inputs(1, seed=11)
     with torch.no_grad():
         want = model(*x)
-    assert sqnr_db(want, cm(*x)) > MIN_SQNR[name]
+    assert sqnr_db(want, cm(*x)) > MIN_SQNR.get(name, 20)

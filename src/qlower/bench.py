@@ -23,7 +23,7 @@ from .api import compile as qcompile
 from .quantize import QuantConfig
 from .report import cosine, max_abs, sqnr_db
 
-STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
+STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
           "qlower-onnxruntime", "qlower-onnxruntime-w8", "qlower-reference")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
                   "qlower-onnxruntime")
@@ -120,6 +120,12 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
                 return next(self.it, None)
         quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        return _ort_runner(_ort_session(dst))
+    if stack == "ort-int8-dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        src, dst = f"{workdir}/{entry.name}-fp32d.onnx", f"{workdir}/{entry.name}-dyn.onnx"
+        _export_fp32_onnx(model, inputs, src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True)
         return _ort_runner(_ort_session(dst))
     if stack.startswith("qlower-"):
         backend = "onnxruntime" if "onnxruntime" in stack else "reference"

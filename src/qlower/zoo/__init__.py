@@ -82,3 +82,22 @@ def get(name: str) -> ZooEntry:
     if name not in ZOO:
         raise QlowerError(f"unknown zoo model {name!r}", hint=f"choose from {sorted(ZOO)}")
     return ZOO[name]
+
+
+def _hf_tokens(b: int, gen: torch.Generator) -> tuple:
+    ids = torch.randint(0, 1000, (b, 32), generator=gen)
+    lengths = torch.randint(8, 33, (b,), generator=gen)
+    return ids, (torch.arange(32)[None, :] < lengths[:, None]).to(torch.int64)
+
+
+def _register_hf() -> None:
+    from . import hf
+    if not hf.available():
+        return
+    for name in hf.HF_MODELS:
+        example = (lambda b: (torch.empty(b, 3, 32, 32),)) if name == "vit" else _hf_tokens
+        ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), example,
+                                     f"HuggingFace transformers {name} from a small config (random weights)")
+
+
+_register_hf()

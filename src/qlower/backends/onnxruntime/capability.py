@@ -13,7 +13,7 @@ def _float_only(node: Node) -> str | None:
     for a in [node, *node.all_input_nodes]:
         v = a.meta.get("val")
         if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.uint8, torch.int8, torch.int32,
-                                                           torch.int64):
+                                                           torch.int64, torch.bool):
             return f"dtype {v.dtype} not emitted"
     return None
 
@@ -55,7 +55,8 @@ def _adaptive_pool(node: Node) -> str | None:
 def _getitem_of_supported(node: Node) -> str | None:
     """item of an unbind (the only multi-output op emitted)"""
     src = node.args[0]
-    return None if getattr(src, "target", None) is torch.ops.aten.unbind.int else "getitem of an op not emitted"
+    return None if getattr(src, "target", None) in (torch.ops.aten.unbind.int, torch.ops.aten.split.Tensor) \
+        else "getitem of an op not emitted"
 
 
 def _integer_arange(node: Node) -> str | None:
@@ -84,6 +85,15 @@ def _rotary(node: Node) -> str | None:
     return None if not node.args[3] else "interleaved rotary has no ONNX lowering yet"
 
 
+def _sdpa(node: Node) -> str | None:
+    """static shapes, no dropout"""
+    vals = [a.meta["val"] for a in node.args[:3]]
+    if any(not isinstance(d, int) for v in vals for d in v.shape):
+        return "attention with symbolic shapes is not emitted"
+    dropout = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
+    return None if not dropout else "dropout in attention"
+
+
 def onnxruntime_capability() -> Capability:
     cap = Capability("onnxruntime")
     cap.register(["qlower::conv2d", "qlower::conv1d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
@@ -103,6 +113,14 @@ def onnxruntime_capability() -> Capability:
     cap.register("qlower::attention", _attention)
     cap.register("qlower::rotary_embedding", _rotary)
     cap.register(["aten::matmul", "aten::bmm", "aten::mm"], _float_only)
+    cap.register(["aten::ge.Scalar", "aten::gt.Scalar", "aten::le.Scalar", "aten::lt.Scalar", "aten::eq.Scalar",
+                  "aten::ge.Tensor", "aten::gt.Tensor", "aten::le.Tensor", "aten::lt.Tensor", "aten::eq.Tensor",
+                  "aten::__and__.Tensor", "aten::logical_and", "aten::bitwise_and.Tensor", "aten::__or__.Tensor",
+                  "aten::logical_or", "aten::bitwise_or.Tensor", "aten::neg", "aten::sqrt", "aten::exp", "aten::cos",
+                  "aten::sin", "aten::logical_not", "aten::bitwise_not", "aten::reciprocal", "aten::erf",
+                  "aten::rsqrt", "aten::silu", "aten::pow.Tensor_Scalar", "aten::where.self",
+                  "aten::masked_fill.Scalar", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
+    cap.register("aten::scaled_dot_product_attention", _sdpa)
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)
     cap.register(["aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",

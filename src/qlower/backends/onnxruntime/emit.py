@@ -31,7 +31,11 @@ OPSET = 21
 aten = torch.ops.aten
 q = torch.ops.qlower
 
+COMPARE = {"ge": "GreaterOrEqual", "gt": "Greater", "le": "LessOrEqual", "lt": "Less", "eq": "Equal"}
+UNARY = {"neg": "Neg", "sqrt": "Sqrt", "exp": "Exp", "cos": "Cos", "sin": "Sin", "logical_not": "Not",
+         "bitwise_not": "Not", "reciprocal": "Reciprocal", "erf": "Erf"}
 _DTYPE = {torch.float32: TensorProto.FLOAT, torch.uint8: TensorProto.UINT8, torch.int8: TensorProto.INT8,
+          torch.float64: TensorProto.DOUBLE,
           torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
 
 
@@ -306,7 +310,16 @@ class Emitter:
         return True
 
     def emit_attention(self, node: Node) -> bool:
-        qn, kn, vn, mask, causal, scale = node.args
+        if node.target is aten.scaled_dot_product_attention.default:
+            a, kw = list(node.args) + [None] * 7, node.kwargs
+            qn, kn, vn = a[:3]
+            mask = kw.get("attn_mask", a[3])
+            if (kw.get("dropout_p", a[4]) or 0.0) != 0.0:
+                return False
+            causal = bool(kw.get("is_causal", a[5]) or False)
+            scale = kw.get("scale", a[6])
+        else:
+            qn, kn, vn, mask, causal, scale = node.args
         qv, kv = qn.meta["val"], kn.meta["val"]
         if any(not isinstance(d, int) for d in (*qv.shape, *kv.shape)):
             return False
@@ -326,8 +339,9 @@ class Emitter:
             scores = self.op("Add", [scores, self.const(np.where(allowed, 0.0, -np.inf).astype(np.float32), "causal")])
         if mask is not None:
             if mask.meta["val"].dtype == torch.bool:
-                return False
-            scores = self.op("Add", [scores, mask.name])
+                scores = self.op("Where", [mask.name, scores, self.const(np.float32(-np.inf), "ninf")])
+            else:
+                scores = self.op("Add", [scores, mask.name])
         self.op("MatMul", [self.op("Softmax", [scores], axis=-1), v], node.name)
         return True
 
@@ -364,7 +378,45 @@ class Emitter:
         elif t is aten.arange.default:
             self.op("Identity", [self.const(np.arange(int(a[0]), dtype=np.int64), "arange")], name)
         elif t is aten.rsub.Scalar:
-            self.op("Sub", [self.const(np.float32(a[1]), "c"), a[0].name], name)
+            self.op("Sub", [self.const(np.float32(a[1]), "c"), self.cast_to(a[0], torch.float32)], name)
+        elif t is aten.scaled_dot_product_attention.default:
+            if not self.emit_attention(node):
+                raise EmitError("attention variant not emitted")
+        elif getattr(t, "_schema", None) is not None and t._schema.name.split("::")[-1] in COMPARE:
+            op = COMPARE[t._schema.name.split("::")[-1]]
+            other = a[1] if isinstance(a[1], Node) else None
+            dtype = a[0].meta["val"].dtype
+            rhs = self.cast_to(other, dtype) if other is not None else \
+                self.const(np.array(a[1], dtype=torch.empty(0, dtype=dtype).numpy().dtype), "c")
+            self.op(op, [a[0].name, rhs], name)
+        elif t in (aten.__and__.Tensor, aten.logical_and.default, aten.bitwise_and.Tensor):
+            self.op("And", [a[0].name, a[1].name], name)
+        elif t in (aten.__or__.Tensor, aten.logical_or.default, aten.bitwise_or.Tensor):
+            self.op("Or", [a[0].name, a[1].name], name)
+        elif getattr(t, "_schema", None) is not None and t._schema.name.split("::")[-1] in UNARY:
+            self.op(UNARY[t._schema.name.split("::")[-1]], [a[0].name], name)
+        elif t is aten.rsqrt.default:
+            self.op("Reciprocal", [self.op("Sqrt", [a[0].name])], name)
+        elif t is aten.silu.default:
+            self.op("Mul", [a[0].name, self.op("Sigmoid", [a[0].name])], name)
+        elif t is aten.pow.Tensor_Scalar:
+            self.op("Pow", [a[0].name, self.const(np.float32(a[1]), "exp")], name)
+        elif t is aten.where.self:
+            self.op("Where", [a[0].name] + [self.cast_to(x, node.meta["val"].dtype) if isinstance(x, Node)
+                                            else self.const(np.array(x, np.float32), "c") for x in a[1:3]], name)
+        elif t is aten.masked_fill.Scalar:
+            dtype = node.meta["val"].dtype
+            fill = self.const(torch.tensor(a[2], dtype=dtype), "fill")
+            self.op("Where", [a[1].name, fill, a[0].name], name)
+        elif t is aten.to.dtype_layout:
+            self.op("Cast", [a[0].name], name, to=_DTYPE[node.meta["val"].dtype])
+        elif t is aten.split.Tensor:
+            size, dim = a[1], (a[2] if len(a) > 2 else 0)
+            total = a[0].meta["val"].shape[dim]
+            sizes = [size] * (total // size) + ([total % size] if total % size else [])
+            outs = [f"{name}__{i}" for i in range(len(sizes))]
+            self.nodes.append(helper.make_node("Split", [a[0].name, self.const(np.array(sizes, np.int64), "sizes")],
+                                               outs, axis=int(dim)))
         elif t is aten.to.dtype:
             self.op("Cast", [a[0].name], name, to=_DTYPE[node.meta["val"].dtype])
         elif t is aten.permute.default:
@@ -384,7 +436,7 @@ class Emitter:
             for p, o in zip(parts, outs):
                 self.op("Squeeze", [p, self.const(np.array([dim], np.int64), "axes")], o)
         elif t is operator.getitem:
-            self.op("Identity", [f"{a[0].name}__{a[1]}"], name)
+            self.op("Identity", [f"{a[0].name}__{a[1]}"], name)  # outputs of unbind / split
         elif t in (aten.matmul.default, aten.bmm.default, aten.mm.default):
             self.op("MatMul", [a[0].name, a[1].name], name)
         elif t in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor):
@@ -400,7 +452,11 @@ class Emitter:
                    aten.lift_fresh_copy.default):
             if t is aten.dropout.default and len(a) > 2 and a[2]:
                 raise EmitError("dropout in training mode")
-            self.op("Identity", [a[0].name], name)
+            out_dtype = node.meta["val"].dtype
+            if a[0].meta["val"].dtype != out_dtype:  # x.to(device, dtype) also converts
+                self.op("Cast", [a[0].name], name, to=_DTYPE[out_dtype])
+            else:
+                self.op("Identity", [a[0].name], name)
         elif t in (aten.new_ones.default, aten.new_zeros.default, aten.ones.default, aten.zeros.default,
                    aten.full.default):
             val = node.meta["val"]
