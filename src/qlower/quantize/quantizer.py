@@ -105,9 +105,20 @@ class QlowerQuantizer(Quantizer):
             ch_axis=0 if per_channel else None)
 
     # ---------------------------------------------------------------- annotation
+    def _kept_float(self, node: Node) -> bool:
+        """True for nodes produced inside a module listed in config.keep_float."""
+        if not self.config.keep_float:
+            return False
+        stack = node.meta.get("nn_module_stack") or {}
+        paths = [str(v[0]) for v in stack.values()]
+        return any(p == k or p.startswith(k + ".") for p in paths for k in self.config.keep_float)
+
     def annotate(self, model: GraphModule) -> GraphModule:
         for node in model.graph.nodes:
             if node.op != "call_function" or _annotated(node):
+                continue
+            if self._kept_float(node):
+                node.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, None, _annotated=True)
                 continue
             if node.target in WEIGHTED_OPS:
                 self._annotate_weighted(node)
