@@ -37,6 +37,7 @@ class StackResult:
     ok: bool
     batch: int = 1
     rss_mb: float | None = None          # resident memory added while preparing the stack
+    peak_rss_mb: float | None = None     # the process's peak RSS after preparing (cumulative)
     error: str | None = None
     median_ms: float | None = None
     spread_ms: float | None = None
@@ -77,6 +78,11 @@ def _rss_mb() -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def _pt2e_inductor(model, inputs, calibration):
@@ -171,7 +177,7 @@ def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log) -> li
                 if not all(torch.equal(a, b) for a, b in zip(copies, test)):
                     raise RuntimeError("stack modified its input tensors")
                 runners[stack] = (fn, copies)
-                row[stack] = StackResult(name, stack, True, batch, _rss_mb() - rss0,
+                row[stack] = StackResult(name, stack, True, batch, _rss_mb() - rss0, _peak_rss_mb(),
                                          prepare_s=time.perf_counter() - start,
                                          sqnr_db=sqnr_db(reference, out), cosine=cosine(reference, out),
                                          max_abs=max_abs(reference, out))
@@ -221,15 +227,16 @@ def write_outputs(results: list[StackResult], out: Path, command: str) -> None:
     (out / "bench.json").write_text(json.dumps({"command": command, "results": [asdict(r) for r in results],
                                                 "qlower_vs_best_peer": best_peer_ratios(results)}, indent=1))
     lines = [f"Command: `{command}`", "",
-             "| model | batch | stack | median ms | spread ms | vs eager | SQNR dB | cosine | prepare s | RSS +MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | stack | median ms | spread ms | vs eager | SQNR dB | cosine | prepare s | RSS +MB | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.ok and r.median_ms is not None:
             ratio = f"{r.vs_eager:.2f}x" if r.vs_eager else "-"
             lines.append(f"| {r.model} | {r.batch} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | "
-                         f"{ratio} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} |")
+                         f"{ratio} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} | "
+                         f"{r.peak_rss_mb:.0f} |")
         else:
-            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | |")
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | | |")
     lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]
     lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results).items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")

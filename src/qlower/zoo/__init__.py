@@ -16,6 +16,7 @@ class ZooEntry:
     build: Callable[[], torch.nn.Module]
     example: Callable[[int], tuple]            # batch -> example input tuple
     description: str
+    dynamic: Callable[[], object] | None = None  # dynamic_shapes for torch.export, where it matters
 
     def model(self) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -56,15 +57,19 @@ def _decoder_inputs(b: int, gen: torch.Generator) -> tuple:
 
 ZOO: dict[str, ZooEntry] = {
     "cnn": ZooEntry("cnn", lambda: ResNetish(), lambda b: (torch.empty(b, 3, 32, 32),),
-                    "ResNet-style CNN: conv-BN-ReLU stem, 3 residual stages, max/avg pool, FC"),
+                    "ResNet-style CNN: conv-BN-ReLU stem, 3 residual stages, max/avg pool, FC",
+                    dynamic=lambda: ({0: torch.export.Dim("batch", min=1, max=64)},)),
     "transformer": ZooEntry("transformer", lambda: TinyEncoder(),
                             lambda b: (torch.empty(b, 16, 64),),
+                            dynamic=lambda: ({0: torch.export.Dim("batch", min=1, max=64)},),
+                            description=
                             "2-layer transformer encoder: MHA (matmul/softmax), LayerNorm, GELU MLP"),
     "transformer-blockops": ZooEntry("transformer-blockops", lambda: _with_block_ops(TinyEncoder()),
                                      lambda b: (torch.empty(b, 16, 64),),
                                      "the transformer with qlower.blockops.replace() applied (LayerNorm block ops)"),
     "mobilenet": ZooEntry("mobilenet", lambda: MobileNetV2ish(), lambda b: (torch.empty(b, 3, 32, 32),),
-                          "MobileNetV2-style CNN: depthwise convs, inverted residuals, ReLU6"),
+                          "MobileNetV2-style CNN: depthwise convs, inverted residuals, ReLU6",
+                          dynamic=lambda: ({0: torch.export.Dim("batch", min=1, max=64)},)),
     "vit": ZooEntry("vit", lambda: TinyViT(), lambda b: (torch.empty(b, 3, 32, 32),),
                     "small ViT: 8x8 patch conv, position embedding, 2 encoder layers, mean-pool head"),
     "bert": ZooEntry("bert", lambda: TinyBert(), _bert_inputs,
@@ -73,7 +78,8 @@ ZOO: dict[str, ZooEntry] = {
                         "decoder-only LM step with a 16-slot sliding KV cache passed in and out"),
     "lstm": ZooEntry("lstm", lambda: StreamingLSTM(),
                      lambda b: (torch.empty(b, 20, 40), torch.zeros(1, b, 64), torch.zeros(1, b, 64)),
-                     "streaming LSTM: conv front end, LSTM with (h, c) state in/out"),
+                     "streaming LSTM: conv front end, LSTM with (h, c) state in/out (aten.lstm specializes "
+                     "the frame count, so it has no dynamic dimension)"),
 }
 
 
