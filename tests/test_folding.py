@@ -269,3 +269,29 @@ def test_fold_float_constants_never_touches_quantized_tensors():
     from qlower.passes import FoldFloatConstants
     gm = graph_module(WeightChain(lambda w: w.t()), torch.randn(3, 6))
     assert not FoldFloatConstants().run(gm, PassContext())  # int8 constant -> DQ: not its business
+
+
+class SplitWeights(torch.nn.Module):
+    """A fused [3N, K] weight split into q/k/v pieces (per-channel on the split axis 0)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randint(-127, 128, (12, 5), generator=g).to(torch.int8))
+        self.register_buffer("s", torch.rand(12, generator=g) * 0.01 + 0.001)
+        self.register_buffer("z", torch.zeros(12, dtype=torch.int64))
+
+    def forward(self, x):
+        wd = qd.dequantize_per_channel(self.w, self.s, self.z, 0, -127, 127, torch.int8)
+        a, b, c = wd.split(4, 0)
+        return F.linear(x, a) + F.linear(x, b) * F.linear(x, c)
+
+
+def test_fold_split_gives_each_piece_its_channel_qparams():
+    x = torch.randn(3, 5)
+    model = SplitWeights()
+    gm, ctx = folded(model, x)
+    assert not any(n.target == aten.split.Tensor for n in gm.graph.nodes)
+    dqs = [n for n in gm.graph.nodes if n.target == qd.dequantize_per_channel.default]
+    assert [dq.meta[QPARAMS_KEY].scale for dq in dqs] == [tuple(model.s[i:i + 4].tolist()) for i in (0, 4, 8)]
+    assert torch.equal(gm(x), graph_module(model, x)(x))
