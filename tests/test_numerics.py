@@ -246,3 +246,13 @@ def test_fixed_profile_half_rounds_up():
 def test_unknown_profile_is_typed_error():
     with pytest.raises(NumericsError):
         N.requantize(torch.tensor([1], dtype=torch.int32), 0.5, 1.0, 0, -128, 127, torch.int8, profile="x")
+
+
+def test_integer_mean_rounds_half_to_even_exactly():
+    rng = np.random.default_rng(3)
+    for n in (2, 4, 49, 64):
+        q = torch.tensor(rng.integers(0, 256, size=(3, n)), dtype=torch.uint8)
+        q[0] = torch.tensor([10 + (i % 2) for i in range(n)], dtype=torch.uint8)  # n/2 elements +1: tie at .5 when n/2 odd
+        got = N.mean_integer(q, 7, [1], False, 0, 255, torch.uint8).tolist()
+        want = [max(0, min(255, rne(Fraction(sum(int(v) - 7 for v in row), n)) + 7)) for row in q.tolist()]
+        assert got == want

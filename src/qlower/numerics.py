@@ -175,6 +175,22 @@ def requantize(acc: torch.Tensor, acc_scale, out_scale: float, out_zp: int, qmin
     raise NumericsError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
 
 
+def mean_integer(q: torch.Tensor, zero_point: int, dims: list[int], keepdim: bool, qmin: int, qmax: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Mean of a quantized tensor over `dims`, same qparams in and out:
+    clamp(RNE(sum(q - zp) / N) + zp), with the division rounded exactly (half to even) in integers.
+    Equals Q(mean(DQ(q))) except where fp32 rounding of the float mean lands across a tie."""
+    centered = q.to(torch.int64) - int(zero_point)
+    total = centered.sum(dim=dims, keepdim=keepdim)
+    n = 1
+    for d in dims:
+        n *= q.shape[d]
+    quotient = torch.div(total, n, rounding_mode="floor")
+    twice_rem = 2 * (total - quotient * n)
+    up = (twice_rem > n) | ((twice_rem == n) & (quotient % 2 == 1))
+    return torch.clamp(quotient + up.to(torch.int64) + int(zero_point), qmin, qmax).to(dtype)
+
+
 def clamp_range_for_activation(kind: str, scale: float, zero_point: int, qmin: int, qmax: int,
                                lo: float | None = None, hi: float | None = None) -> tuple[int, int]:
     """Integer output range after fusing relu / hardtanh / clamp(lo, hi) into requantization.

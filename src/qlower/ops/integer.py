@@ -174,7 +174,19 @@ def _(q, kernel_size, stride, padding, dilation, ceil_mode):
                         ceil_mode).to(q.dtype)
 
 
+@torch.library.custom_op(f"{_NS}::mean", mutates_args=())
+def mean(q: torch.Tensor, zero_point: int, dims: list[int], keepdim: bool, qmin: int, qmax: int) -> torch.Tensor:
+    """Integer mean over `dims` (global average pooling), qparams unchanged; see numerics.mean_integer."""
+    return numerics.mean_integer(q, zero_point, [d % q.dim() for d in dims], keepdim, qmin, qmax, q.dtype)
+
+
+@mean.register_fake
+def _(q, zero_point, dims, keepdim, qmin, qmax):
+    return torch.sum(q.to(torch.float32), dim=[d % q.dim() for d in dims], keepdim=keepdim).to(q.dtype)
+
+
 INTEGER_OPS = {
+    "mean": torch.ops.qlower.mean.default,
     "quantize": torch.ops.qlower.quantize.default,
     "dequantize": torch.ops.qlower.dequantize.default,
     "requantize": torch.ops.qlower.requantize.default,

@@ -47,6 +47,10 @@ SHAPE_PASSTHROUGH = {aten.reshape.default, aten.view.default, aten.flatten.using
                      aten.select.int}
 
 
+class _NotLowered(Exception):
+    """Raised by a pass-through builder for an argument combination with no integer form."""
+
+
 @dataclass(frozen=True)
 class Operand:
     """An integer tensor feeding a float op through a dequantize."""
@@ -113,7 +117,8 @@ class LowerQDQ(Pass):
             elif node.target in BINARY:
                 changed |= self._lower_binary(gm, node, ctx)
             elif node.target in SHAPE_PASSTHROUGH or node.target in ACTIVATIONS or \
-                    node.target in (aten.max_pool2d.default, aten.cat.default):
+                    node.target in (aten.max_pool2d.default, aten.cat.default, aten.adaptive_avg_pool2d.default,
+                                    aten.mean.dim):
                 changed |= self._lower_passthrough(gm, node, ctx)
         if changed:
             gm.graph.eliminate_dead_code()
@@ -300,8 +305,12 @@ class LowerQDQ(Pass):
         if any(o.qp != qp for o in operands) or q.meta[QPARAMS_KEY] != qp or qp.per_channel:
             ctx.refuse(self.name, node, "input and output qparams differ; not a pass-through")
             return False
-        with gm.graph.inserting_before(node):
-            y = self._integer_passthrough(gm, node, [o.q for o in operands], qp)
+        try:
+            with gm.graph.inserting_before(node):
+                y = self._integer_passthrough(gm, node, [o.q for o in operands], qp)
+        except _NotLowered as why:
+            ctx.refuse(self.name, node, str(why))
+            return False
         y.meta[QPARAMS_KEY] = qp
         q.replace_all_uses_with(y)
         ctx.rewrites[f"{node.target.__name__} -> integer"] += 1
@@ -311,6 +320,14 @@ class LowerQDQ(Pass):
         t = node.target
         if t is aten.cat.default:
             return call(gm, t, (qs, arg(node, 1, "dim", 0)), like=node)
+        if t is aten.adaptive_avg_pool2d.default:
+            if list(node.args[1]) not in ([1, 1], [1]):
+                raise _NotLowered("only global average pooling has an integer form")
+            return call(gm, qlower.mean.default, (qs[0], qp.zero_point[0], [-2, -1], True, qp.qmin, qp.qmax), like=node)
+        if t is aten.mean.dim:
+            keep = arg(node, 2, "keepdim", False)
+            return call(gm, qlower.mean.default, (qs[0], qp.zero_point[0], list(node.args[1]), bool(keep), qp.qmin,
+                                                  qp.qmax), like=node)
         if t is aten.max_pool2d.default:
             two = lambda v: list(v) if isinstance(v, (list, tuple)) else [v, v]
             return call(gm, qlower.max_pool2d.default,

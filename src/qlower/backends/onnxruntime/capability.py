@@ -94,8 +94,19 @@ def _sdpa(node: Node) -> str | None:
     return None if not dropout else "dropout in attention"
 
 
+def _mean_small(node: Node) -> str | None:
+    """reduced element count below 2^15 (keeps the fp32 quotient's rounding exact)"""
+    import math
+    shape = node.args[0].meta["val"].shape
+    dims = node.args[2]
+    if any(not isinstance(shape[d], int) for d in dims):
+        return "mean over a symbolic dimension"
+    return None if math.prod(shape[d] for d in dims) < 2**15 else "mean over too many elements for exact fp32 rounding"
+
+
 def onnxruntime_capability() -> Capability:
     cap = Capability("onnxruntime")
+    cap.register("qlower::mean", _mean_small)
     cap.register(["qlower::conv2d", "qlower::conv1d", "qlower::linear", "qlower::dequantize", "qlower::add", "qlower::mul",
                   "qlower::max_pool2d"])
     cap.register("qlower::quantize", _quantize_per_tensor_range)

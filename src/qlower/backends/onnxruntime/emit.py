@@ -247,6 +247,18 @@ class Emitter:
                         None if clip else name)
             if clip:
                 self.op("Clip", [y, self.const(lo, "lo", np_out), self.const(hi, "hi", np_out)], name)
+        elif t is q.mean.default:
+            x, zp, dims, keep, qmin, qmax = node.args
+            rank = x.meta["val"].dim()
+            n = int(np.prod([x.meta["val"].shape[d % rank] for d in dims]))
+            np_dtype = np.uint8 if x.meta["val"].dtype == torch.uint8 else np.int8
+            centered = self.op("Sub", [self.op("Cast", [x.name], to=TensorProto.INT32), self.const(np.int32(zp), "zp")])
+            total = self.op("ReduceSum", [centered, self.const(np.array([d % rank for d in dims], np.int64), "axes")],
+                            keepdims=int(bool(keep)))
+            # fp32(S / N) is exact or at least 1/(2N) away from a tie while |S| < 2^23, so RNE of it
+            # (QuantizeLinear with scale 1) is the exact half-to-even quotient.
+            v = self.op("Div", [self.op("Cast", [total], to=TensorProto.FLOAT), self.const(np.float32(n), "n")])
+            self.op("QuantizeLinear", [v, self.const(np.float32(1.0), "one"), self.const(zp, "zp", np_dtype)], name)
         elif t is q.max_pool2d.default:
             x, k, stride, padding, dilation, ceil = node.args
             self.op("MaxPool", [x.name], name, kernel_shape=list(k), strides=list(stride or k),
