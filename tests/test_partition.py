@@ -1,7 +1,5 @@
 """Clustering on synthetic graphs, allow/deny lists."""
-import operator
 
-import pytest
 import torch
 from torch.fx import Graph
 

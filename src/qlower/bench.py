@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from . import zoo
@@ -141,7 +140,7 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
             reasons = "; ".join(f"#{c.id}: {c.reason}" for c in cm.report().fallbacks)
             print(f"  note: {stack} on {entry.name} has fallbacks: {reasons}")
         return lambda *xs: cm(*xs)
-    raise ValueError(f"unknown stack {stack!r}")
+    raise ValueError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
 
 
 def run_bench(models: list[str], stacks: list[str], rounds: int = 5, block: int = 10, warmup: int = 3,

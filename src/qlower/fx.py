@@ -1,8 +1,6 @@
 """Small FX helpers shared by passes and backends: constants, shape metadata, Q/DQ recognition."""
 from __future__ import annotations
 
-import itertools
-
 import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
@@ -13,9 +11,6 @@ QUANTIZE_OPS = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor,
                 qd.quantize_per_channel.default}
 DEQUANTIZE_OPS = {qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor,
                   qd.dequantize_per_channel.default}
-
-_counter = itertools.count()
-
 
 def is_quantize(node) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in QUANTIZE_OPS
@@ -45,9 +40,10 @@ def fake_mode_of(gm: GraphModule):
 def add_constant(gm: GraphModule, tensor: torch.Tensor, hint: str) -> Node:
     """Register `tensor` as a buffer of gm and return a get_attr node for it (inserted at the
     current insertion point), with meta['val'] set."""
-    name = f"_qlower_{hint}_{next(_counter)}"
-    while hasattr(gm, name):
-        name = f"_qlower_{hint}_{next(_counter)}"
+    index = 0
+    while hasattr(gm, f"_qlower_{hint}_{index}"):
+        index += 1
+    name = f"_qlower_{hint}_{index}"
     gm.register_buffer(name, tensor.detach().clone(), persistent=True)
     node = gm.graph.get_attr(name)
     mode = fake_mode_of(gm)

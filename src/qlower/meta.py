@@ -7,7 +7,7 @@ Keys (all under the `qlower.` prefix so they never collide with torch's own):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -63,7 +63,6 @@ class Refusal:
     pass_name: str
     node: str
     reason: str
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         return f"{self.pass_name}: {self.node}: {self.reason}"

@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 from torch.fx import GraphModule
 
 from ..fx import schema_name
+from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
 from ..report import ClusterInfo
 
 
@@ -22,6 +23,7 @@ class Executable:
 
 class Backend(Protocol):
     name: str
+    capability: "Capability"   # what it accepts (qlower ops / qlower schema)
 
     def available(self) -> bool: ...
 

@@ -3,7 +3,6 @@ replace, so state_dicts load either way. Stateful modules keep their state in bu
 it in place on every call (torch.export records that as a buffer mutation)."""
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn

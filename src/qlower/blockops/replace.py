@@ -5,7 +5,6 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 import torch.nn.functional as F

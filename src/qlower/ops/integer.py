@@ -183,18 +183,3 @@ def mean(q: torch.Tensor, zero_point: int, dims: list[int], keepdim: bool, qmin:
 @mean.register_fake
 def _(q, zero_point, dims, keepdim, qmin, qmax):
     return torch.sum(q.to(torch.float32), dim=[d % q.dim() for d in dims], keepdim=keepdim).to(q.dtype)
-
-
-INTEGER_OPS = {
-    "mean": torch.ops.qlower.mean.default,
-    "quantize": torch.ops.qlower.quantize.default,
-    "dequantize": torch.ops.qlower.dequantize.default,
-    "requantize": torch.ops.qlower.requantize.default,
-    "conv1d": torch.ops.qlower.conv1d.default,
-    "conv2d": torch.ops.qlower.conv2d.default,
-    "linear": torch.ops.qlower.linear.default,
-    "matmul": torch.ops.qlower.matmul.default,
-    "add": torch.ops.qlower.add.default,
-    "mul": torch.ops.qlower.mul.default,
-    "max_pool2d": torch.ops.qlower.max_pool2d.default,
-}

@@ -16,6 +16,9 @@ class PassContext:
     profile: Profile = "float"
     refusals: list[Refusal] = field(default_factory=list)
     rewrites: Counter = field(default_factory=Counter)
+    # FoldQuantizedConstants: (source storages, op, args) -> (buffer name, fake value), so
+    # constants folded from the same storage by the same op stay one buffer (tied weights).
+    folded_constants: dict = field(default_factory=dict)
 
     def refuse(self, pass_name: str, node: Node, reason: str) -> None:
         refusal = Refusal(pass_name, node.name, reason)

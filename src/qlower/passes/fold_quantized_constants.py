@@ -34,7 +34,7 @@ class FoldQuantizedConstants(Pass):
     fixpoint = True
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
-        cache = ctx.__dict__.setdefault("_folded_constants", {})
+        cache = ctx.folded_constants
         changed = False
         for node in list(gm.graph.nodes):
             if node.op == "call_function" and node.target in _SPLITS:

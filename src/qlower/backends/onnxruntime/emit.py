@@ -83,6 +83,17 @@ class Emitter:
         return constant_value(self.gm, node)
 
     # ---------------------------------------------------------------- integer ops
+    def op_clamped(self, op_type: str, inputs: list[str], out: str, lo: int, hi: int, dtype: torch.dtype,
+                   domain: str = "", **attrs) -> str:
+        """Emit op_type into `out`, through a Clip to [lo, hi] when that is narrower than the
+        dtype's range (a fused relu/clamp: exact, since quantize is monotone)."""
+        narrowed = (lo, hi) != numerics.dtype_range(dtype)
+        y = self.op(op_type, inputs, None if narrowed else out, domain=domain, **attrs)
+        if narrowed:
+            np_dtype = np.uint8 if dtype == torch.uint8 else np.int8
+            self.op("Clip", [y, self.const(lo, "lo", np_dtype), self.const(hi, "hi", np_dtype)], out)
+        return out
+
     def requant_chain(self, acc: str, multiplier: torch.Tensor, shape_axis: int | None, rank: int,
                       zp: int, lo: int, hi: int, dtype: torch.dtype, out: str) -> str:
         m = multiplier.to(torch.float32)
@@ -94,13 +105,8 @@ class Emitter:
             m = m.reshape(())
         v = self.op("Mul", [self.op("Cast", [acc], to=TensorProto.FLOAT), self.const(m, "M")])
         np_dtype = np.uint8 if dtype == torch.uint8 else np.int8
-        qmin, qmax = numerics.dtype_range(dtype)
-        needs_clip = (lo, hi) != (qmin, qmax)
-        y = self.op("QuantizeLinear", [v, self.const(np.float32(1.0), "one"), self.const(zp, "zp", np_dtype)],
-                    None if needs_clip else out)
-        if needs_clip:
-            y = self.op("Clip", [y, self.const(lo, "lo", np_dtype), self.const(hi, "hi", np_dtype)], out)
-        return y
+        return self.op_clamped("QuantizeLinear", [v, self.const(np.float32(1.0), "one"),
+                                                  self.const(zp, "zp", np_dtype)], out, lo, hi, dtype)
 
     def weight_operand(self, w: torch.Tensor, w_zp: torch.Tensor, transpose: bool) -> tuple[str, str, bool]:
         """(weight name, zero-point name, is_s8) in the formulation that is exact on this CPU."""
@@ -159,11 +165,8 @@ class Emitter:
                   self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
         if bv is not None:
             inputs.append(self.const(bv.to(torch.int32), "bias"))
-        needs_clip = (lo, hi) != (0, 255)
-        y = self.op("QLinearConv", inputs, None if needs_clip else rq.name, strides=list(stride),
-                    pads=list(padding) * 2, dilations=list(dilation), group=int(groups))
-        if needs_clip:
-            self.op("Clip", [y, self.const(lo, "lo", np.uint8), self.const(hi, "hi", np.uint8)], rq.name)
+        self.op_clamped("QLinearConv", inputs, rq.name, lo, hi, torch.uint8, strides=list(stride),
+                        pads=list(padding) * 2, dilations=list(dilation), group=int(groups))
         return True
 
     def try_qgemm(self, linear: Node, rq: Node) -> bool:
@@ -186,13 +189,12 @@ class Emitter:
                   self.const(np.zeros(n, np.int8) if scales.numel() > 1 else np.int8(0), "w_zp"),
                   self.const(bv.to(torch.int32), "bias") if bv is not None else "",
                   self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
-        needs_clip = (lo, hi) != (0, 255)
-        y = self.op("QGemm", inputs, None if (needs_clip or rank != 2) else rq.name, domain="com.microsoft")
-        if rank != 2:
-            shape = self.op("Concat", [self.op("Shape", [x.name], end=-1), self.const(np.array([n], np.int64), "n")], axis=0)
-            y = self.op("Reshape", [y, shape], None if needs_clip else rq.name)
-        if needs_clip:
-            self.op("Clip", [y, self.const(lo, "lo", np.uint8), self.const(hi, "hi", np.uint8)], rq.name)
+        if rank == 2:
+            self.op_clamped("QGemm", inputs, rq.name, lo, hi, torch.uint8, domain="com.microsoft")
+            return True
+        y = self.op("QGemm", inputs, domain="com.microsoft")
+        shape = self.op("Concat", [self.op("Shape", [x.name], end=-1), self.const(np.array([n], np.int64), "n")], axis=0)
+        self.op_clamped("Reshape", [y, shape], rq.name, lo, hi, torch.uint8)
         return True
 
     # ---------------------------------------------------------------- dispatch
@@ -241,12 +243,8 @@ class Emitter:
             db = self.op("DequantizeLinear", [b.name, self.const(np.float32(sb), "s"), self.const(zb, "z", np_in(b))])
             s = self.op("Add" if t is q.add.default else "Mul", [da, db])
             np_out = np.uint8 if dtype == torch.uint8 else np.int8
-            qmin, qmax = numerics.dtype_range(dtype)
-            clip = (lo, hi) != (qmin, qmax)
-            y = self.op("QuantizeLinear", [s, self.const(np.float32(sy), "s"), self.const(zy, "z", np_out)],
-                        None if clip else name)
-            if clip:
-                self.op("Clip", [y, self.const(lo, "lo", np_out), self.const(hi, "hi", np_out)], name)
+            self.op_clamped("QuantizeLinear", [s, self.const(np.float32(sy), "s"), self.const(zy, "z", np_out)],
+                            name, lo, hi, dtype)
         elif t is q.mean.default:
             x, zp, dims, keep, qmin, qmax = node.args
             rank = x.meta["val"].dim()
