@@ -276,3 +276,141 @@ def test_replace_swaps_each_module_and_keeps_outputs():
                qops.gru.default):
         assert targets.count(op) == 1, op
     assert targets.count(qops.attention.default) == 2  # the MHA core and the routed SDPA call
+
+
+# ---------------------------------------------------------------- ONNX: one node per block op
+class _OpCall(nn.Module):
+    """Calls one block op with fixed non-tensor arguments (test helper)."""
+
+    def __init__(self, fn, **params):
+        super().__init__()
+        for name, p in params.items():
+            self.register_buffer(name, p)
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def _rnn_case(kind, layers, batch_first):
+    rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(6, 5, num_layers=layers, batch_first=batch_first)
+    weights = {f"w{i}": w.detach().clone() for i, w in enumerate(rnn._flat_weights)}
+    h0 = torch.randn(layers, 2, 5)
+
+    def call(m, x, h, reset):
+        ws = [getattr(m, f"w{i}") for i in range(len(weights))]
+        if kind == "lstm":
+            return bops.lstm(x, h, h * 0.5, reset, ws, layers, batch_first)
+        return bops.gru(x, h, reset, ws, layers, batch_first)
+    x = torch.randn(2, 4, 6) if batch_first else torch.randn(4, 2, 6)
+    return _OpCall(call, **weights), (x, h0, torch.tensor(False)), (x, h0, torch.tensor(True))
+
+
+ONNX_CASES = {
+    # name: (module, inputs, expected ONNX (domain, op_type) of the block op)
+    "rms_norm": (_OpCall(lambda m, x: bops.rms_norm(x, [8], m.w, 1e-6), w=torch.rand(8) + 0.5),
+                 (torch.randn(2, 3, 8),), ("", "RMSNormalization")),
+    "layer_norm": (_OpCall(lambda m, x: bops.layer_norm(x, [8], m.w, None, 1e-5), w=torch.rand(8)),
+                   (torch.randn(2, 3, 8),), ("", "LayerNormalization")),
+    "group_norm": (_OpCall(lambda m, x: bops.group_norm(x, 2, None, None, 1e-5, False)),
+                   (torch.randn(2, 4, 3, 3),), ("", "GroupNormalization")),
+    "group_norm_silu": (_OpCall(lambda m, x: bops.group_norm(x, 2, m.w, m.b, 1e-5, True), w=torch.rand(4),
+                                b=torch.rand(4)), (torch.randn(2, 4, 3, 3),), ("qlower", "group_norm")),
+    "skip_layer_norm": (_OpCall(lambda m, x, s: bops.skip_layer_norm(x, s, [8], None, None, 1e-5)),
+                        (torch.randn(2, 3, 8), torch.randn(2, 3, 8)), ("qlower", "skip_layer_norm")),
+    "attention_gqa_causal": (_OpCall(lambda m, q, k, v: bops.attention(q, k, v, None, True, None)),
+                             (torch.randn(1, 4, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)),
+                             ("", "Attention")),
+    "attention_bool_mask": (_OpCall(lambda m, q, mask: bops.attention(q, q, q, mask, False, 0.3)),
+                            (torch.randn(2, 2, 5, 8), torch.rand(2, 1, 1, 5) > 0.3), ("", "Attention")),
+    "masked_softmax_mask": (_OpCall(lambda m, s, mask: bops.masked_softmax(s, mask, None, -1)),
+                            (torch.randn(2, 5, 6), torch.randn(5, 6)), ("qlower", "masked_softmax")),
+    "masked_softmax_lengths": (_OpCall(lambda m, s, n: bops.masked_softmax(s, None, n, -1)),
+                               (torch.randn(3, 2, 4, 6), torch.tensor([6, 2, 0])), ("qlower", "masked_softmax")),
+    "rotary_half": (_OpCall(lambda m, x: bops.rotary_embedding(x, m.c, m.s, False), c=torch.rand(5, 8),
+                            s=torch.rand(5, 8)), (torch.randn(1, 2, 5, 8),), ("qlower", "rotary_embedding")),
+    "rotary_interleaved": (_OpCall(lambda m, x: bops.rotary_embedding(x, m.c, m.s, True), c=torch.rand(5, 8),
+                                   s=torch.rand(5, 8)), (torch.randn(1, 2, 5, 8),), ("qlower", "rotary_embedding")),
+    "kv_cache_update": (_OpCall(lambda m, c, n, p: bops.kv_cache_update(c, n, p)),
+                        (torch.randn(1, 2, 6, 4), torch.randn(1, 2, 2, 4), torch.tensor(3)),
+                        ("qlower", "kv_cache_update")),
+    "stream_buffer": (_OpCall(lambda m, s, f, r: bops.stream_buffer(s, f, r)),
+                      (torch.randn(1, 5, 3), torch.randn(1, 2, 3), torch.tensor(True)), ("qlower", "stream_buffer")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONNX_CASES))
+def test_block_op_is_one_onnx_node_and_matches_reference(case, tmp_path):
+    """ONNX Runtime runs the op in one cluster (no fallback), agrees with the reference kernel,
+    and the exported file holds the op as a single node that onnx's own reference evaluator
+    (a second runtime) executes through the function body."""
+    import onnx
+    import onnx.inliner
+    from onnx.reference import ReferenceEvaluator
+    torch.manual_seed(0)
+    module, inputs, (domain, op_type) = ONNX_CASES[case]
+    cm = qlower.compile(module, inputs, backend="onnxruntime")
+    assert not cm.report().fallbacks, str(cm.report())
+    want = module(*inputs)
+    assert torch.allclose(cm(*inputs), want, atol=1e-5), case
+    model = onnx.load(qlower.export(cm, tmp_path / "m.onnx", format="onnx"))
+    kinds = [(n.domain, n.op_type) for n in model.graph.node]
+    assert kinds.count((domain, op_type)) == 1, kinds
+    if domain == "qlower":
+        assert any(f.name == op_type and f.domain == "qlower" for f in model.functions)
+    # Inlined as ONNX Runtime does at load; the evaluator needs shapes for context-dependent ops.
+    inlined = onnx.shape_inference.infer_shapes(onnx.inliner.inline_local_functions(model))
+    got = ReferenceEvaluator(inlined).run(None, {i.name: x.numpy() for i, x in zip(model.graph.input, inputs)})[0]
+    assert torch.allclose(torch.from_numpy(got), want, atol=1e-5), case
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers,batch_first", [(1, True), (2, False)])
+def test_rnn_maps_to_onnx_with_reordered_gates_and_reset(kind, layers, batch_first):
+    torch.manual_seed(0)
+    module, inputs, reset_inputs = _rnn_case(kind, layers, batch_first)
+    cm = qlower.compile(module, inputs, backend="onnxruntime")
+    assert not cm.report().fallbacks, str(cm.report())
+    onnx_ops = {n.op_type for c in cm.report().compiled for n in __import__("onnx").load_from_string(c.onnx).functions[0].node}
+    assert kind.upper() in onnx_ops
+    for args in (inputs, reset_inputs):
+        for got, want in zip(cm(*args), module(*args)):
+            assert torch.allclose(got, want, atol=1e-5), (kind, layers, batch_first)
+
+
+def test_attention_decomposition_is_top_left_causal_like_sdpa():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    want = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+    assert torch.allclose(bops.attention_decomposed(q, k, k, None, True, None), want, atol=1e-6)
+
+
+# ---------------------------------------------------------------- DecomposeBlockOps
+def test_decompose_pass_fires_only_for_unsupported_ops_and_keeps_numerics(monkeypatch):
+    from qlower.passes import PassContext, PassManager
+    from qlower.passes.decompose_block_ops import DecomposeBlockOps
+    module, inputs, _ = ONNX_CASES["rotary_interleaved"]
+    norm, norm_inputs, _ = ONNX_CASES["rms_norm"]
+    for m, xs, target in ((module, inputs, qops.rotary_embedding.default), (norm, norm_inputs, qops.rms_norm.default)):
+        gm = torch.export.export(m, xs).module()
+        want = gm(*xs)
+        unsupported = lambda n: n.target is not qops.rotary_embedding.default
+        ctx = PassManager([DecomposeBlockOps(unsupported)]).run(gm, PassContext())
+        targets = {n.target for n in gm.graph.nodes}
+        if target is qops.rotary_embedding.default:  # positive: decomposed into ATen, same values
+            assert target not in targets and ctx.rewrites
+            assert torch.allclose(gm(*xs), want, atol=1e-6)
+            again = PassManager([DecomposeBlockOps(unsupported)]).run(gm, PassContext())
+            assert not again.rewrites  # idempotent
+        else:  # near miss: a supported block op stays one node
+            assert target in targets and not ctx.rewrites
+
+
+def test_backend_decomposes_denied_block_op_and_reports_it(monkeypatch):
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "qlower::rotary_embedding")
+    module, inputs, _ = ONNX_CASES["rotary_interleaved"]
+    cm = qlower.compile(module, inputs, backend="onnxruntime")
+    report = cm.report()
+    assert not report.fallbacks and any("decomposed qlower::rotary_embedding" in n for n in report.notes)
+    assert "qlower::rotary_embedding" not in set().union(*[c.ops for c in report.compiled])
+    assert torch.allclose(cm(*inputs), module(*inputs), atol=1e-6)

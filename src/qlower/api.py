@@ -61,7 +61,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
                            refusals=[str(r) for r in ctx.refusals], op_counts=counts)
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
-    report.notes += notes
+    report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
     return CompiledModule(gm, executable, input_specs_of(gm), report, example_inputs, dyn)
 

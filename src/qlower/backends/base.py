@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from torch.fx import GraphModule
@@ -19,6 +19,7 @@ class Executable:
     run: Callable
     clusters: list[ClusterInfo]
     module: GraphModule | None = None
+    notes: list[str] = field(default_factory=list)   # backend decisions worth a line in the report
 
 
 class Backend(Protocol):
@@ -33,3 +34,12 @@ class Backend(Protocol):
 def op_counts(gm: GraphModule) -> dict[str, int]:
     """How many call_function nodes of each op schema the graph holds."""
     return dict(Counter(schema_name(n) for n in gm.graph.nodes if n.op == "call_function"))
+
+
+def decompose_unsupported_block_ops(gm: GraphModule, capability: "Capability") -> list[str]:
+    """Run DecomposeBlockOps for this backend; report lines for what it did and refused."""
+    from ..passes import PassContext, PassManager
+    from ..passes.decompose_block_ops import DecomposeBlockOps
+    ctx = PassManager([DecomposeBlockOps(capability.supports)]).run(gm, PassContext())
+    return [f"{what} x{n} ({capability.backend} lacks it)" for what, n in ctx.rewrites.items()] + \
+        [str(r) for r in ctx.refusals]

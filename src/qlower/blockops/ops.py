@@ -171,8 +171,8 @@ def attention_decomposed(q, k, v, mask, causal, scale):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
-        s_q, s_k = q.shape[-2], k.shape[-2]
-        allowed = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril(s_k - s_q)
+        # top-left aligned, as F.scaled_dot_product_attention (query i sees keys 0..i)
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~allowed, float("-inf"))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask

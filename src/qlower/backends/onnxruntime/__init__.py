@@ -15,7 +15,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from ...fx import constant_value
 from ...partition import cluster_graph
 from ...report import ClusterInfo
-from ..base import Executable, op_counts
+from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from . import cache
 from .capability import onnxruntime_capability
 from .emit import emit_cluster
@@ -157,6 +157,7 @@ class OnnxRuntimeBackend:
         return True
 
     def compile(self, gm: GraphModule) -> Executable:
+        notes = decompose_unsupported_block_ops(gm, self.capability)
         clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
         infos = []
@@ -168,7 +169,7 @@ class OnnxRuntimeBackend:
         fused.recompile()
         for name, reason in clustering.unsupported.items():
             infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
-        return Executable(run=_direct_runner(fused) or fused, clusters=infos, module=fused)
+        return Executable(run=_direct_runner(fused) or fused, clusters=infos, module=fused, notes=notes)
 
     @staticmethod
     def _model_for(key: str, sub: GraphModule, constants) -> tuple[bytes, list[str], str]:

@@ -53,10 +53,11 @@ def _adaptive_pool(node: Node) -> str | None:
 
 
 def _getitem_of_supported(node: Node) -> str | None:
-    """item of an unbind (the only multi-output op emitted)"""
+    """item of a multi-output op that is emitted (unbind, split, lstm, gru)"""
     src = node.args[0]
-    return None if getattr(src, "target", None) in (torch.ops.aten.unbind.int, torch.ops.aten.split.Tensor) \
-        else "getitem of an op not emitted"
+    multi = (torch.ops.aten.unbind.int, torch.ops.aten.split.Tensor, torch.ops.qlower.lstm.default,
+             torch.ops.qlower.gru.default)
+    return None if getattr(src, "target", None) in multi else "getitem of an op not emitted"
 
 
 def _integer_arange(node: Node) -> str | None:
@@ -64,34 +65,25 @@ def _integer_arange(node: Node) -> str | None:
     return None if len(node.args) == 1 and isinstance(node.args[0], int) else "non-constant arange"
 
 
-def _masked_softmax(node: Node) -> str | None:
-    """additive-mask mode (lengths mode runs in PyTorch)"""
-    return None if node.args[2] is None else "sequence-lengths mode has no ONNX lowering yet"
-
-
 def _attention(node: Node) -> str | None:
-    """static shapes, additive (float) mask"""
-    vals = [a.meta["val"] for a in node.args[:3]]
-    if any(not isinstance(d, int) for v in vals for d in v.shape):
-        return "attention with symbolic shapes is not emitted"
-    mask = node.args[3]
-    if mask is not None and mask.meta["val"].dtype == torch.bool:
-        return "boolean attention masks are not emitted"
-    return None
+    """no dropout"""
+    from .blockops import attention_args
+    return None if not attention_args(node)[6] else "dropout in attention"
 
 
 def _rotary(node: Node) -> str | None:
-    """half-split rotation (interleaved runs in PyTorch)"""
-    return None if not node.args[3] else "interleaved rotary has no ONNX lowering yet"
+    """static head dimension"""
+    return None if isinstance(node.args[0].meta["val"].shape[-1], int) else "symbolic head dimension"
 
 
-def _sdpa(node: Node) -> str | None:
-    """static shapes, no dropout"""
-    vals = [a.meta["val"] for a in node.args[:3]]
-    if any(not isinstance(d, int) for v in vals for d in v.shape):
-        return "attention with symbolic shapes is not emitted"
-    dropout = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
-    return None if not dropout else "dropout in attention"
+def _rnn(node: Node) -> str | None:
+    """batched 3-D input, constant weights with biases"""
+    weights, layers = node.args[-3], node.args[-2]
+    if node.args[0].meta["val"].dim() != 3:
+        return "unbatched input"
+    if len(weights) != 4 * layers or any(getattr(w, "op", None) != "get_attr" for w in weights):
+        return "recurrent weights must be constant tensors with biases"
+    return None
 
 
 def _mean_small(node: Node) -> str | None:
@@ -119,10 +111,11 @@ def onnxruntime_capability() -> Capability:
                   "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor", "aten::max_pool2d",
                   "aten::alias"], _float_only)
     cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
-    cap.register(["qlower::layer_norm", "qlower::skip_layer_norm", "qlower::rms_norm", "qlower::group_norm"])
-    cap.register("qlower::masked_softmax", _masked_softmax)
-    cap.register("qlower::attention", _attention)
+    cap.register(["qlower::layer_norm", "qlower::skip_layer_norm", "qlower::rms_norm", "qlower::group_norm",
+                  "qlower::masked_softmax", "qlower::kv_cache_update", "qlower::stream_buffer"])
+    cap.register(["qlower::attention", "aten::scaled_dot_product_attention"], _attention)
     cap.register("qlower::rotary_embedding", _rotary)
+    cap.register(["qlower::lstm", "qlower::gru"], _rnn)
     cap.register(["aten::matmul", "aten::bmm", "aten::mm"], _float_only)
     cap.register(["aten::ge.Scalar", "aten::gt.Scalar", "aten::le.Scalar", "aten::lt.Scalar", "aten::eq.Scalar",
                   "aten::ge.Tensor", "aten::gt.Tensor", "aten::le.Tensor", "aten::lt.Tensor", "aten::eq.Tensor",
@@ -130,8 +123,8 @@ def onnxruntime_capability() -> Capability:
                   "aten::logical_or", "aten::bitwise_or.Tensor", "aten::neg", "aten::sqrt", "aten::exp", "aten::cos",
                   "aten::sin", "aten::logical_not", "aten::bitwise_not", "aten::reciprocal", "aten::erf",
                   "aten::rsqrt", "aten::silu", "aten::pow.Tensor_Scalar", "aten::where.self",
-                  "aten::masked_fill.Scalar", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
-    cap.register("aten::scaled_dot_product_attention", _sdpa)
+                  "aten::masked_fill.Scalar", "aten::index_select", "aten::where.Scalar",
+                  "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)
     cap.register(["aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",

@@ -27,13 +27,14 @@ from ... import numerics
 from ...fx import constant_value, schema_name
 from .cpu import s8_weights_exact
 
-OPSET = 21
+OPSET = 23   # RMSNormalization, Attention (block ops) are standard from 23 on
 aten = torch.ops.aten
 q = torch.ops.qlower
 
 COMPARE = {"ge": "GreaterOrEqual", "gt": "Greater", "le": "LessOrEqual", "lt": "Less", "eq": "Equal"}
 UNARY = {"neg": "Neg", "sqrt": "Sqrt", "exp": "Exp", "cos": "Cos", "sin": "Sin", "logical_not": "Not",
          "bitwise_not": "Not", "reciprocal": "Reciprocal", "erf": "Erf"}
+BODY_CONSTANT_LIMIT = 64
 _DTYPE = {torch.float32: TensorProto.FLOAT, torch.uint8: TensorProto.UINT8, torch.int8: TensorProto.INT8,
           torch.float64: TensorProto.DOUBLE,
           torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
@@ -50,6 +51,9 @@ class Emitter:
     nodes: list = field(default_factory=list)
     inits: list = field(default_factory=list)
     deferred_conv: dict = field(default_factory=dict)
+    functions: dict = field(default_factory=dict)   # (name, overload) -> FunctionProto (block ops)
+    parent: "Emitter | None" = None                  # set while emitting a function body
+    hoisted: list = field(default_factory=list)      # body constants passed in from the parent
     _n: int = 0
 
     # ---------------------------------------------------------------- helpers
@@ -61,9 +65,15 @@ class Emitter:
         arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value, dtype=dtype)
         if dtype is not None:
             arr = arr.astype(dtype)
-        name = self.fresh(hint)
-        self.inits.append(numpy_helper.from_array(np.array(arr, order="C"), name))  # keeps 0-d scalars 0-d
-        return name
+        tensor = numpy_helper.from_array(np.array(arr, order="C"), self.fresh(hint))  # keeps 0-d scalars 0-d
+        if self.parent is None:
+            self.inits.append(tensor)
+        elif arr.size <= BODY_CONSTANT_LIMIT:  # small: part of the function body
+            self.nodes.append(helper.make_node("Constant", [], [tensor.name], value=tensor))
+        else:  # weights: an initializer of the model, passed to the function as an input
+            self.parent.inits.append(tensor)
+            self.hoisted.append(tensor.name)
+        return tensor.name
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs) -> str:
         out = out or self.fresh(op_type)
@@ -264,101 +274,10 @@ class Emitter:
         else:
             self.emit_aten(node)
 
-    def emit_block_op(self, node: Node) -> bool:
-        """Block ops with an ONNX counterpart; False when this op/variant has none here."""
-        t, name, a = node.target, node.name, node.args
-        if t in (q.layer_norm.default, q.skip_layer_norm.default):
-            x = a[0].name
-            if t is q.skip_layer_norm.default:
-                x = self.op("Add", [x, a[1].name])
-                a = (a[0], *a[2:])
-            shape, w, b, eps = a[1], a[2], a[3], a[4]
-            d = int(np.prod(shape))
-            wn = w.name if w is not None else self.const(np.ones(d, np.float32), "ln_w")
-            bn = b.name if b is not None else self.const(np.zeros(d, np.float32), "ln_b")
-            self.op("LayerNormalization", [x, wn, bn], name, axis=-len(shape), epsilon=float(eps))
-        elif t is q.rms_norm.default:
-            x, shape, w, eps = a
-            eps = float(np.finfo(np.float32).eps) if eps is None else float(eps)
-            axes = self.const(np.arange(-len(shape), 0, dtype=np.int64), "axes")
-            ms = self.op("ReduceMean", [self.op("Mul", [x.name, x.name]), axes], keepdims=1)
-            inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps), "eps")])])])
-            y = self.op("Mul", [x.name, inv], None if w is not None else name)
-            if w is not None:
-                self.op("Mul", [y, w.name], name)
-        elif t is q.group_norm.default:
-            x, groups, w, b, eps, silu = a
-            c = x.meta["val"].shape[1]
-            wn = w.name if w is not None else self.const(np.ones(c, np.float32), "gn_w")
-            bn = b.name if b is not None else self.const(np.zeros(c, np.float32), "gn_b")
-            y = self.op("GroupNormalization", [x.name, wn, bn], None if silu else name, num_groups=int(groups),
-                        epsilon=float(eps))
-            if silu:
-                self.op("Mul", [y, self.op("Sigmoid", [y])], name)
-        elif t is q.masked_softmax.default:
-            scores, mask, lengths, dim = a
-            if lengths is not None:
-                return False
-            s = self.op("Add", [scores.name, mask.name]) if mask is not None else scores.name
-            self.op("Softmax", [s], name, axis=int(dim))
-        elif t is q.attention.default:
-            return self.emit_attention(node)
-        elif t is q.rotary_embedding.default:
-            x, cos, sin, interleaved = a
-            if interleaved:
-                return False
-            d = x.meta["val"].shape[-1]
-            half = d // 2
-            first = self.op("Slice", [x.name, self.const(np.array([0], np.int64), "st"),
-                                      self.const(np.array([half], np.int64), "en"), self.const(np.array([-1], np.int64), "ax")])
-            second = self.op("Slice", [x.name, self.const(np.array([half], np.int64), "st"),
-                                       self.const(np.array([d], np.int64), "en"), self.const(np.array([-1], np.int64), "ax")])
-            rotated = self.op("Concat", [self.op("Neg", [second]), first], axis=-1)
-            self.op("Add", [self.op("Mul", [x.name, cos.name]), self.op("Mul", [rotated, sin.name])], name)
-        else:
-            return False
-        return True
-
-    def emit_attention(self, node: Node) -> bool:
-        if node.target is aten.scaled_dot_product_attention.default:
-            a, kw = list(node.args) + [None] * 7, node.kwargs
-            qn, kn, vn = a[:3]
-            mask = kw.get("attn_mask", a[3])
-            if (kw.get("dropout_p", a[4]) or 0.0) != 0.0:
-                return False
-            causal = bool(kw.get("is_causal", a[5]) or False)
-            scale = kw.get("scale", a[6])
-        else:
-            qn, kn, vn, mask, causal, scale = node.args
-        qv, kv = qn.meta["val"], kn.meta["val"]
-        if any(not isinstance(d, int) for d in (*qv.shape, *kv.shape)):
-            return False
-        b, hq, sq, d = qv.shape
-        hk, sk = kv.shape[1], kv.shape[2]
-        k, v = kn.name, vn.name
-        if hq != hk:  # grouped-query: repeat each kv head hq // hk times
-            rep = hq // hk
-            k, v = (self.op("Reshape", [self.op("Expand", [self.op("Unsqueeze", [t, self.const(np.array([2], np.int64), "ax")]),
-                                                           self.const(np.array([b, hk, rep, sk, d], np.int64), "sh")]),
-                                        self.const(np.array([b, hq, sk, d], np.int64), "sh")]) for t in (k, v))
-        scale = 1.0 / np.sqrt(d) if scale is None else scale
-        scores = self.op("Mul", [self.op("MatMul", [qn.name, self.op("Transpose", [k], perm=[0, 1, 3, 2])]),
-                                 self.const(np.float32(scale), "scale")])
-        if causal:
-            allowed = np.tril(np.ones((sq, sk), dtype=bool), sk - sq)
-            scores = self.op("Add", [scores, self.const(np.where(allowed, 0.0, -np.inf).astype(np.float32), "causal")])
-        if mask is not None:
-            if mask.meta["val"].dtype == torch.bool:
-                scores = self.op("Where", [mask.name, scores, self.const(np.float32(-np.inf), "ninf")])
-            else:
-                scores = self.op("Add", [scores, mask.name])
-        self.op("MatMul", [self.op("Softmax", [scores], axis=-1), v], node.name)
-        return True
-
     def emit_aten(self, node: Node) -> None:
         t, name, a = node.target, node.name, node.args
-        if getattr(t, "namespace", None) == "qlower":
-            if self.emit_block_op(node):
+        if getattr(t, "namespace", None) == "qlower" or t is aten.scaled_dot_product_attention.default:
+            if emit_block_op(self, node):
                 return
             raise EmitError(f"no ONNX lowering for {schema_name(node)} with these arguments")
         if t is aten.adaptive_avg_pool2d.default:
@@ -389,9 +308,6 @@ class Emitter:
             self.op("Identity", [self.const(np.arange(int(a[0]), dtype=np.int64), "arange")], name)
         elif t is aten.rsub.Scalar:
             self.op("Sub", [self.const(np.float32(a[1]), "c"), self.cast_to(a[0], torch.float32)], name)
-        elif t is aten.scaled_dot_product_attention.default:
-            if not self.emit_attention(node):
-                raise EmitError("attention variant not emitted")
         elif getattr(t, "_schema", None) is not None and t._schema.name.split("::")[-1] in COMPARE:
             op = COMPARE[t._schema.name.split("::")[-1]]
             other = a[1] if isinstance(a[1], Node) else None
@@ -411,6 +327,12 @@ class Emitter:
             self.op("Mul", [a[0].name, self.op("Sigmoid", [a[0].name])], name)
         elif t is aten.pow.Tensor_Scalar:
             self.op("Pow", [a[0].name, self.const(np.float32(a[1]), "exp")], name)
+        elif t is aten.index_select.default:
+            self.op("Gather", [a[0].name, self.cast_to(a[2], torch.int64)], name, axis=int(a[1]))
+        elif t in (aten.where.Scalar, aten.where.ScalarOther, aten.where.ScalarSelf):
+            dtype = node.meta["val"].dtype
+            self.op("Where", [a[0].name] + [self.cast_to(x, dtype) if isinstance(x, Node)
+                                            else self.const(torch.tensor(x, dtype=dtype), "c") for x in a[1:3]], name)
         elif t is aten.where.self:
             self.op("Where", [a[0].name] + [self.cast_to(x, node.meta["val"].dtype) if isinstance(x, Node)
                                             else self.const(np.array(x, np.float32), "c") for x in a[1:3]], name)
@@ -565,7 +487,12 @@ def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[o
     inits = [t for t in e.inits if t.name in used]
     graph = helper.make_graph(e.nodes, "qlower_cluster", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                    helper.make_opsetid("com.microsoft", 1)], producer_name="qlower")
+                                                    helper.make_opsetid("com.microsoft", 1),
+                                                    helper.make_opsetid(BLOCK_DOMAIN, 1)],
+                              functions=list(e.functions.values()), producer_name="qlower")
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model, [i.name for i in inputs], [o.name for o in outputs]
+
+
+from .blockops import BLOCK_DOMAIN, emit_block_op  # noqa: E402  (blockops builds on Emitter)

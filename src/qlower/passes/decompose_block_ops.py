@@ -1,0 +1,90 @@
+"""DecomposeBlockOps: replace the block ops a backend cannot run by their ATen decomposition.
+
+Runs inside a backend's compile (on its own copy of the graph), not in the default pipeline:
+block ops stay single nodes everywhere else, and only a backend that lacks one pays for the
+pieces. `supported(node)` is the backend's capability test.
+
+Preconditions: meta['val'] on every input of the block op.
+BEFORE:  y = qlower.rotary_embedding(x, cos, sin, True)             # backend: unsupported
+AFTER:   x1 = aten.slice(x, -1, 0, None, 2)  ...  y = aten.add(aten.mul(x, cos), ...)
+         (the op's entry in qlower.blockops.DECOMPOSITIONS, traced on the node's values)
+Not fired: block ops the backend supports; ops without a decomposition (lstm, gru); block ops
+whose inputs have symbolic shapes (the trace would bake one size in) — those keep the op,
+which then runs in PyTorch, and a refusal records why.
+Postconditions: no unsupported block op with a decomposition and static shapes remains; the
+graph computes the decomposition, which tests hold equal to the op's reference kernel.
+Idempotent: the ATen ops it inserts are not block ops.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..blockops.ops import DECOMPOSITIONS
+from ..fx import add_constant, call
+from .base import Pass, PassContext
+
+
+def _static(val) -> bool:
+    return not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape)
+
+
+def _trace(node: Node) -> GraphModule:
+    """The decomposition as an ATen graph whose placeholders are node's tensor arguments."""
+    decomposition = DECOMPOSITIONS[node.target]
+    tensor_positions = [i for i, a in enumerate(node.args) if isinstance(a, Node)]
+
+    def bound(*tensors):
+        args = list(node.args)
+        for i, t in zip(tensor_positions, tensors):
+            args[i] = t
+        return decomposition(*args)
+    examples = [torch.zeros(node.args[i].meta["val"].shape, dtype=node.args[i].meta["val"].dtype)
+                for i in tensor_positions]
+    return make_fx(bound)(*examples)
+
+
+def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
+    env: dict[Node, Node] = {}
+    inputs = iter(a for a in node.args if isinstance(a, Node))
+    result = None
+    with gm.graph.inserting_before(node):
+        for t in traced.graph.nodes:
+            if t.op == "placeholder":
+                env[t] = next(inputs)
+            elif t.op == "get_attr":
+                env[t] = add_constant(gm, getattr(traced, t.target), "decomposed")
+            elif t.op == "call_function":
+                env[t] = call(gm, t.target, torch.fx.node.map_arg(t.args, env.__getitem__),
+                              torch.fx.node.map_arg(t.kwargs, env.__getitem__), like=node)
+            elif t.op == "output":
+                result = env[t.args[0]]
+    return result
+
+
+class DecomposeBlockOps(Pass):
+    name = "decompose_block_ops"
+
+    def __init__(self, supported: Callable[[Node], bool]):
+        self.supported = supported
+
+    def run(self, gm: GraphModule, ctx: PassContext) -> bool:
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in DECOMPOSITIONS or self.supported(node):
+                continue
+            if not all(_static(a.meta.get("val")) for a in node.all_input_nodes):
+                ctx.refuse(self.name, node, "symbolic input shapes: the block op runs in PyTorch")
+                continue
+            result = _inline(gm, node, _trace(node))
+            node.replace_all_uses_with(result)
+            gm.graph.erase_node(node)
+            ctx.rewrites[f"decomposed {node.target.name()}"] += 1
+            changed = True
+        if changed:
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
+        return changed
