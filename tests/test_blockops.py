@@ -414,3 +414,14 @@ def test_backend_decomposes_denied_block_op_and_reports_it(monkeypatch):
     assert not report.fallbacks and any("decomposed qlower::rotary_embedding" in n for n in report.notes)
     assert "qlower::rotary_embedding" not in set().union(*[c.ops for c in report.compiled])
     assert torch.allclose(cm(*inputs), module(*inputs), atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(ONNX_CASES) + ["lstm", "gru"])
+def test_every_block_op_survives_export_as_one_node(case):
+    if case in ("lstm", "gru"):
+        module, inputs, _ = _rnn_case(case, 2, True)
+    else:
+        module, inputs, _ = ONNX_CASES[case]
+    ep = torch.export.export(module, inputs)
+    block = [n for n in ep.graph.nodes if n.op == "call_function" and n.target in bops.BLOCK_OPS]
+    assert len(block) == 1, [n.target for n in ep.graph.nodes]
