@@ -425,3 +425,14 @@ def test_every_block_op_survives_export_as_one_node(case):
     ep = torch.export.export(module, inputs)
     block = [n for n in ep.graph.nodes if n.op == "call_function" and n.target in bops.BLOCK_OPS]
     assert len(block) == 1, [n.target for n in ep.graph.nodes]
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+def test_plain_pytorch_rnn_maps_to_onnx_too(cls):
+    torch.manual_seed(0)
+    rnn = cls(6, 5, num_layers=2, batch_first=True).eval()
+    x = torch.randn(2, 4, 6)
+    cm = qlower.compile(rnn, (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks, str(cm.report())
+    for got, want in zip(torch.utils._pytree.tree_leaves(cm(x)), torch.utils._pytree.tree_leaves(rnn(x))):
+        assert torch.allclose(got, want, atol=1e-5)

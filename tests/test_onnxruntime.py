@@ -233,3 +233,28 @@ def test_identical_clusters_share_a_session_and_stay_correct():
     assert len(compiled) == 2 and [c.cache for c in compiled] == ["miss", "memory"]
     assert torch.allclose(cm(x), m(x), atol=1e-6)
     assert {next(iter(c.ops)) for c in cm.report().fallbacks} == {"fft_fft", "real"}  # only the unsupported ops
+
+
+class ActivationMatmul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+        self.k = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.q(x) @ self.k(x).transpose(-1, -2))
+
+
+def test_activation_matmul_requantize_is_qlinearmatmul_and_bit_exact():
+    """u8 x u8 matmul -> requantize (attention scores) runs as QLinearMatMul with a_scale = 1,
+    b_scale = s_acc, and equals the reference on every element, with and without a fused relu."""
+    import onnx
+    torch.manual_seed(0)
+    x = (torch.randn(2, 7, 16),)
+    ep = qlower.quantize(ActivationMatmul().eval(), x, calib((2, 7, 16), n=8))
+    ref = qlower.compile(ep, x, backend="reference")
+    ort = qlower.compile(ep, x, backend="onnxruntime")
+    ops = [n.op_type for c in ort.report().compiled for n in onnx.load_from_string(c.onnx).graph.node]
+    assert ops.count("QLinearMatMul") == 1, ops  # the two linears have weights: another path
+    for xs in calib((2, 7, 16), n=16, seed=5):
+        assert torch.equal(ort(*xs), ref(*xs))

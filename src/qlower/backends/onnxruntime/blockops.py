@@ -58,9 +58,13 @@ def _keep_flag(e: Emitter, reset: str) -> str:
 
 
 def _tensor_args(node: Node) -> list[Node]:
-    """The FX tensor arguments at top level (weight lists are hoisted by the bodies), unique."""
+    """The function's FX tensor inputs, unique: top-level arguments, plus aten.lstm's state list
+    (weight lists are not inputs: the bodies hoist them, reordered, as initializers)."""
+    args = list(node.args)
+    if node.target in (aten.lstm.input, aten.gru.input):
+        args = [args[0], *(args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
     seen: dict[str, Node] = {}
-    for a in node.args:
+    for a in args:
         if isinstance(a, Node):
             seen.setdefault(a.name, a)
     return list(seen.values())
@@ -79,7 +83,7 @@ def _emit_function_node(e: Emitter, node: Node, body: Callable[[Emitter, Node], 
         n.input[:] = [rename.get(i, i) for i in n.input]
         n.output[:] = [rename.get(o, o) for o in n.output]
         body_nodes.append(n)
-    name = node.target._schema.name.split("::")[-1]
+    name = node.target._schema.name.split("::")[-1]   # aten's lstm/gru: in the qlower domain too
     overload = hashlib.sha1(b"".join(n.SerializeToString() for n in body_nodes)).hexdigest()[:12]
     if (name, overload) not in e.functions:
         from .emit import OPSET
@@ -230,18 +234,36 @@ def _gates(t: torch.Tensor, order: list[int]) -> torch.Tensor:
     return torch.cat([t.chunk(len(order))[i] for i in order])
 
 
+def rnn_args(node: Node) -> tuple:
+    """(is_lstm, x, states, reset, weights, layers, batch_first) of qlower::lstm/gru or aten's
+    lstm.input/gru.input; None for variants without an ONNX form (bidirectional, training,
+    no biases)."""
+    t, a = node.target, node.args
+    if t in (q.lstm.default, q.gru.default):
+        is_lstm = t is q.lstm.default
+        states = [a[1], a[2]] if is_lstm else [a[1]]
+        return (is_lstm, a[0], states, a[len(states) + 1]) + tuple(a[len(states) + 2:])
+    x, hx, weights, biases, layers, _dropout, train, bidirectional, batch_first = a
+    if not biases or train or bidirectional:
+        return None
+    states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+    return t is aten.lstm.input, x, states, None, weights, layers, batch_first
+
+
 def _rnn_body(e: Emitter, node: Node) -> list[str] | None:
-    is_lstm = node.target is q.lstm.default
-    if is_lstm:
-        x, h, c, reset, weights, layers, batch_first = node.args
-    else:
-        (x, h, reset, weights, layers, batch_first), c = node.args, None
+    parsed = rnn_args(node)
+    if parsed is None:
+        return None
+    is_lstm, x, state_nodes, reset, weights, layers, batch_first = parsed
     values = [e.value(w) for w in weights]
     if x.meta["val"].dim() != 3 or any(v is None for v in values) or len(values) != 4 * layers:
         return None
-    order, hidden = (_LSTM_GATES, h.meta["val"].shape[-1]) if is_lstm else (_GRU_GATES, h.meta["val"].shape[-1])
-    keep = _keep_flag(e, reset.name)
-    states = [e.op("Mul", [s.name, keep]) for s in ([h, c] if is_lstm else [h])]
+    order, hidden = (_LSTM_GATES if is_lstm else _GRU_GATES), state_nodes[0].meta["val"].shape[-1]
+    if reset is None:
+        states = [s.name for s in state_nodes]
+    else:
+        keep = _keep_flag(e, reset.name)
+        states = [e.op("Mul", [s.name, keep]) for s in state_nodes]
     seq = e.op("Transpose", [x.name], perm=[1, 0, 2]) if batch_first else x.name
     finals: list[list[str]] = [[] for _ in states]
     for layer in range(layers):
@@ -275,7 +297,13 @@ BODIES: dict[object, Callable[[Emitter, Node], list[str] | None]] = {
     q.stream_buffer.default: _stream_buffer_body,
     q.lstm.default: _rnn_body,
     q.gru.default: _rnn_body,
+    aten.lstm.input: _rnn_body,
+    aten.gru.input: _rnn_body,
 }
+
+
+# ATen ops that are block ops in all but name (emitted the same way)
+BLOCK_LIKE_ATEN = (aten.scaled_dot_product_attention.default, aten.lstm.input, aten.gru.input)
 
 
 def emit_block_op(e: Emitter, node: Node) -> bool:

@@ -56,7 +56,7 @@ def _getitem_of_supported(node: Node) -> str | None:
     """item of a multi-output op that is emitted (unbind, split, lstm, gru)"""
     src = node.args[0]
     multi = (torch.ops.aten.unbind.int, torch.ops.aten.split.Tensor, torch.ops.qlower.lstm.default,
-             torch.ops.qlower.gru.default)
+             torch.ops.qlower.gru.default, torch.ops.aten.lstm.input, torch.ops.aten.gru.input)
     return None if getattr(src, "target", None) in multi else "getitem of an op not emitted"
 
 
@@ -77,9 +77,13 @@ def _rotary(node: Node) -> str | None:
 
 
 def _rnn(node: Node) -> str | None:
-    """batched 3-D input, constant weights with biases"""
-    weights, layers = node.args[-3], node.args[-2]
-    if node.args[0].meta["val"].dim() != 3:
+    """batched 3-D input, unidirectional, inference, constant weights with biases"""
+    from .blockops import rnn_args
+    parsed = rnn_args(node)
+    if parsed is None:
+        return "bidirectional, training-mode or bias-free recurrent layers are not emitted"
+    x, weights, layers = parsed[1], parsed[4], parsed[5]
+    if x.meta["val"].dim() != 3:
         return "unbatched input"
     if len(weights) != 4 * layers or any(getattr(w, "op", None) != "get_attr" for w in weights):
         return "recurrent weights must be constant tensors with biases"
@@ -115,7 +119,7 @@ def onnxruntime_capability() -> Capability:
                   "qlower::masked_softmax", "qlower::kv_cache_update", "qlower::stream_buffer"])
     cap.register(["qlower::attention", "aten::scaled_dot_product_attention"], _attention)
     cap.register("qlower::rotary_embedding", _rotary)
-    cap.register(["qlower::lstm", "qlower::gru"], _rnn)
+    cap.register(["qlower::lstm", "qlower::gru", "aten::lstm.input", "aten::gru.input"], _rnn)
     cap.register(["aten::matmul", "aten::bmm", "aten::mm"], _float_only)
     cap.register(["aten::ge.Scalar", "aten::gt.Scalar", "aten::le.Scalar", "aten::lt.Scalar", "aten::eq.Scalar",
                   "aten::ge.Tensor", "aten::gt.Tensor", "aten::le.Tensor", "aten::lt.Tensor", "aten::eq.Tensor",

@@ -203,14 +203,32 @@ class Emitter:
             self.op_clamped("QGemm", inputs, rq.name, lo, hi, torch.uint8, domain="com.microsoft")
             return True
         y = self.op("QGemm", inputs, domain="com.microsoft")
-        shape = self.op("Concat", [self.op("Shape", [x.name], end=-1), self.const(np.array([n], np.int64), "n")], axis=0)
+        out_shape = list(rq.meta["val"].shape)
+        shape = self.const(np.array(out_shape, np.int64), "shape") if all(isinstance(d, int) for d in out_shape) \
+            else self.op("Concat", [self.op("Shape", [x.name], end=-1), self.const(np.array([n], np.int64), "n")], axis=0)
         self.op_clamped("Reshape", [y, shape], rq.name, lo, hi, torch.uint8)
+        return True
+
+    def try_qlinearmatmul(self, mm: Node, rq: Node) -> bool:
+        """u8 x u8 matmul -> requantize as QLinearMatMul with a_scale = 1, b_scale = s_acc: its
+        multiplier fp32(a_scale * b_scale) / y_scale is the canonical fp32(s_acc / sy)."""
+        a, a_zp, b, b_zp = mm.args
+        acc_scale = self.value(rq.args[1])
+        _, _, out_scale, out_zp, lo, hi, dtype = rq.args[:7]
+        if acc_scale is None or acc_scale.numel() != 1 or a.meta["val"].dtype != torch.uint8 \
+                or b.meta["val"].dtype != torch.uint8:
+            return False
+        np_out = np.uint8 if dtype == torch.uint8 else np.int8
+        inputs = [a.name, self.const(np.float32(1.0), "one"), self.const(a_zp, "a_zp", np.uint8),
+                  b.name, self.const(np.float32(acc_scale.reshape(())), "b_scale"), self.const(b_zp, "b_zp", np.uint8),
+                  self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np_out)]
+        self.op_clamped("QLinearMatMul", inputs, rq.name, lo, hi, dtype)
         return True
 
     # ---------------------------------------------------------------- dispatch
     def emit(self, node: Node) -> None:
         t, name = node.target, node.name
-        if t in (q.conv2d.default, q.conv1d.default, q.linear.default) and len(node.users) == 1 and \
+        if t in (q.conv2d.default, q.conv1d.default, q.linear.default, q.matmul.default) and len(node.users) == 1 and \
                 next(iter(node.users)).target is q.requantize.default:
             self.deferred_conv[name] = node
             return
@@ -220,7 +238,8 @@ class Emitter:
                 raise EmitError("onnxruntime reproduces only the 'float' requantization profile")
             if acc.name in self.deferred_conv:
                 producer = self.deferred_conv.pop(acc.name)
-                fused = self.try_qgemm if producer.target is q.linear.default else self.try_qlinearconv
+                fused = {q.linear.default: self.try_qgemm, q.matmul.default: self.try_qlinearmatmul}.get(
+                    producer.target, self.try_qlinearconv)
                 if fused(producer, node):
                     return
                 self.emit_accumulate(producer, producer.name)
@@ -276,7 +295,7 @@ class Emitter:
 
     def emit_aten(self, node: Node) -> None:
         t, name, a = node.target, node.name, node.args
-        if getattr(t, "namespace", None) == "qlower" or t is aten.scaled_dot_product_attention.default:
+        if getattr(t, "namespace", None) == "qlower" or t in BLOCK_LIKE_ATEN:
             if emit_block_op(self, node):
                 return
             raise EmitError(f"no ONNX lowering for {schema_name(node)} with these arguments")
@@ -495,4 +514,4 @@ def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[o
     return model, [i.name for i in inputs], [o.name for o in outputs]
 
 
-from .blockops import BLOCK_DOMAIN, emit_block_op  # noqa: E402  (blockops builds on Emitter)
+from .blockops import BLOCK_DOMAIN, BLOCK_LIKE_ATEN, emit_block_op  # noqa: E402  (blockops builds on Emitter)
