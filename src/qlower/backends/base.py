@@ -20,6 +20,8 @@ class Executable:
     clusters: list[ClusterInfo]
     module: GraphModule | None = None
     notes: list[str] = field(default_factory=list)   # backend decisions worth a line in the report
+    # False when `run` never records autograd history itself (saves the no_grad context per call)
+    needs_no_grad: bool = True
 
 
 class Backend(Protocol):

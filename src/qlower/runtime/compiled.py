@@ -31,6 +31,8 @@ class CompiledModule:
 
     def __call__(self, *args):
         check_inputs(self.input_specs, args)
+        if not self._executable.needs_no_grad:
+            return self._executable.run(*args)
         with torch.no_grad():
             return self._executable.run(*args)
 

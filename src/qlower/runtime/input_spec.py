@@ -15,6 +15,10 @@ class InputSpec:
     dtype: str
     shape: tuple[int | None, ...]      # None = dynamic dimension
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
     def describe(self) -> str:
         dims = ", ".join("*" if d is None else str(d) for d in self.shape)
         return f"{self.dtype}[{dims}]"
@@ -46,7 +50,9 @@ def input_specs_of(gm: GraphModule) -> list[InputSpec]:
 
 
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:
-    leaves = torch.utils._pytree.tree_leaves(args)
+    leaves = args if all(type(a) is torch.Tensor for a in args) else torch.utils._pytree.tree_leaves(args)
+    if len(leaves) == len(specs) and all(_fast_ok(s, v) for s, v in zip(specs, leaves)):
+        return  # the common case, checked without building any message
     if len(leaves) != len(specs):
         want = ", ".join(s.describe() for s in specs)
         raise InputError(f"expected {len(specs)} input(s) ({want}), got {len(leaves)}",
@@ -56,3 +62,9 @@ def check_inputs(specs: list[InputSpec], args: tuple) -> None:
         if problem:
             raise InputError(f"input {index} ('{spec.name}'): {problem}",
                              hint="dynamic dims must be declared with dynamic_shapes= at compile time")
+
+
+def _fast_ok(spec: InputSpec, value) -> bool:
+    if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype or value.dim() != len(spec.shape):
+        return False
+    return all(w is None or w == g for w, g in zip(spec.shape, value.shape))

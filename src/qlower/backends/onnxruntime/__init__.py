@@ -76,26 +76,29 @@ class OrtCluster(torch.nn.Module):
         self.single_output = single_output
         self.info = info
         self.check = os.environ.get(CHECK_ENV) == "1"
+        self.output_names = [o.name for o in session.get_outputs()] if session is not None else None
 
     def _full_args(self, runtime_args) -> list:
         it = iter(runtime_args)
         return [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
 
     def _pytorch(self, runtime_args):
-        return self.fallback(*self._full_args(runtime_args))
+        with torch.no_grad():
+            return self.fallback(*self._full_args(runtime_args))
 
     def forward(self, *args):
-        if self.session is None:
+        session = self.session
+        if session is None:
             return self._pytorch(args)
         try:
-            feeds = {n: a.detach().contiguous().numpy() for n, a in zip(self.input_names, args)}
-            outs = [torch.from_numpy(o) for o in self.session.run(None, feeds)]
+            outs = session.run(self.output_names, {n: a.detach().contiguous().numpy()
+                                                   for n, a in zip(self.input_names, args)})
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             return self._pytorch(args)
-        result = outs[0] if self.single_output else tuple(outs)
+        result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
         if self.check:
             self._compare(result, self._pytorch(args))
         return result
@@ -144,11 +147,16 @@ def _direct_runner(fused: GraphModule):
         picks = [r.args[1] for r in results]
     else:
         return None
+    positional = in_spec.child(0) if in_spec.num_children else None
+    flat_in = positional is not None and in_spec.num_leaves == positional.num_leaves == len(placeholders) \
+        and all(c.is_leaf() for c in positional.children())  # plain tensors, no kwargs: no pytree work
     leaves, unflatten = torch.utils._pytree.tree_leaves, torch.utils._pytree.tree_unflatten
 
     def run(*args):
-        out = cluster.forward(*leaves(args))
-        return unflatten((out,) if picks is None else [out[i] for i in picks], out_spec)
+        out = cluster.forward(*(args if flat_in and len(args) == len(placeholders) else leaves(args)))
+        if picks is None:
+            return out if out_spec.is_leaf() else unflatten((out,), out_spec)
+        return unflatten([out[i] for i in picks], out_spec)
     return run
 
 
@@ -179,7 +187,9 @@ class OnnxRuntimeBackend:
         fused.recompile()
         for name, reason in clustering.unsupported.items():
             infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
-        return Executable(run=_direct_runner(fused) or fused, clusters=infos, module=fused, notes=notes)
+        direct = _direct_runner(fused)
+        return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
+                          needs_no_grad=direct is None)
 
     @staticmethod
     def _model_for(key: str, sub: GraphModule, constants) -> tuple[bytes, list[str], str]:
