@@ -51,7 +51,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes)
     else:
         ep = capture(model, example_inputs, dynamic_shapes)
-    gm = ep.module()
+    gm = _inference_state(ep.module())
     ctx = PassManager(default_pipeline()).run(gm, PassContext(profile=profile))
     chosen = get_backend(backend, backend_options)
     counts = op_counts(gm)
@@ -64,6 +64,16 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
     return CompiledModule(gm, executable, input_specs_of(gm), report, example_inputs, dyn)
+
+
+def _inference_state(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Buffers that carry autograd history (module state written under grad mode, e.g.
+    transformers' StaticCache) are detached in place: compiled models run inference only."""
+    for module in gm.modules():
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.grad_fn is not None:
+                module._buffers[name] = buf.detach()
+    return gm
 
 
 def _weights_for_backend(config: QuantConfig, backend: str, preset: bool) -> tuple[QuantConfig, str | None]:

@@ -20,9 +20,20 @@ def is_dequantize(node) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
 
 
+def mutated_in_place(node: Node) -> bool:
+    """Whether some op writes into this value (module state such as a KV cache)."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if user.op == "call_function" and schema is not None and schema.is_mutable and user.args \
+                and user.args[0] is node:
+            return True
+    return False
+
+
 def constant_value(gm: GraphModule, node) -> torch.Tensor | None:
-    """The tensor behind a get_attr node, or None for anything that is not a constant."""
-    if not isinstance(node, Node) or node.op != "get_attr":
+    """The tensor behind a get_attr node, or None for anything that is not a constant (including
+    module state that the graph writes)."""
+    if not isinstance(node, Node) or node.op != "get_attr" or mutated_in_place(node):
         return None
     obj = gm
     for part in str(node.target).split("."):

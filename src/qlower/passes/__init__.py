@@ -4,14 +4,16 @@ from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
 from .fold_float_constants import FoldFloatConstants
 from .fold_quantized_constants import FoldQuantizedConstants
+from .functionalize_state import FunctionalizeState
+from .inline_grad_mode_regions import InlineGradModeRegions
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
 from .propagate_dequantize import PropagateDequantize
 
 
 def default_pipeline() -> list[Pass]:
-    return [FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
+    return [InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "FoldFloatConstants", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
+           "AttachQParams", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]

@@ -1,6 +1,8 @@
 """Quantization: qlower's PT2E Quantizer, observers, calibration and the `quantize` entry."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -35,11 +37,29 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                             hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
     example_inputs = check_example_inputs(example_inputs)
     ep = capture(model, example_inputs, dynamic_shapes)
-    observed = prepare_pt2e(ep.module(), QlowerQuantizer(config))
-    calibrate(observed, calibration)
+    gm = ep.module()
+    state_names = [name for name, _ in gm.named_buffers()]
+    observed = prepare_pt2e(gm, QlowerQuantizer(config))
+    with _state_restored(observed, state_names):  # calibration must not leave caches filled
+        calibrate(observed, calibration)
     converted = convert_pt2e(observed, fold_quantize=True)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_positional(dynamic_shapes))
+
+
+@contextlib.contextmanager
+def _state_restored(module: torch.nn.Module, names: list[str]):
+    """Snapshot the model's own buffers (KV caches, recurrent state), restore them afterwards."""
+    buffers = dict(module.named_buffers())
+    saved = {n: buffers[n].detach().clone() for n in names if n in buffers}
+    try:
+        yield
+    finally:
+        live = dict(module.named_buffers())
+        with torch.no_grad():
+            for n, value in saved.items():
+                if n in live and live[n].shape == value.shape:
+                    live[n].copy_(value)
 
 
 def _positional(dynamic_shapes):

@@ -11,7 +11,8 @@ class ClusterInfo:
     backend: str
     nodes: int
     ops: dict[str, int]
-    status: str = "compiled"          # compiled | fallback
+    # compiled | fallback | constant (evaluated once at compile time) | state (buffer write-back)
+    status: str = "compiled"
     reason: str | None = None         # why it fell back
     max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
     cache: str | None = None           # memory | disk | miss

@@ -14,6 +14,7 @@ from torch.fx import GraphModule
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from ...fx import constant_value
+from ...passes.functionalize_state import WRITE_BACK
 from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
@@ -110,6 +111,17 @@ class OrtCluster(torch.nn.Module):
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
 
 
+class _Constant(torch.nn.Module):
+    """A cluster whose inputs are all constants: its value, computed at compile time."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self):
+        return self.value
+
+
 def _mutated_attributes(gm: GraphModule) -> set[str]:
     """get_attr targets written in place (module state such as caches): never constants."""
     out = set()
@@ -185,8 +197,12 @@ class OnnxRuntimeBackend:
                 infos.append(self._compile_cluster(fused, node, len(infos), mutated))
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
+        write_backs = {n.name for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
         for name, reason in clustering.unsupported.items():
-            infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
+            if name in write_backs:  # the state write of FunctionalizeState: PyTorch by design
+                infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "state", "module state write-back"))
+            else:
+                infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
         direct = _direct_runner(fused)
         return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
                           needs_no_grad=direct is None)
@@ -220,6 +236,13 @@ class OnnxRuntimeBackend:
         info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
                            op_counts(sub))
         single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
+        if not runtime_args:  # constants only (e.g. arange -> unsqueeze): evaluate once, no session
+            with torch.no_grad():
+                value = sub(*[by_position[i] for i in range(len(placeholders))])
+            setattr(fused, call.target, _Constant(value))
+            call.args = ()
+            info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
+            return info
         try:
             key = cache.cluster_key(sub, constants, self.options)
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants)

@@ -120,14 +120,14 @@ def onnxruntime_capability() -> Capability:
     cap.register(["qlower::attention", "aten::scaled_dot_product_attention"], _attention)
     cap.register("qlower::rotary_embedding", _rotary)
     cap.register(["qlower::lstm", "qlower::gru", "aten::lstm.input", "aten::gru.input"], _rnn)
-    cap.register(["aten::matmul", "aten::bmm", "aten::mm"], _float_only)
+    cap.register(["aten::matmul", "aten::bmm", "aten::mm", "aten::addmm"], _float_only)
     cap.register(["aten::ge.Scalar", "aten::gt.Scalar", "aten::le.Scalar", "aten::lt.Scalar", "aten::eq.Scalar",
                   "aten::ge.Tensor", "aten::gt.Tensor", "aten::le.Tensor", "aten::lt.Tensor", "aten::eq.Tensor",
                   "aten::__and__.Tensor", "aten::logical_and", "aten::bitwise_and.Tensor", "aten::__or__.Tensor",
                   "aten::logical_or", "aten::bitwise_or.Tensor", "aten::neg", "aten::sqrt", "aten::exp", "aten::cos",
                   "aten::sin", "aten::logical_not", "aten::bitwise_not", "aten::reciprocal", "aten::erf",
                   "aten::rsqrt", "aten::silu", "aten::pow.Tensor_Scalar", "aten::where.self",
-                  "aten::masked_fill.Scalar", "aten::index_select", "aten::where.Scalar",
+                  "aten::masked_fill.Scalar", "aten::index_select", "aten::index_copy", "aten::copy", "aten::where.Scalar",
                   "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)

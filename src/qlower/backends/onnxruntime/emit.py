@@ -346,6 +346,18 @@ class Emitter:
             self.op("Mul", [a[0].name, self.op("Sigmoid", [a[0].name])], name)
         elif t is aten.pow.Tensor_Scalar:
             self.op("Pow", [a[0].name, self.const(np.float32(a[1]), "exp")], name)
+        elif t is aten.index_copy.default:  # x with x[..., index, ...] = src along dim
+            x, dim, index, src = a
+            rank = src.meta["val"].dim()
+            dim = dim % rank
+            shape = [1] * rank
+            shape[dim] = -1
+            idx = self.op("Reshape", [self.cast_to(index, torch.int64), self.const(np.array(shape, np.int64), "shape")])
+            idx = self.op("Expand", [idx, self.op("Shape", [src.name])])
+            self.op("ScatterElements", [x.name, idx, src.name], name, axis=dim)
+        elif t is aten.copy.default:  # src broadcast into self's shape and dtype
+            dtype = node.meta["val"].dtype
+            self.op("Expand", [self.cast_to(a[1], dtype), self.op("Shape", [a[0].name])], name)
         elif t is aten.index_select.default:
             self.op("Gather", [a[0].name, self.cast_to(a[2], torch.int64)], name, axis=int(a[1]))
         elif t in (aten.where.Scalar, aten.where.ScalarOther, aten.where.ScalarSelf):
@@ -388,6 +400,9 @@ class Emitter:
                 self.op("Squeeze", [p, self.const(np.array([dim], np.int64), "axes")], o)
         elif t is operator.getitem:
             self.op("Identity", [f"{a[0].name}__{a[1]}"], name)  # outputs of unbind / split
+        elif t is aten.addmm.default:
+            beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+            self.op("Gemm", [a[1].name, a[2].name, a[0].name], name, alpha=float(alpha), beta=float(beta))
         elif t in (aten.matmul.default, aten.bmm.default, aten.mm.default):
             self.op("MatMul", [a[0].name, a[1].name], name)
         elif t in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor):
