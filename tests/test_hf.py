@@ -58,3 +58,50 @@ def test_padding_tokens_do_not_change_real_tokens(compiled, name):
         fp32_shift = (model(ids, mask) - model(other, mask))[keep].abs().max()
     int8_shift = (cm(ids, mask) - cm(other, mask))[keep].abs().max()
     assert int8_shift <= fp32_shift + 1e-5
+
+
+@pytest.mark.parametrize("name", hf.HF_DECODERS)
+def test_kv_cache_decoder_int8_step_by_step(name):
+    """A transformers causal LM with its static KV cache in buffers compiles into one
+    onnxruntime cluster (state writes aside), keeps its cache across calls, and tracks fp32
+    logits step by step (teacher-forced, same tokens to both), with the cache starting empty
+    after calibration."""
+    import copy
+    eager = hf.build(name)
+    calibration = hf.decode_steps(1) + hf.decode_steps(2)
+    cm = qlower.compile(copy.deepcopy(eager), calibration[0], quantize="int8", calibration=calibration,
+                        backend="onnxruntime")
+    report = cm.report()
+    assert len(report.compiled) == 1, str(report)
+    assert not [c for c in report.fallbacks if "copy_" not in str(c.ops) and "add_" not in str(c.ops)], str(report)
+    cosines = []
+    for token, position in hf.decode_steps(7):
+        with torch.no_grad():
+            want = eager(token, position)
+        cosines.append(cosine(want, cm(token, position)))
+    print(name, [round(c, 4) for c in cosines])
+    assert min(cosines) >= 0.99 and sum(cosines) / len(cosines) >= 0.995, cosines
+
+
+def test_replace_recognizes_llama_rms_norm_and_attention():
+    """replace() swaps LlamaRMSNorm for the RMSNorm block op (sharing the weight) and routes the
+    model's SDPA calls to qlower::attention; outputs stay within float rounding, the exported
+    graph holds the block ops as single nodes, and int8 still tracks fp32."""
+    from qlower.blockops import replace
+    model = hf.build("llama")
+    x = inputs("llama", 100)
+    with torch.no_grad():
+        want = model(*x)
+    report = replace(model)
+    assert sum(v for k, v in report.replaced.items() if "LlamaRMSNorm" in k) == 5, str(report)  # 2 layers x 2 + final
+    with torch.no_grad():
+        got = model(*x)
+    assert torch.allclose(got, want, atol=1e-5)
+    ep = torch.export.export(model, x)
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.qlower.rms_norm.default) == 5
+    assert targets.count(torch.ops.qlower.attention.default) == 2
+    cm = qlower.compile(model, x, quantize="int8", calibration=[inputs("llama", i) for i in range(1, 9)],
+                        backend="onnxruntime")
+    keep = x[1].bool()
+    assert cosine(want[keep], cm(*x)[keep]) >= 0.995

@@ -96,6 +96,10 @@ def _hf_tokens(b: int, gen: torch.Generator) -> tuple:
     return ids, (torch.arange(32)[None, :] < lengths[:, None]).to(torch.int64)
 
 
+def _hf_decode_step(b: int, gen: torch.Generator) -> tuple:
+    return torch.randint(0, 1000, (b, 1), generator=gen), torch.randint(0, 32, (1,), generator=gen)
+
+
 def _register_hf() -> None:
     from . import hf
     if not hf.available():
@@ -104,6 +108,9 @@ def _register_hf() -> None:
         example = (lambda b: (torch.empty(b, 3, 32, 32),)) if name == "vit" else _hf_tokens
         ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), example,
                                      f"HuggingFace transformers {name} from a small config (random weights)")
+    for name in hf.HF_DECODERS:
+        ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), _hf_decode_step,
+                                     f"HuggingFace {name.removesuffix('-kv')} decoding one token with a static KV cache")
 
 
 _register_hf()

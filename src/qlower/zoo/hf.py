@@ -26,6 +26,29 @@ class LastHidden(torch.nn.Module):
         return self.model(**kwargs).last_hidden_state
 
 
+class CachedDecoderStep(torch.nn.Module):
+    """One decoding step of a transformers causal LM with a static KV cache held in buffers
+    (transformers' own export recipe, `TorchExportableModuleWithStaticCache`):
+    `forward(token_ids [B, S], cache_position [S]) -> logits`. The cache lives in the module
+    and survives across calls, so a CompiledModule of it generates step by step."""
+
+    def __init__(self, lm, max_cache_len: int = 64, batch: int = 1):
+        super().__init__()
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+        lm.generation_config.use_cache = True
+        lm.generation_config.cache_implementation = "static"
+        self.inner = TorchExportableModuleWithStaticCache(lm, batch_size=batch, max_cache_len=max_cache_len)
+
+    def forward(self, token_ids, cache_position):
+        return self.inner(input_ids=token_ids, cache_position=cache_position)
+
+
+def decode_steps(seed: int, steps: int = 16, vocab: int = 1000) -> list[tuple]:
+    """(token [1, 1], position [1]) inputs for `steps` consecutive decoding steps."""
+    ids = torch.randint(0, vocab, (1, steps), generator=torch.Generator().manual_seed(seed))
+    return [(ids[:, i:i + 1], torch.tensor([i])) for i in range(steps)]
+
+
 def token_batch(seed: int, batch: int = 2, seq: int = 32, vocab: int = 1000) -> tuple:
     """Token ids with right padding: lengths drawn in [8, seq]; mask 1 = real token."""
     g = torch.Generator().manual_seed(seed)
@@ -53,6 +76,13 @@ def build(name: str) -> torch.nn.Module:
         model = tf.LlamaModel(tf.LlamaConfig(hidden_size=128, intermediate_size=256, num_key_value_heads=2,
                                              max_position_embeddings=64, **common))
         return LastHidden(model.eval(), ("input_ids", "attention_mask"), causal_lm=True)
+    if name in ("gpt2-kv", "llama-kv"):
+        if name == "gpt2-kv":
+            lm = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=64))
+        else:
+            lm = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=128, intermediate_size=256, num_key_value_heads=2,
+                                                    max_position_embeddings=64, **common))
+        return CachedDecoderStep(lm.eval())
     if name == "vit":
         model = tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, intermediate_size=256))
@@ -61,3 +91,4 @@ def build(name: str) -> torch.nn.Module:
 
 
 HF_MODELS = ("bert", "gpt2", "llama", "vit")
+HF_DECODERS = ("gpt2-kv", "llama-kv")   # step-by-step decoding with a static KV cache
