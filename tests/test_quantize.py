@@ -75,3 +75,21 @@ def test_bad_config_is_typed():
         QuantConfig(observer="magic")
     with pytest.raises(qlower.QuantizeError):
         QuantConfig.from_name("int3")
+
+
+class CatSelf(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.cat([y, y], dim=-1)  # as transformers' rotary embedding does
+
+
+def test_concat_of_the_same_value_twice_quantizes():
+    """Regression: cat([y, y]) made y share qparams with itself (an infinite sharing cycle in
+    PT2E's prepare, seen as a RecursionError on transformers' LLaMA)."""
+    x = (torch.randn(2, 8),)
+    ep = qlower.quantize(CatSelf().eval(), x, [x, (torch.randn(2, 8),)])
+    assert any(n.target == torch.ops.aten.cat.default for n in ep.graph.nodes)

@@ -227,6 +227,7 @@ class QlowerQuantizer(Quantizer):
         node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, self.act_spec, _annotated=True)
 
     def _annotate_shared(self, node: Node, inputs: list[Node]) -> None:
+        inputs = list(dict.fromkeys(inputs))  # cat([x, x]): one spec per distinct input, else x shares with itself
         first = inputs[0]
         spec = {first: self.act_spec}
         spec.update({a: SharedQuantizationSpec((first, node)) for a in inputs[1:]})
