@@ -258,3 +258,21 @@ def test_activation_matmul_requantize_is_qlinearmatmul_and_bit_exact():
     assert ops.count("QLinearMatMul") == 1, ops  # the two linears have weights: another path
     for xs in calib((2, 7, 16), n=16, seed=5):
         assert torch.equal(ort(*xs), ref(*xs))
+
+
+class MaskIndexing(torch.nn.Module):
+    """The advanced indexing transformers uses to build attention masks."""
+
+    def forward(self, mask, x):
+        b = torch.arange(mask.shape[0])[:, None, None, None]
+        k = torch.arange(mask.shape[1])[None, None, None, :]
+        return torch.where(mask.bool()[b, k], x, torch.zeros_like(x))
+
+
+def test_advanced_indexing_on_leading_dims_runs_in_onnxruntime():
+    mask = (torch.rand(2, 6) > 0.5).to(torch.int64)
+    x = torch.randn(2, 3, 6, 6)
+    cm = qlower.compile(MaskIndexing(), (mask, x), backend="onnxruntime")
+    assert not cm.report().fallbacks, str(cm.report())
+    assert "aten::index.Tensor" in set().union(*[c.ops for c in cm.report().compiled])
+    assert torch.equal(cm(mask, x), MaskIndexing()(mask, x))

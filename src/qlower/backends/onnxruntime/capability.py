@@ -90,6 +90,16 @@ def _rnn(node: Node) -> str | None:
     return None
 
 
+def _leading_index(node: Node) -> str | None:
+    """index tensors (no None) on the leading dims, static index shapes"""
+    indices = node.args[1]
+    if any(i is None for i in indices):
+        return "indexing with None (a sliced dimension before an indexed one) is not emitted"
+    if any(not isinstance(d, int) for i in indices for d in i.meta["val"].shape):
+        return "advanced indexing with symbolic index shapes is not emitted"
+    return _float_only(node)
+
+
 def _mean_small(node: Node) -> str | None:
     """reduced element count below 2^15 (keeps the fp32 quotient's rounding exact)"""
     import math
@@ -120,6 +130,7 @@ def onnxruntime_capability() -> Capability:
     cap.register(["qlower::attention", "aten::scaled_dot_product_attention"], _attention)
     cap.register("qlower::rotary_embedding", _rotary)
     cap.register(["qlower::lstm", "qlower::gru", "aten::lstm.input", "aten::gru.input"], _rnn)
+    cap.register("aten::index.Tensor", _leading_index)
     cap.register(["aten::matmul", "aten::bmm", "aten::mm", "aten::addmm"], _float_only)
     cap.register(["aten::ge.Scalar", "aten::gt.Scalar", "aten::le.Scalar", "aten::lt.Scalar", "aten::eq.Scalar",
                   "aten::ge.Tensor", "aten::gt.Tensor", "aten::le.Tensor", "aten::lt.Tensor", "aten::eq.Tensor",
@@ -127,7 +138,8 @@ def onnxruntime_capability() -> Capability:
                   "aten::logical_or", "aten::bitwise_or.Tensor", "aten::neg", "aten::sqrt", "aten::exp", "aten::cos",
                   "aten::sin", "aten::logical_not", "aten::bitwise_not", "aten::reciprocal", "aten::erf",
                   "aten::rsqrt", "aten::silu", "aten::pow.Tensor_Scalar", "aten::where.self",
-                  "aten::masked_fill.Scalar", "aten::index_select", "aten::index_copy", "aten::copy", "aten::where.Scalar",
+                  "aten::masked_fill.Scalar", "aten::index_select", "aten::index_copy", "aten::copy",
+                  "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::where.Scalar",
                   "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
     cap.register("getitem", _getitem_of_supported)
     cap.register("aten::arange", _integer_arange)

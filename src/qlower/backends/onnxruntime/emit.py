@@ -346,6 +346,20 @@ class Emitter:
             self.op("Mul", [a[0].name, self.op("Sigmoid", [a[0].name])], name)
         elif t is aten.pow.Tensor_Scalar:
             self.op("Pow", [a[0].name, self.const(np.float32(a[1]), "exp")], name)
+        elif t in (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default):
+            fill = {aten.zeros_like.default: 0, aten.ones_like.default: 1}.get(t, a[1] if len(a) > 1 else 0)
+            value = numpy_helper.from_array(np.array([fill], dtype=torch.empty(0, dtype=node.meta["val"].dtype).numpy().dtype))
+            self.op("ConstantOfShape", [self.op("Shape", [a[0].name])], name, value=value)
+        elif t is aten.index.Tensor:  # x[i0, i1, ...] on the leading dims: GatherND
+            x, indices = a
+            shape = list(torch.broadcast_shapes(*[i.meta["val"].shape for i in indices]))
+            if any(not isinstance(d, int) for d in shape):
+                raise EmitError("advanced indexing with symbolic index shapes is not emitted")
+            target, last = self.const(np.array(shape, np.int64), "shape"), self.const(np.array([-1], np.int64), "ax")
+            parts = [self.op("Unsqueeze", [self.op("Expand", [self.cast_to(i, torch.int64), target]), last])
+                     for i in indices]
+            stacked = self.op("Concat", parts, axis=-1) if len(parts) > 1 else parts[0]
+            self.op("GatherND", [x.name, stacked], name)
         elif t is aten.index_copy.default:  # x with x[..., index, ...] = src along dim
             x, dim, index, src = a
             rank = src.meta["val"].dim()
