@@ -93,3 +93,30 @@ def test_concat_of_the_same_value_twice_quantizes():
     x = (torch.randn(2, 8),)
     ep = qlower.quantize(CatSelf().eval(), x, [x, (torch.randn(2, 8),)])
     assert any(n.target == torch.ops.aten.cat.default for n in ep.graph.nodes)
+
+
+class NormLike(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.a(x)
+        var = y.pow(2).mean(-1, keepdim=True) + 1e-6   # x + scalar: stays float
+        return self.b(y * torch.rsqrt(var)) + y        # mul: float unless quantize_mul; add: quantized
+
+
+@pytest.mark.parametrize("quantize_mul", [False, True])
+def test_elementwise_annotation_rules(quantize_mul):
+    from qlower.fx import is_quantize as isq
+    x = (torch.randn(2, 8),)
+    cfg = QuantConfig(quantize_mul=quantize_mul)
+    ep = qlower.quantize(NormLike().eval(), x, [x, (torch.randn(2, 8),)], config=cfg)
+    mul = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.mul.Tensor)
+    assert all(is_dequantize(a) for a in mul.args) == quantize_mul  # a quantized mul reads DQ'd inputs
+    adds = [n for n in ep.graph.nodes if n.target == torch.ops.aten.add.Tensor]
+    scalar_add = next(n for n in adds if not isinstance(n.args[1], torch.fx.Node))
+    tensor_add = next(n for n in adds if isinstance(n.args[1], torch.fx.Node))
+    assert not any(isq(u) for u in scalar_add.users)
+    assert any(isq(u) for u in tensor_add.users)

@@ -29,6 +29,11 @@ class QuantConfig:
     # nn.Module paths (prefixes, e.g. "layers.1.fc2") whose ops stay float: the layers
     # `qlower.report.sensitivity` ranks worst, when accuracy needs it.
     keep_float: tuple[str, ...] = ()
+    # Quantize elementwise multiplies at their output. ONNX Runtime has no exact integer
+    # multiply, so a quantized mul runs as DQ, DQ, Mul, Q: extra rounding and nodes for nothing
+    # (measured on the zoo and HF models, docs/performance.md). Off: muls run in float between
+    # the quantized ops around them.
+    quantize_mul: bool = False
 
     def __post_init__(self):
         if self.activation_dtype not in ("uint8", "int8"):

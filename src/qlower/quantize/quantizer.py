@@ -204,6 +204,10 @@ class QlowerQuantizer(Quantizer):
             self._finish(node, {node.args[0]: self.act_spec})
             return
         tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
+        if node.target is aten.mul.Tensor and not self.config.quantize_mul:
+            return
+        if node.target is aten.add.Tensor and len(tensors) < 2:
+            return  # x + scalar (a norm's variance + eps): quantizing it only adds rounding
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return
         self._finish(node, {a: self.act_spec for a in tensors})
