@@ -276,3 +276,28 @@ def test_advanced_indexing_on_leading_dims_runs_in_onnxruntime():
     assert not cm.report().fallbacks, str(cm.report())
     assert "aten::index.Tensor" in set().union(*[c.ops for c in cm.report().compiled])
     assert torch.equal(cm(mask, x), MaskIndexing()(mask, x))
+
+
+class BiasFreeStack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 48, bias=False)
+        self.b = torch.nn.Linear(48, 16, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_bias_free_linear_is_qlinearmatmul_and_bit_exact():
+    """7-bit weights, no bias (LLaMA's projections): QLinearMatMul with per-column B scales on
+    the 3-D input directly; every element equals the reference."""
+    import onnx
+    torch.manual_seed(0)
+    x = (torch.randn(2, 5, 32),)
+    ep = qlower.quantize(BiasFreeStack().eval(), x, calib((2, 5, 32)), config=qlower.QuantConfig(weight_bits=7))
+    ref = qlower.compile(ep, x, backend="reference")
+    ort = qlower.compile(ep, x, backend="onnxruntime")
+    ops = [n.op_type for c in ort.report().compiled for n in onnx.load_from_string(c.onnx).graph.node]
+    assert ops.count("QLinearMatMul") == 2 and "Reshape" not in ops, ops
+    for xs in calib((2, 5, 32), n=16, seed=9):
+        assert torch.equal(ort(*xs), ref(*xs))

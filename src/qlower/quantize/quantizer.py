@@ -131,9 +131,12 @@ class QlowerQuantizer(Quantizer):
         for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
             if node.op != "call_function" or _annotated(node):
                 continue
-            if node.target in RANGE_PRESERVING_OPS and _is_float_tensor(node.args[0]):
+            # Only where the input already carries qparams: sharing them then costs nothing,
+            # while annotating a float input would add a quantization step of its own.
+            if node.target in RANGE_PRESERVING_OPS and _is_float_tensor(node.args[0]) \
+                    and _from_quantized(node.args[0]):
                 self._annotate_shared(node, [node.args[0]])
-            elif node.target in CONCAT_OPS and all(_is_float_tensor(a) for a in node.args[0]):
+            elif node.target in CONCAT_OPS and all(_is_float_tensor(a) and _from_quantized(a) for a in node.args[0]):
                 self._annotate_shared(node, list(node.args[0]))
         return model
 
@@ -206,8 +209,8 @@ class QlowerQuantizer(Quantizer):
         tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
         if node.target is aten.mul.Tensor and not self.config.quantize_mul:
             return
-        if node.target is aten.add.Tensor and len(tensors) < 2:
-            return  # x + scalar (a norm's variance + eps): quantizing it only adds rounding
+        if node.target is aten.add.Tensor and (len(tensors) < 2 or not any(_from_quantized(a) for a in tensors)):
+            return  # x + scalar (a norm's eps), or a sum of float values: quantizing only adds rounding
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return
         self._finish(node, {a: self.act_spec for a in tensors})
@@ -245,6 +248,16 @@ class QlowerQuantizer(Quantizer):
 def _annotated(node: Node) -> bool:
     a = node.meta.get(ANNOTATION_KEY)
     return a is not None and a._annotated
+
+
+def _from_quantized(node: Node) -> bool:
+    """Whether node's value is the output of an op annotated with output qparams (looking
+    through shape-only ops, which are annotated later to share them)."""
+    while isinstance(node, Node) and node.op == "call_function" and not _annotated(node) \
+            and node.target in RANGE_PRESERVING_OPS:
+        node = node.args[0]
+    annotation = node.meta.get(ANNOTATION_KEY) if isinstance(node, Node) else None
+    return annotation is not None and annotation._annotated and annotation.output_qspec is not None
 
 
 def _is_float_tensor(arg) -> bool:

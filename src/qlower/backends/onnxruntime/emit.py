@@ -181,7 +181,8 @@ class Emitter:
 
     def try_qgemm(self, linear: Node, rq: Node) -> bool:
         """linear -> requantize as com.microsoft QGemm with A_scale = 1, B_scale = s_acc (so the
-        multiplier is fp32(s_acc / sy), the canonical one), on a 2-D view of the input."""
+        multiplier is fp32(s_acc / sy), the canonical one), on a 2-D view of the input; without
+        a bias, as QLinearMatMul (same scale trick, per-column B scales, N-D input)."""
         x, x_zp, w, w_zp, bias = linear.args
         wv, zpv, acc_scale = self.value(w), self.value(w_zp), self.value(rq.args[1])
         _, _, out_scale, out_zp, lo, hi, dtype = rq.args[:7]
@@ -191,6 +192,15 @@ class Emitter:
             return False
         k, n = wv.shape[1], wv.shape[0]
         rank = x.meta["val"].dim()
+        if bias is None:  # no bias to add in int32: QLinearMatMul takes N-D input, no reshapes
+            scales = acc_scale.reshape(-1).to(torch.float32)
+            inputs = [x.name, self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8),
+                      self.const(wv.t().contiguous(), "w_s8"),
+                      self.const(scales if scales.numel() > 1 else scales.reshape(()), "w_scale"),
+                      self.const(np.zeros(n, np.int8) if scales.numel() > 1 else np.int8(0), "w_zp"),
+                      self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
+            self.op_clamped("QLinearMatMul", inputs, rq.name, lo, hi, torch.uint8)
+            return True
         a = x.name if rank == 2 else self.op("Reshape", [x.name, self.const(np.array([-1, k], np.int64), "shape")])
         bv = self.value(bias) if bias is not None else None
         scales = acc_scale.reshape(-1).to(torch.float32)
