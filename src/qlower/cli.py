@@ -44,7 +44,7 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
 
 
 @app.command()
-def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: all; --quick: cnn,transformer)"),
+def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: all but the wide hf-*-base ones; --quick: cnn,transformer)"),
           stacks: Optional[str] = typer.Option(None, help="comma-separated stacks (default: all peers + qlower-onnxruntime)"),
           batch: str = typer.Option("1", help="comma-separated batch sizes, e.g. 1,8"),
           quick: bool = typer.Option(False, help="smoke run: 2 models, fast stacks, 2 rounds (< 3 min)"),
@@ -60,7 +60,7 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
         return
     from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, run_bench, write_outputs
     from .errors import QlowerError
-    names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else list(zoo.ZOO))
+    names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else zoo.default_bench_models())
     chosen = [s.strip() for s in stacks.split(",")] if stacks else list(QUICK_STACKS if quick else DEFAULT_STACKS)
     batches = tuple(int(b) for b in batch.split(","))
     try:

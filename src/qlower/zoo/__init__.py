@@ -90,10 +90,19 @@ def get(name: str) -> ZooEntry:
     return ZOO[name]
 
 
-def _hf_tokens(b: int, gen: torch.Generator) -> tuple:
-    ids = torch.randint(0, 1000, (b, 32), generator=gen)
-    lengths = torch.randint(8, 33, (b,), generator=gen)
-    return ids, (torch.arange(32)[None, :] < lengths[:, None]).to(torch.int64)
+def _hf_tokens(b: int, gen: torch.Generator, seq: int = 32) -> tuple:
+    ids = torch.randint(0, 1000, (b, seq), generator=gen)
+    lengths = torch.randint(seq // 4, seq + 1, (b,), generator=gen)
+    return ids, (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64)
+
+
+def _hf_tokens_128(b: int, gen: torch.Generator) -> tuple:
+    return _hf_tokens(b, gen, 128)
+
+
+def default_bench_models() -> list[str]:
+    """Every zoo model except the wide HF configs (minutes each on a 2-core machine)."""
+    return [name for name in ZOO if not name.endswith("-base")]
 
 
 def _hf_decode_step(b: int, gen: torch.Generator) -> tuple:
@@ -108,6 +117,9 @@ def _register_hf() -> None:
         example = (lambda b: (torch.empty(b, 3, 32, 32),)) if name == "vit" else _hf_tokens
         ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), example,
                                      f"HuggingFace transformers {name} from a small config (random weights)")
+    for name in hf.HF_WIDE:
+        ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), _hf_tokens_128,
+                                     f"HuggingFace {name.removesuffix('-base')}, 768 wide, 4 layers, 128 tokens")
     for name in hf.HF_DECODERS:
         ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), _hf_decode_step,
                                      f"HuggingFace {name.removesuffix('-kv')} decoding one token with a static KV cache")

@@ -83,6 +83,14 @@ def build(name: str) -> torch.nn.Module:
             lm = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=128, intermediate_size=256, num_key_value_heads=2,
                                                     max_position_embeddings=64, **common))
         return CachedDecoderStep(lm.eval())
+    if name in ("bert-base", "llama-base"):  # realistic widths (4 layers): where int8 GEMMs pay off
+        wide = dict(vocab_size=1000, num_hidden_layers=4, num_attention_heads=12, hidden_size=768,
+                    max_position_embeddings=256)
+        if name == "bert-base":
+            model = tf.BertModel(tf.BertConfig(intermediate_size=3072, **wide))
+            return LastHidden(model.eval(), ("input_ids", "attention_mask"))
+        model = tf.LlamaModel(tf.LlamaConfig(intermediate_size=2048, num_key_value_heads=4, **wide))
+        return LastHidden(model.eval(), ("input_ids", "attention_mask"), causal_lm=True)
     if name == "vit":
         model = tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, intermediate_size=256))
@@ -91,4 +99,5 @@ def build(name: str) -> torch.nn.Module:
 
 
 HF_MODELS = ("bert", "gpt2", "llama", "vit")
-HF_DECODERS = ("gpt2-kv", "llama-kv")   # step-by-step decoding with a static KV cache
+HF_DECODERS = ("gpt2-kv", "llama-kv")
+HF_WIDE = ("bert-base", "llama-base")   # bench only (seq 128): too slow to quantize in unit tests   # step-by-step decoding with a static KV cache

@@ -138,7 +138,7 @@ def onnxruntime_capability() -> Capability:
                   "aten::logical_or", "aten::bitwise_or.Tensor", "aten::neg", "aten::sqrt", "aten::exp", "aten::cos",
                   "aten::sin", "aten::logical_not", "aten::bitwise_not", "aten::reciprocal", "aten::erf",
                   "aten::rsqrt", "aten::silu", "aten::pow.Tensor_Scalar", "aten::where.self",
-                  "aten::masked_fill.Scalar", "aten::index_select", "aten::index_copy", "aten::copy",
+                  "aten::masked_fill.Scalar", "aten::index_select", "aten::index_copy", "aten::copy", "aten::gather",
                   "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::where.Scalar",
                   "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::to.dtype_layout", "aten::split.Tensor"], _float_only)
     cap.register("getitem", _getitem_of_supported)

@@ -382,6 +382,8 @@ class Emitter:
         elif t is aten.copy.default:  # src broadcast into self's shape and dtype
             dtype = node.meta["val"].dtype
             self.op("Expand", [self.cast_to(a[1], dtype), self.op("Shape", [a[0].name])], name)
+        elif t is aten.gather.default:
+            self.op("GatherElements", [a[0].name, self.cast_to(a[2], torch.int64)], name, axis=int(a[1]))
         elif t is aten.index_select.default:
             self.op("Gather", [a[0].name, self.cast_to(a[2], torch.int64)], name, axis=int(a[1]))
         elif t in (aten.where.Scalar, aten.where.ScalarOther, aten.where.ScalarSelf):
