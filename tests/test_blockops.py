@@ -436,3 +436,26 @@ def test_plain_pytorch_rnn_maps_to_onnx_too(cls):
     assert not cm.report().fallbacks, str(cm.report())
     for got, want in zip(torch.utils._pytree.tree_leaves(cm(x)), torch.utils._pytree.tree_leaves(rnn(x))):
         assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["rms_norm", "layer_norm", "group_norm_silu", "skip_layer_norm",
+                                  "masked_softmax_mask", "rotary_half", "attention_gqa_causal"])
+def test_every_stateless_block_op_is_quantized_at_its_boundary(case):
+    """Activation inputs arrive through dequantize, the output leaves through quantize, and the
+    op stays one node: its internals run in float (weights, masks and cos/sin tables are never
+    quantized)."""
+    from qlower.fx import is_dequantize, is_quantize
+    from qlower.quantize.quantizer import BLOCK_OP_ACTIVATION_INPUTS
+    torch.manual_seed(0)
+    module, inputs, _ = ONNX_CASES[case]
+    calibration = [tuple(t.normal_() if t.is_floating_point() else t for t in map(torch.clone, inputs))
+                   for _ in range(3)]
+    ep = qlower.quantize(module, inputs, calibration)
+    ops = [n for n in ep.graph.nodes if n.op == "call_function" and n.target in bops.BLOCK_OPS]
+    assert len(ops) == 1, case
+    op = ops[0]
+    for i in BLOCK_OP_ACTIVATION_INPUTS[op.target]:
+        assert is_dequantize(op.args[i]), (case, i)
+    others = [a for i, a in enumerate(op.args) if isinstance(a, torch.fx.Node) and i not in BLOCK_OP_ACTIVATION_INPUTS[op.target]]
+    assert not any(is_dequantize(a) for a in others), case
+    assert all(is_quantize(u) for u in op.users), case
