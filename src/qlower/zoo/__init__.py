@@ -40,7 +40,7 @@ def _with_block_ops(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _takes_gen(fn) -> bool:
-    return fn.__code__.co_argcount == 2
+    return "gen" in fn.__code__.co_varnames[:fn.__code__.co_argcount]
 
 
 def _bert_inputs(b: int, gen: torch.Generator) -> tuple:

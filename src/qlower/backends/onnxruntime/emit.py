@@ -5,12 +5,16 @@ Formulations, all bit-exact against qlower's `float` numerics profile (tests dec
   fp32(X_scale * W_scale) / Y_scale is exactly fp32(s_acc / sy) = the canonical M; chosen
   when s8 weights are exact on this CPU (VNNI or 7-bit weights). Otherwise ConvInteger with
   u8 weights (w + 128, zero point 128), which is exact on AVX2, + int32 bias + requantize.
+- linear -> requantize:  com.microsoft QGemm (same scale trick, 2-D view) with a bias;
+                         QLinearMatMul (same trick, N-D input, per-column scales) without.
+- matmul -> requantize:  QLinearMatMul for u8 x u8 activations (a_scale = 1, b_scale = s_acc).
 - linear / matmul:       MatMulInteger (s8 weights when exact, else u8 = w + 128) + bias.
 - requantize:            Cast(float) -> Mul(M) -> QuantizeLinear(scale 1, zp) [-> Clip]:
                          RNE(fp32(acc) * M) + zp, saturated: the canonical formula.
 - add / mul:             DequantizeLinear x2 -> Add/Mul -> QuantizeLinear [-> Clip].
 - quantize/dequantize:   QuantizeLinear (true fp32 division, RNE) / DequantizeLinear.
-Float ops map to their standard ONNX counterparts.
+Float ops map to their standard ONNX counterparts (opset 23); block ops to one node each
+(blockops.py).
 """
 from __future__ import annotations
 
