@@ -65,6 +65,8 @@ def check_inputs(specs: list[InputSpec], args: tuple) -> None:
 
 
 def _fast_ok(spec: InputSpec, value) -> bool:
-    if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype or value.dim() != len(spec.shape):
+    if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype:
         return False
-    return all(w is None or w == g for w, g in zip(spec.shape, value.shape))
+    if None not in spec.shape:
+        return value.shape == spec.shape  # torch.Size compares with a tuple
+    return value.dim() == len(spec.shape) and all(w is None or w == g for w, g in zip(spec.shape, value.shape))

@@ -60,6 +60,13 @@ def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
     return _SESSIONS[key]
 
 
+def _as_numpy(t: torch.Tensor):
+    """A zero-copy C-contiguous numpy view (copies only when the tensor is not contiguous)."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
+
+
 class OrtCluster(torch.nn.Module):
     """Runs one cluster in ONNX Runtime; falls back to its PyTorch graph if a run fails.
     Called with the cluster's runtime inputs only: its constants are bound here (in the ONNX
@@ -92,8 +99,7 @@ class OrtCluster(torch.nn.Module):
         if session is None:
             return self._pytorch(args)
         try:
-            outs = session.run(self.output_names, {n: a.detach().contiguous().numpy()
-                                                   for n, a in zip(self.input_names, args)})
+            outs = session.run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, args)})
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
