@@ -2,6 +2,7 @@
 from .attach_qparams import AttachQParams
 from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
+from .drop_metadata_asserts import DropMetadataAsserts
 from .fold_float_constants import FoldFloatConstants
 from .fold_quantized_constants import FoldQuantizedConstants
 from .functionalize_state import FunctionalizeState
@@ -12,8 +13,8 @@ from .propagate_dequantize import PropagateDequantize
 
 
 def default_pipeline() -> list[Pass]:
-    return [InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
+    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
+           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
