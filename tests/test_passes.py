@@ -238,8 +238,7 @@ def test_inline_grad_mode_regions():
     from qlower.passes import InlineGradModeRegions
     x = torch.randn(2, 3)
     gm = torch.export.export(NoGradRegion(), (x,)).module()
-    if not any(n.target is wrap_with_set_grad_enabled for n in gm.graph.nodes):
-        pytest.skip("this torch version does not keep no_grad regions as a higher-order op")
+    assert any(n.target is wrap_with_set_grad_enabled for n in gm.graph.nodes)  # torch 2.13 (pinned) keeps it
     want = gm(x)
     ctx = PassManager([InlineGradModeRegions()]).run(gm, PassContext())
     assert ctx.rewrites and not any(n.target is wrap_with_set_grad_enabled for n in gm.graph.nodes)
@@ -257,8 +256,7 @@ def test_drop_metadata_asserts():
     args = (torch.tensor([1, 2, 3]), torch.randn(3))
     gm = torch.export.export(CastsInside(), args).module()
     target = torch.ops.aten._assert_tensor_metadata.default
-    if not any(n.target is target for n in gm.graph.nodes):
-        pytest.skip("this torch version records no metadata asserts here")
+    assert any(n.target is target for n in gm.graph.nodes)  # torch 2.13 (pinned) records them
     want = gm(*args)
     assert PassManager([DropMetadataAsserts()]).run(gm, PassContext()).rewrites
     assert not any(n.target is target for n in gm.graph.nodes) and torch.equal(gm(*args), want)

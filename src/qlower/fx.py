@@ -113,3 +113,22 @@ def schema_name(node: Node) -> str:
     if schema is None:
         return str(getattr(node.target, "__name__", node.target))
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+
+
+def splice(gm: GraphModule, sub: torch.fx.Graph, inputs: list, before: Node, copy) -> object:
+    """Copy `sub`'s call_function nodes into gm's graph before `before`, its placeholders bound
+    to `inputs`; `copy(node, env)` makes each new node (e.g. graph.node_copy, or qlower.fx.call
+    to re-infer meta['val']). Returns what sub's output returns, in terms of the new nodes;
+    get_attr nodes of sub are handed to `copy` as well."""
+    env: dict[Node, Node] = {}
+    bound = iter(inputs)
+    result = None
+    with gm.graph.inserting_before(before):
+        for node in sub.nodes:
+            if node.op == "placeholder":
+                env[node] = next(bound)
+            elif node.op in ("call_function", "get_attr"):
+                env[node] = copy(node, env)
+            elif node.op == "output":
+                result = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+    return result

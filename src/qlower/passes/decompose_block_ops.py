@@ -24,7 +24,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..blockops.ops import DECOMPOSITIONS
-from ..fx import add_constant, call
+from ..fx import add_constant, call, splice
 from .base import Pass, PassContext
 
 
@@ -48,21 +48,12 @@ def _trace(node: Node) -> GraphModule:
 
 
 def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
-    env: dict[Node, Node] = {}
-    inputs = iter(a for a in node.args if isinstance(a, Node))
-    result = None
-    with gm.graph.inserting_before(node):
-        for t in traced.graph.nodes:
-            if t.op == "placeholder":
-                env[t] = next(inputs)
-            elif t.op == "get_attr":
-                env[t] = add_constant(gm, getattr(traced, t.target), "decomposed")
-            elif t.op == "call_function":
-                env[t] = call(gm, t.target, torch.fx.node.map_arg(t.args, env.__getitem__),
-                              torch.fx.node.map_arg(t.kwargs, env.__getitem__), like=node)
-            elif t.op == "output":
-                result = env[t.args[0]]
-    return result
+    def copy(t: Node, env: dict) -> Node:
+        if t.op == "get_attr":
+            return add_constant(gm, getattr(traced, t.target), "decomposed")
+        return call(gm, t.target, torch.fx.node.map_arg(t.args, env.__getitem__),
+                    torch.fx.node.map_arg(t.kwargs, env.__getitem__), like=node)
+    return splice(gm, traced.graph, [a for a in node.args if isinstance(a, Node)], node, copy)
 
 
 class DecomposeBlockOps(Pass):

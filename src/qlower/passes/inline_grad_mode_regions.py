@@ -18,30 +18,19 @@ import operator
 from torch._higher_order_ops.wrap import wrap_with_set_grad_enabled
 from torch.fx import GraphModule, Node
 
+from ..fx import splice
 from .base import Pass, PassContext
 
 
 def _inline(gm: GraphModule, node: Node) -> bool:
     _, sub_ref, *args = node.args
     sub = getattr(gm, sub_ref.target)
-    if any(n.op == "get_attr" for n in sub.graph.nodes):
+    if any(n.op == "get_attr" for n in sub.graph.nodes) or \
+            any(u.target is not operator.getitem for u in node.users):
         return False
-    env: dict[Node, Node] = {}
-    inputs = iter(args)
-    results = None
-    with gm.graph.inserting_before(node):
-        for s in sub.graph.nodes:
-            if s.op == "placeholder":
-                env[s] = next(inputs)
-            elif s.op == "call_function":
-                env[s] = gm.graph.node_copy(s, lambda n: env[n])
-            elif s.op == "output":
-                results = s.args[0]
+    results = splice(gm, sub.graph, args, node, lambda s, env: gm.graph.node_copy(s, env.__getitem__))
     for user in list(node.users):
-        if user.target is not operator.getitem:
-            return False
-    for user in list(node.users):
-        user.replace_all_uses_with(env[results[user.args[1]]])
+        user.replace_all_uses_with(results[user.args[1]])
         gm.graph.erase_node(user)
     gm.graph.erase_node(node)
     return True
