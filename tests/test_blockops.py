@@ -371,7 +371,8 @@ def test_rnn_maps_to_onnx_with_reordered_gates_and_reset(kind, layers, batch_fir
     module, inputs, reset_inputs = _rnn_case(kind, layers, batch_first)
     cm = qlower.compile(module, inputs, backend="onnxruntime")
     assert not cm.report().fallbacks, str(cm.report())
-    onnx_ops = {n.op_type for c in cm.report().compiled for n in __import__("onnx").load_from_string(c.onnx).functions[0].node}
+    import onnx
+    onnx_ops = {n.op_type for c in cm.report().compiled for n in onnx.load_from_string(c.onnx).functions[0].node}
     assert kind.upper() in onnx_ops
     for args in (inputs, reset_inputs):
         for got, want in zip(cm(*args), module(*args)):

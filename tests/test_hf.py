@@ -73,7 +73,7 @@ def test_kv_cache_decoder_int8_step_by_step(name):
                         backend="onnxruntime")
     report = cm.report()
     assert len(report.compiled) == 1, str(report)
-    assert not [c for c in report.fallbacks if "copy_" not in str(c.ops) and "add_" not in str(c.ops)], str(report)
+    assert not report.fallbacks, str(report)  # state write-backs are "state", not fallbacks
     cosines = []
     for token, position in hf.decode_steps(7):
         with torch.no_grad():

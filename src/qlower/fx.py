@@ -30,6 +30,11 @@ def mutated_in_place(node: Node) -> bool:
     return False
 
 
+def mutated_attributes(gm: GraphModule) -> set[str]:
+    """get_attr targets the graph writes in place (module state such as caches)."""
+    return {str(n.target) for n in gm.graph.nodes if n.op == "get_attr" and mutated_in_place(n)}
+
+
 def constant_value(gm: GraphModule, node) -> torch.Tensor | None:
     """The tensor behind a get_attr node, or None for anything that is not a constant (including
     module state that the graph writes)."""

@@ -56,10 +56,6 @@ def _is_final_write_back(node: Node) -> bool:
     return node.meta.get(WRITE_BACK, False)
 
 
-_VIEWS = {"view", "reshape", "slice", "select", "transpose", "permute", "expand", "alias", "unsqueeze",
-          "squeeze", "t", "as_strided", "narrow", "unflatten", "flatten", "split", "chunk", "unbind", "diagonal"}
-
-
 def _private_temporary(node) -> bool:
     """A value computed inside the graph that is not a view of anything (so writing into it is
     visible only through it): the result of a non-view call."""
@@ -68,7 +64,7 @@ def _private_temporary(node) -> bool:
     schema = getattr(node.target, "_schema", None)
     if schema is None or schema.is_mutable:
         return False
-    return schema.name.split("::")[-1] not in _VIEWS and not any(r.alias_info for r in schema.returns)
+    return not any(r.alias_info for r in schema.returns)  # views return an alias of an input
 
 
 class FunctionalizeState(Pass):

@@ -13,7 +13,7 @@ import torch
 from torch.fx import GraphModule
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value
+from ...fx import constant_value, mutated_attributes
 from ...passes.functionalize_state import WRITE_BACK
 from ...partition import cluster_graph
 from ...report import ClusterInfo
@@ -128,18 +128,6 @@ class _Constant(torch.nn.Module):
         return self.value
 
 
-def _mutated_attributes(gm: GraphModule) -> set[str]:
-    """get_attr targets written in place (module state such as caches): never constants."""
-    out = set()
-    for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if node.op == "call_function" and schema is not None and schema.is_mutable:
-            for arg in node.args[:1]:
-                if getattr(arg, "op", None) == "get_attr":
-                    out.add(arg.target)
-    return out
-
-
 def _direct_runner(fused: GraphModule):
     """When one cluster takes the graph inputs in order and produces every output (directly or
     through getitems), skip the FX interpreter: flatten inputs, call the cluster, pick and
@@ -159,6 +147,8 @@ def _direct_runner(fused: GraphModule):
     if others or list(call.args) != placeholders or call.kwargs:
         return None
     cluster = getattr(fused, call.target)
+    if not isinstance(cluster, OrtCluster):
+        return None
     if cluster.single_output and list(results) == [call]:
         picks = None
     elif not cluster.single_output and all(r in picked for r in results):
@@ -197,7 +187,7 @@ class OnnxRuntimeBackend:
         clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
         infos = []
-        mutated = _mutated_attributes(fused)
+        mutated = mutated_attributes(fused)
         for node in list(fused.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith("cluster_"):
                 infos.append(self._compile_cluster(fused, node, len(infos), mutated))

@@ -196,23 +196,19 @@ class Emitter:
             return False
         k, n = wv.shape[1], wv.shape[0]
         rank = x.meta["val"].dim()
+        scales = acc_scale.reshape(-1).to(torch.float32)
+        per_channel = scales.numel() > 1
+        x_scale_zp = [self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8)]
+        w_operands = [self.const(wv.t().contiguous(), "w_s8"),
+                      self.const(scales if per_channel else scales.reshape(()), "w_scale"),
+                      self.const(np.zeros(n, np.int8) if per_channel else np.int8(0), "w_zp")]
+        y_scale_zp = [self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
         if bias is None:  # no bias to add in int32: QLinearMatMul takes N-D input, no reshapes
-            scales = acc_scale.reshape(-1).to(torch.float32)
-            inputs = [x.name, self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8),
-                      self.const(wv.t().contiguous(), "w_s8"),
-                      self.const(scales if scales.numel() > 1 else scales.reshape(()), "w_scale"),
-                      self.const(np.zeros(n, np.int8) if scales.numel() > 1 else np.int8(0), "w_zp"),
-                      self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
-            self.op_clamped("QLinearMatMul", inputs, rq.name, lo, hi, torch.uint8)
+            self.op_clamped("QLinearMatMul", [x.name, *x_scale_zp, *w_operands, *y_scale_zp], rq.name, lo, hi,
+                            torch.uint8)
             return True
         a = x.name if rank == 2 else self.op("Reshape", [x.name, self.const(np.array([-1, k], np.int64), "shape")])
-        bv = self.value(bias) if bias is not None else None
-        scales = acc_scale.reshape(-1).to(torch.float32)
-        inputs = [a, self.const(np.float32(1.0), "one"), self.const(x_zp, "x_zp", np.uint8),
-                  self.const(wv.t().contiguous(), "w_s8"), self.const(scales if scales.numel() > 1 else scales.reshape(()), "w_scale"),
-                  self.const(np.zeros(n, np.int8) if scales.numel() > 1 else np.int8(0), "w_zp"),
-                  self.const(bv.to(torch.int32), "bias") if bv is not None else "",
-                  self.const(np.float32(out_scale), "y_scale"), self.const(out_zp, "y_zp", np.uint8)]
+        inputs = [a, *x_scale_zp, *w_operands, self.const(self.value(bias).to(torch.int32), "bias"), *y_scale_zp]
         if rank == 2:
             self.op_clamped("QGemm", inputs, rq.name, lo, hi, torch.uint8, domain="com.microsoft")
             return True
