@@ -295,3 +295,70 @@ def test_fold_split_gives_each_piece_its_channel_qparams():
     dqs = [n for n in gm.graph.nodes if n.target == qd.dequantize_per_channel.default]
     assert [dq.meta[QPARAMS_KEY].scale for dq in dqs] == [tuple(model.s[i:i + 4].tolist()) for i in (0, 4, 8)]
     assert torch.equal(gm(x), graph_module(model, x)(x))
+
+
+class ActivationUnbind(torch.nn.Module):
+    def forward(self, x):
+        q = qd.quantize_per_tensor(x, 0.05, 128, 0, 255, torch.uint8)
+        d = qd.dequantize_per_tensor(q, 0.05, 128, 0, 255, torch.uint8)
+        a, b, c = d.unbind(1)
+        return a + b * c
+
+
+class ActivationUnbindNearMiss(torch.nn.Module):
+    """unbind of a float tensor that was never quantized: nothing to move."""
+    def forward(self, x):
+        a, b = x.unbind(0)
+        return a * b
+
+
+def test_propagate_dequantize_moves_dq_below_unbind():
+    x = torch.randn(2, 3, 4)
+    gm, ctx = folded(ActivationUnbind(), x, [AttachQParams(), PropagateDequantize()])
+    unbind = next(n for n in gm.graph.nodes if n.target == aten.unbind.int)
+    assert unbind.args[0].target == qd.quantize_per_tensor.default  # runs on the integers
+    pieces = [n for n in gm.graph.nodes if n.target == qd.dequantize_per_tensor.default]
+    assert len(pieces) == 3 and all(p.meta[QPARAMS_KEY].scale == (0.05,) for p in pieces)
+    assert torch.equal(gm(x), graph_module(ActivationUnbind(), x)(x))
+    before = str(gm.graph)
+    assert not PropagateDequantize().run(gm, PassContext())  # idempotent
+    assert str(gm.graph) == before
+
+
+def test_propagate_dequantize_leaves_float_unbind_alone():
+    x = torch.randn(2, 5)
+    gm, ctx = folded(ActivationUnbindNearMiss(), x, [AttachQParams(), PropagateDequantize()])
+    assert not ctx.rewrites
+    assert next(n for n in gm.graph.nodes if n.target == aten.unbind.int).args[0].op == "placeholder"
+
+
+class UnbindWeights(torch.nn.Module):
+    def __init__(self, axis):
+        super().__init__()
+        self.axis = axis
+        self.w = torch.randint(-127, 128, (3, 4, 5), dtype=torch.int8)
+        n = self.w.shape[axis]
+        self.s = torch.linspace(0.01, 0.05, n)
+        self.z = torch.zeros(n, dtype=torch.int64)
+
+    def forward(self, x):
+        wd = qd.dequantize_per_channel(self.w, self.s, self.z, self.axis, -127, 127, torch.int8)
+        a, b, c = wd.unbind(0)
+        return F.linear(x, a) + F.linear(x, b) - F.linear(x, c)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fold_unbind_of_quantized_constant(axis):
+    """unbind along the channel axis leaves one channel (per-tensor) per piece; along another
+    axis the channel axis shifts down by one."""
+    x = torch.randn(2, 5)
+    model = UnbindWeights(axis)
+    gm, ctx = folded(model, x)
+    assert not any(n.target == aten.unbind.int for n in gm.graph.nodes)
+    pieces = [n.meta[QPARAMS_KEY] for n in gm.graph.nodes if QPARAMS_KEY in n.meta and n.args
+              and "folded" in str(getattr(n.args[0], "target", ""))]
+    if axis == 0:
+        assert [p.axis for p in pieces] == [None] * 3 and [p.scale[0] for p in pieces] == model.s.tolist()
+    else:
+        assert all(p.axis == 0 and p.scale == tuple(model.s.tolist()) for p in pieces)
+    assert torch.equal(gm(x), graph_module(model, x)(x))

@@ -164,6 +164,16 @@ def test_cache_hits_and_changed_weights_miss(integer_net, monkeypatch, tmp_path)
     assert changed.report().compiled[0].cache == "miss"
 
 
+def test_cache_key_depends_on_the_cpu(integer_net, monkeypatch):
+    """Emitted models depend on the CPU (VNNI, kernel proofs): another machine sharing the cache
+    directory must not be served them."""
+    from qlower.backends.onnxruntime import cache, cpu
+    gm = torch.export.export(integer_net, (torch.randn(1, 3, 16, 16),)).module()
+    here = cache.cluster_key(gm, {}, "opts")
+    monkeypatch.setattr(cpu, "fingerprint", lambda: "another-cpu")
+    assert cache.cluster_key(gm, {}, "opts") != here
+
+
 def test_export_onnx_whole_model_and_refusal(integer_net, tmp_path):
     import onnxruntime as ort
     _, cm = both(integer_net, (1, 3, 16, 16))

@@ -1,3 +1,5 @@
+import operator
+
 import pytest
 import torch
 
@@ -120,3 +122,18 @@ def test_elementwise_annotation_rules(quantize_mul):
     tensor_add = next(n for n in adds if isinstance(n.args[1], torch.fx.Node))
     assert not any(isq(u) for u in scalar_add.users)
     assert any(isq(u) for u in tensor_add.users)
+
+
+def test_pieces_of_a_fused_projection_share_its_qparams():
+    """q, k, v from one linear (reshape -> permute -> unbind) run on its integers: the integer
+    matmuls read the unbind pieces directly, with no requantization in between."""
+    from qlower import zoo
+    entry = zoo.get("transformer")
+    cm = qlower.compile(entry.model(), entry.inputs(1), quantize="int8", calibration=entry.calibration(2),
+                        backend="reference")
+    nodes = list(cm.graph_module.graph.nodes)
+    unbinds = [n for n in nodes if n.target == torch.ops.aten.unbind.int]
+    assert unbinds and all(u.args[0].meta["val"].dtype == torch.uint8 for u in unbinds)
+    matmuls = [n for n in nodes if n.target == torch.ops.qlower.matmul.default]
+    qk = [m for m in matmuls if m.args[0].target is operator.getitem]
+    assert len(qk) == len(unbinds)  # q @ k^T consumes the unbind piece itself

@@ -174,3 +174,41 @@ def derive_split(qp: QParams, dim: int, sizes: list[int], rank: int) -> list[QPa
         out.append(_pick(qp, slice(start, start + s)))
         start += s
     return out
+
+
+SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
+
+
+def split_dim(target, args: tuple, kwargs: dict, rank: int) -> int:
+    """The dim a multi-output shape op (SPLIT_OPS) splits along; args exclude the tensor."""
+    position = 0 if target is aten.unbind.int else 1
+    dim = args[position] if len(args) > position else kwargs.get("dim", 0)
+    return _norm(dim, rank)
+
+
+def split_sizes(target, args: tuple, length: int) -> list[int]:
+    """Piece lengths along the split dim; args exclude the tensor."""
+    if target is aten.unbind.int:
+        return [1] * length
+    if target is aten.split_with_sizes.default:
+        return list(args[0])
+    each = -(-length // args[0]) if target is aten.chunk.default else args[0]
+    return [min(each, length - i) for i in range(0, length, each)]
+
+
+def derive_pieces(target, args: tuple, kwargs: dict, in_shape: tuple[int, ...], qp: QParams) -> list[QParams] | str:
+    """QParams of each output of a SPLIT_OPS op on x with `qp`, or why not. unbind drops the
+    dim: a channel axis there leaves one channel (per-tensor) per piece."""
+    rank = len(in_shape)
+    if qp.per_channel and any(not isinstance(d, int) for d in in_shape):
+        return "symbolic shape"
+    dim = split_dim(target, args, kwargs, rank)
+    if not isinstance(in_shape[dim], int):
+        return "split along a symbolic dim"
+    if target is not aten.unbind.int:
+        return derive_split(qp, dim, split_sizes(target, args, in_shape[dim]), rank)
+    if not qp.per_channel:
+        return [qp] * in_shape[dim]
+    if qp.axis == dim:
+        return [_pick(qp, i) for i in range(in_shape[dim])]
+    return [replace(qp, axis=qp.axis - 1 if qp.axis > dim else qp.axis)] * in_shape[dim]

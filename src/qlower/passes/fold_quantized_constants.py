@@ -7,7 +7,7 @@ BEFORE:  w  = get_attr w_i8 [N, K]        wd = dequantize_per_channel(w, s[N], z
 AFTER:   w' = get_attr (w_i8.t()) [K, N]   wd' = dequantize_per_channel(w', s[N], zp[N], axis=1)
          y  = aten.matmul(xd, wd')
 Also cat of dequantized constants along the channel axis (qparams concatenate) and split/chunk
-(each piece gets its slice of the qparams). Refuses, with a
+/unbind (each piece gets its slice of the qparams). Refuses, with a
 recorded reason, when the channel dimension would be merged, split or broadcast. Constants
 folded from the same storage with the same op are shared (tied weights stay tied). Arithmetic
 on quantized tensors is never folded.
@@ -22,7 +22,7 @@ import operator
 
 import torch
 
-from ..axis import derive_split
+from ..axis import SPLIT_OPS, derive_pieces, split_dim, split_sizes
 from ..fx import add_constant, constant_value, is_dequantize
 from ..meta import QPARAMS_KEY
 from .base import Pass, PassContext
@@ -37,7 +37,7 @@ class FoldQuantizedConstants(Pass):
         cache = ctx.folded_constants
         changed = False
         for node in list(gm.graph.nodes):
-            if node.op == "call_function" and node.target in _SPLITS:
+            if node.op == "call_function" and node.target in SPLIT_OPS:
                 changed |= self._fold_split(gm, node, ctx)
                 continue
             qp = derived_qparams(node)
@@ -67,7 +67,7 @@ class FoldQuantizedConstants(Pass):
         return changed
 
     def _fold_split(self, gm: GraphModule, node, ctx: PassContext) -> bool:
-        """split/chunk of a quantized constant: every piece becomes its own folded constant whose
+        """split/chunk/unbind of a quantized constant: every piece becomes its own folded constant whose
         qparams are the matching slice (on the channel axis) or the same (elsewhere)."""
         src = node.args[0]
         if not (is_dequantize(src) and QPARAMS_KEY in src.meta) or not all(u.target is operator.getitem for u in node.users):
@@ -75,11 +75,14 @@ class FoldQuantizedConstants(Pass):
         value = constant_value(gm, src.args[0])
         if value is None:
             return False
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        dim = dim % value.dim()
-        sizes = _split_sizes(node, value.shape[dim])
-        pieces = torch.split(value, sizes, dim)
-        qps = derive_split(src.meta[QPARAMS_KEY], dim, sizes, value.dim())
+        qps = derive_pieces(node.target, tuple(node.args[1:]), node.kwargs, tuple(value.shape), src.meta[QPARAMS_KEY])
+        if isinstance(qps, str):
+            ctx.refuse(self.name, node, qps)
+            return False
+        dim = split_dim(node.target, tuple(node.args[1:]), node.kwargs, value.dim())
+        pieces = torch.split(value, split_sizes(node.target, tuple(node.args[1:]), value.shape[dim]), dim)
+        if node.target is torch.ops.aten.unbind.int:
+            pieces = [p.squeeze(dim) for p in pieces]
         for user in list(node.users):
             i = user.args[1]
             with gm.graph.inserting_before(user):
@@ -89,16 +92,3 @@ class FoldQuantizedConstants(Pass):
         ctx.rewrites[f"folded {node.target.__name__} on a quantized constant"] += 1
         gm.graph.eliminate_dead_code()
         return True
-
-
-_SPLITS = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.chunk.default}
-
-
-def _split_sizes(node, length: int) -> list[int]:
-    if node.target is torch.ops.aten.split_with_sizes.default:
-        return list(node.args[1])
-    if node.target is torch.ops.aten.chunk.default:
-        each = -(-length // node.args[1])
-    else:
-        each = node.args[1]
-    return [min(each, length - i) for i in range(0, length, each)]

@@ -11,6 +11,8 @@ Everything else (softmax, layer_norm, gelu, ...) stays float: its inputs are deq
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
@@ -39,6 +41,9 @@ RANGE_PRESERVING_OPS = {
     aten.slice.Tensor, aten.select.int,
 }
 CONCAT_OPS = {aten.cat.default, aten.concat.default}
+# Multi-output shape ops: their pieces (getitem nodes) share the input's qparams, as the pieces
+# of a reshape do; giving q/k/v of a fused projection their own qparams would requantize each.
+SPLIT_OPS = {aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default}
 # Block ops are quantized at their boundary only: these inputs and (single) output get activation
 # qparams; masks, lengths, weights, tables and recurrent state stay float.
 _q = torch.ops.qlower
@@ -138,6 +143,9 @@ class QlowerQuantizer(Quantizer):
                 self._annotate_shared(node, [node.args[0]])
             elif node.target in CONCAT_OPS and all(_is_float_tensor(a) and _from_quantized(a) for a in node.args[0]):
                 self._annotate_shared(node, list(node.args[0]))
+            elif node.target in SPLIT_OPS and _is_float_tensor(node.args[0]) and _from_quantized(node.args[0]) \
+                    and all(u.target is operator.getitem for u in node.users):
+                self._annotate_split(node)
         return model
 
     def _output_node(self, node: Node) -> Node:
@@ -241,6 +249,15 @@ class QlowerQuantizer(Quantizer):
         node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
             spec, SharedQuantizationSpec((first, node)), _annotated=True)
 
+    def _annotate_split(self, node: Node) -> None:
+        """The input edge takes activation qparams (shared with the producer's output, which
+        carries the same spec); each piece shares that edge's qparams."""
+        x = node.args[0]
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: self.act_spec}, None, _annotated=True)
+        for piece in node.users:
+            piece.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                {}, SharedQuantizationSpec((x, node)), _annotated=True)
+
     def validate(self, model: GraphModule) -> None:
         pass
 
@@ -253,9 +270,13 @@ def _annotated(node: Node) -> bool:
 def _from_quantized(node: Node) -> bool:
     """Whether node's value is the output of an op annotated with output qparams (looking
     through shape-only ops, which are annotated later to share them)."""
-    while isinstance(node, Node) and node.op == "call_function" and not _annotated(node) \
-            and node.target in RANGE_PRESERVING_OPS:
-        node = node.args[0]
+    while isinstance(node, Node) and node.op == "call_function" and not _annotated(node):
+        if node.target in RANGE_PRESERVING_OPS:
+            node = node.args[0]
+        elif node.target is operator.getitem and getattr(node.args[0], "target", None) in SPLIT_OPS:
+            node = node.args[0].args[0]
+        else:
+            break
     annotation = node.meta.get(ANNOTATION_KEY) if isinstance(node, Node) else None
     return annotation is not None and annotation._annotated and annotation.output_qspec is not None
 

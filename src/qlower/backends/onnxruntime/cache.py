@@ -2,12 +2,14 @@
 
 Key: sha256 over the cluster's FX graph text (structure, targets, literal arguments), every
 constant's dtype/shape/content digest, every runtime input's dtype/shape, the backend options,
-and the qlower / onnxruntime / onnx versions. A changed weight changes its digest, so it can
+the qlower / onnxruntime / onnx versions, a digest of qlower's sources, and the CPU (model,
+feature flags). A changed weight changes its digest, so it can
 never hit a stale entry. Disk location: $QLOWER_CACHE_DIR, else ~/.cache/qlower/onnxruntime;
 QLOWER_CACHE_DIR=off disables the disk cache.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -30,6 +32,7 @@ def cluster_key(sub: GraphModule, constants: dict[str, torch.Tensor], options) -
     import onnxruntime
 
     from ... import __version__
+    from .cpu import fingerprint
     h = hashlib.sha256()
     h.update(_canonical_text(sub).encode())
     for node in sub.graph.nodes:
@@ -42,7 +45,19 @@ def cluster_key(sub: GraphModule, constants: dict[str, torch.Tensor], options) -
             else:
                 v = node.meta.get("val")
                 h.update(f"input:{getattr(v, 'dtype', None)}:{tuple(getattr(v, 'shape', ()))}".encode())
-    h.update(f"{options}|{__version__}|{onnxruntime.__version__}|{onnx.__version__}".encode())
+    h.update(f"{options}|{__version__}|{onnxruntime.__version__}|{onnx.__version__}|{fingerprint()}".encode())
+    h.update(_emitter_digest().encode())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _emitter_digest() -> str:
+    """Digest of qlower's own sources: an edited emitter (an editable install between releases)
+    must not be served models emitted by the old one."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 

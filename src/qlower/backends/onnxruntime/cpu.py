@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import platform
 from pathlib import Path
 
 
@@ -13,6 +15,19 @@ def has_vnni() -> bool:
     except OSError:
         return False
     return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+@functools.lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """Machine architecture, CPU model and feature flags, hashed: emitted models depend on them
+    (VNNI decides the weight formulation, kernel proofs run on this CPU), so the disk cache
+    keys on it — a cache directory shared between machines never serves a foreign model."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    keep = sorted({ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))})
+    return hashlib.sha256("\n".join([platform.machine(), *keep]).encode()).hexdigest()[:16]
 
 
 def s8_weights_exact(w_min: int, w_max: int) -> bool:

@@ -11,6 +11,10 @@ Formulations, all bit-exact against qlower's `float` numerics profile (tests dec
 - linear / matmul:       MatMulInteger (s8 weights when exact, else u8 = w + 128) + bias.
 - requantize:            Cast(float) -> Mul(M) -> QuantizeLinear(scale 1, zp) [-> Clip]:
                          RNE(fp32(acc) * M) + zp, saturated: the canonical formula.
+- add:                    com.microsoft QLinearAdd where kernel_proofs shows it equal to the
+                         canonical add on every input pair; else as mul.
+- integer mean over H, W: com.microsoft QLinearGlobalAveragePool where kernel_proofs shows it
+                         equal on every possible sum; else int32 ReduceSum -> Div -> Quantize.
 - add / mul:             DequantizeLinear x2 -> Add/Mul -> QuantizeLinear [-> Clip].
 - quantize/dequantize:   QuantizeLinear (true fp32 division, RNE) / DequantizeLinear.
 Float ops map to their standard ONNX counterparts (opset 23); block ops to one node each
@@ -30,6 +34,7 @@ from torch.fx import GraphModule, Node
 from ... import numerics
 from ...fx import constant_value, schema_name
 from .cpu import s8_weights_exact
+from .kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
 
 OPSET = 23   # RMSNormalization, Attention (block ops) are standard from 23 on
 aten = torch.ops.aten
@@ -235,6 +240,39 @@ class Emitter:
         self.op_clamped("QLinearMatMul", inputs, rq.name, lo, hi, dtype)
         return True
 
+    def try_qlinearadd(self, node: Node) -> bool:
+        """u8 + u8 -> u8 without broadcasting as one com.microsoft QLinearAdd, where it is
+        proven equal to the canonical add on all 65,536 input pairs (kernel_proofs)."""
+        a, sa, za, b, sb, zb, sy, zy, lo, hi, dtype = node.args
+        if not (a.meta["val"].dtype == b.meta["val"].dtype == dtype == torch.uint8) \
+                or tuple(a.meta["val"].shape) != tuple(b.meta["val"].shape):
+            return False
+        if not qlinear_add_exact(float(sa), int(za), float(sb), int(zb), float(sy), int(zy)):
+            return False
+        u8 = lambda v, hint: self.const(v, hint, np.uint8)  # noqa: E731
+        inputs = [a.name, self.const(np.float32(sa), "s"), u8(za, "z"), b.name, self.const(np.float32(sb), "s"),
+                  u8(zb, "z"), self.const(np.float32(sy), "s"), u8(zy, "z")]
+        self.op_clamped("QLinearAdd", inputs, node.name, lo, hi, dtype, domain="com.microsoft")
+        return True
+
+    def try_qlinear_global_average_pool(self, node: Node) -> bool:
+        """Integer mean of a u8 NCHW tensor over H, W as one com.microsoft
+        QLinearGlobalAveragePool (scale 1 in and out), where kernel_proofs shows it equal to
+        the canonical integer mean for every possible sum."""
+        x, zp, dims, keep, qmin, qmax = node.args
+        val = x.meta["val"]
+        if val.dtype != torch.uint8 or val.dim() != 4 or {d % 4 for d in dims} != {2, 3} \
+                or (qmin, qmax) != (0, 255) or not all(isinstance(d, int) for d in val.shape[2:]):
+            return False
+        if not qlinear_global_average_pool_exact(int(val.shape[2] * val.shape[3]), 1.0, int(zp)):
+            return False
+        one, z = self.const(np.float32(1.0), "one"), self.const(zp, "zp", np.uint8)
+        pooled = self.op("QLinearGlobalAveragePool", [x.name, one, z, one, z], node.name if keep else None,
+                         domain="com.microsoft", channels_last=0)
+        if not keep:
+            self.op("Squeeze", [pooled, self.const(np.array([2, 3], np.int64), "axes")], node.name)
+        return True
+
     # ---------------------------------------------------------------- dispatch
     def emit(self, node: Node) -> None:
         t, name = node.target, node.name
@@ -275,6 +313,8 @@ class Emitter:
             self.op("DequantizeLinear", [x.name, self.const(_squeeze(self.value(scale)).to(torch.float32), "scale"),
                                          self.const(_squeeze(self.value(zp)).numpy().astype(np_dtype), "zp")],
                     name, **attrs)
+        elif t is q.add.default and self.try_qlinearadd(node):
+            return
         elif t in (q.add.default, q.mul.default):
             a, sa, za, b, sb, zb, sy, zy, lo, hi, dtype = node.args
             np_in = lambda n: np.uint8 if n.meta["val"].dtype == torch.uint8 else np.int8
@@ -284,6 +324,8 @@ class Emitter:
             np_out = np.uint8 if dtype == torch.uint8 else np.int8
             self.op_clamped("QuantizeLinear", [s, self.const(np.float32(sy), "s"), self.const(zy, "z", np_out)],
                             name, lo, hi, dtype)
+        elif t is q.mean.default and self.try_qlinear_global_average_pool(node):
+            return
         elif t is q.mean.default:
             x, zp, dims, keep, qmin, qmax = node.args
             rank = x.meta["val"].dim()
