@@ -1,6 +1,7 @@
 """What inputs a compiled model accepts, checked at every call."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ class InputSpec:
     dtype: str
     shape: tuple[int | None, ...]      # None = dynamic dimension
 
-    @property
+    @functools.cached_property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 

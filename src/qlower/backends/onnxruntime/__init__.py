@@ -86,6 +86,17 @@ class OrtCluster(torch.nn.Module):
         self.check = os.environ.get(CHECK_ENV) == "1"
         self.output_names = [o.name for o in session.get_outputs()] if session is not None else None
 
+    @property
+    def session(self):
+        return self._session
+
+    @session.setter
+    def session(self, session) -> None:
+        self._session = session
+        # The pybind session's run skips the Python wrapper's per-call validation of names and
+        # ownership (~7 us): qlower built the feed from the session's own input names.
+        self._run = getattr(session, "_sess", session).run if session is not None else None
+
     def _full_args(self, runtime_args) -> list:
         it = iter(runtime_args)
         return [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
@@ -99,7 +110,7 @@ class OrtCluster(torch.nn.Module):
         if session is None:
             return self._pytorch(args)
         try:
-            outs = session.run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, args)})
+            outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, args)}, None)
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
