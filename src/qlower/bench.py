@@ -2,12 +2,16 @@
 
 Every stack gets its own copy of the inputs and the harness checks the inputs are unchanged after
 each call (a peer once wrote into its caller's input). Timing: warm-up, then `rounds` rounds; in
-each round every stack runs a block of `block` calls, stacks in alternating order, with a pause
-between blocks so ONNX Runtime's spinning worker threads do not tax the next stack (DESIGN.md).
+each round every stack runs a block of calls lasting about `block_ms` (at least `block` calls; the
+count is fixed per stack from its warm-up time, so a 0.3 ms model is timed over ~130 calls per
+sample, not 10, and one descheduling of this noisy VM no longer decides a sample), stacks in
+alternating order, with a pause between blocks so ONNX Runtime's spinning worker threads do not
+tax the next stack (DESIGN.md).
 A stack that fails to build or run is recorded with its error, never fatal."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -144,17 +148,17 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
 
 
 def run_bench(models: list[str], stacks: list[str], rounds: int = 5, block: int = 10, warmup: int = 3,
-              batches: tuple[int, ...] = (1,), pause_s: float = 0.25, log: Callable[[str], None] = print
-              ) -> list[StackResult]:
+              batches: tuple[int, ...] = (1,), pause_s: float = 0.25, log: Callable[[str], None] = print,
+              block_ms: float = 40.0) -> list[StackResult]:
     torch.manual_seed(0)
     results: list[StackResult] = []
     for name in models:
         for batch in batches:
-            results += _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log)
+            results += _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log, block_ms)
     return results
 
 
-def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log) -> list[StackResult]:
+def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log, block_ms) -> list[StackResult]:
     results: list[StackResult] = []
     entry = zoo.get(name)
     model = entry.model()
@@ -183,17 +187,21 @@ def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log) -> li
             except Exception as exc:  # a peer failing is a result, not a crash
                 msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                 row[stack] = StackResult(name, stack, False, batch, error=f"{type(exc).__name__}: {msg}")
-        for fn, copies in runners.values():
+        calls = {}
+        for stack, (fn, copies) in runners.items():
+            t0 = time.perf_counter()
             for _ in range(warmup):
                 fn(*copies)
+            per_call_ms = (time.perf_counter() - t0) * 1e3 / max(warmup, 1)
+            calls[stack] = max(block, min(5000, math.ceil(block_ms / max(per_call_ms, 1e-3))))
         order = list(runners)
         for r in range(rounds):
             for stack in (order if r % 2 == 0 else order[::-1]):
                 fn, copies = runners[stack]
                 t0 = time.perf_counter()
-                for _ in range(block):
+                for _ in range(calls[stack]):
                     fn(*copies)
-                row[stack].samples.append((time.perf_counter() - t0) * 1e3 / block)
+                row[stack].samples.append((time.perf_counter() - t0) * 1e3 / calls[stack])
                 if not all(torch.equal(a, b) for a, b in zip(copies, test)):
                     row[stack].ok, row[stack].error = False, "stack modified its input tensors"
                 time.sleep(pause_s)

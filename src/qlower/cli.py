@@ -65,7 +65,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     batches = tuple(int(b) for b in batch.split(","))
     try:
         results = run_bench(names, chosen, rounds=2 if quick else rounds, block=3 if quick else 10,
-                            warmup=1 if quick else 3, batches=batches, log=lambda m: err.print(m, markup=False))
+                            warmup=1 if quick else 3, batches=batches, log=lambda m: err.print(m, markup=False),
+                            block_ms=5.0 if quick else 40.0)
     except QlowerError as exc:
         _fail(exc)
     table = Table(title="qlower bench (medians per call)")

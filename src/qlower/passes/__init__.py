@@ -5,6 +5,7 @@ from .canonicalize_qdq import CanonicalizeQDQ
 from .drop_metadata_asserts import DropMetadataAsserts
 from .fold_float_constants import FoldFloatConstants
 from .fold_quantized_constants import FoldQuantizedConstants
+from .fold_scale_into_dequantize import FoldScaleIntoDequantize
 from .functionalize_state import FunctionalizeState
 from .inline_grad_mode_regions import InlineGradModeRegions
 from .lower_qdq import LowerQDQ
@@ -13,8 +14,10 @@ from .propagate_dequantize import PropagateDequantize
 
 
 def default_pipeline() -> list[Pass]:
-    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ()]
+    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ(),
+            FoldScaleIntoDequantize()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ"]
+           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ",
+           "FoldScaleIntoDequantize"]
