@@ -34,6 +34,7 @@ from torch.fx import GraphModule, Node
 from ... import numerics
 from ...fx import constant_value, schema_name
 from .cpu import s8_weights_exact
+from .flatten_rows import flatten_rows
 from .kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
 
 OPSET = 23   # RMSNormalization, Attention (block ops) are standard from 23 on
@@ -585,9 +586,12 @@ def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[o
                 outputs.append(_value_info(r.name, r.meta["val"]))
     if e.deferred_conv:
         raise EmitError("internal: unfused conv left behind")
-    used = {i for n in e.nodes for i in n.input}
-    inits = [t for t in e.inits if t.name in used]
-    graph = helper.make_graph(e.nodes, "qlower_cluster", inputs, outputs, inits)
+    shapes = {n.name: tuple(n.meta["val"].shape) for n in gm.graph.nodes
+              if isinstance(n.meta.get("val"), torch.Tensor) and all(isinstance(d, int) for d in n.meta["val"].shape)}
+    nodes, inits = flatten_rows(e.nodes, e.inits, shapes, {o.name for o in outputs})
+    used = {i for n in nodes for i in n.input}
+    inits = [t for t in inits if t.name in used]
+    graph = helper.make_graph(nodes, "qlower_cluster", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("com.microsoft", 1),
                                                     helper.make_opsetid(BLOCK_DOMAIN, 1)],
