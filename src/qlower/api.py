@@ -48,7 +48,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         config, note = _weights_for_backend(config, chosen.name, preset=isinstance(quantize, str))
         if note:
             notes.append(note)
-        ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+        ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes,
+                       adjust_observers=getattr(chosen, "adjust_observers", None))
     else:
         ep = capture(model, example_inputs, dynamic_shapes)
     gm = _inference_state(ep.module())

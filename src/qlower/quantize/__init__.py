@@ -25,9 +25,10 @@ def is_quantized(program) -> bool:
 
 
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
-             dynamic_shapes=None) -> torch.export.ExportedProgram:
+             dynamic_shapes=None, adjust_observers=None) -> torch.export.ExportedProgram:
     """Capture, annotate with `QlowerQuantizer`, calibrate, convert: a Q/DQ ExportedProgram.
-    An already-quantized ExportedProgram is returned as is."""
+    An already-quantized ExportedProgram is returned as is. `adjust_observers(observed)` may
+    refine calibrated qparams before convert (a backend's exact-kernel choices)."""
     if isinstance(model, torch.export.ExportedProgram) and is_quantized(model):
         return model
     if isinstance(config, str):
@@ -42,6 +43,8 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     observed = prepare_pt2e(gm, QlowerQuantizer(config))
     with _state_restored(observed, state_names):  # calibration must not leave caches filled
         calibrate(observed, calibration)
+    if adjust_observers is not None:
+        adjust_observers(observed)
     converted = convert_pt2e(observed, fold_quantize=True)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_positional(dynamic_shapes))

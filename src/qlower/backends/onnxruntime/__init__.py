@@ -21,6 +21,7 @@ from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from . import cache
 from .capability import onnxruntime_capability
 from .emit import emit_cluster
+from .snap_scales import snap_add_scales
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -185,6 +186,11 @@ class OnnxRuntimeBackend:
     def __init__(self, options: OrtOptions | None = None):
         self.options = options or OrtOptions()
         self.capability = onnxruntime_capability()
+
+    @staticmethod
+    def adjust_observers(observed) -> None:
+        """Quantizing for this backend: add output scales snapped to proven-exact QLinearAdd."""
+        snap_add_scales(observed)
 
     def available(self) -> bool:
         try:
