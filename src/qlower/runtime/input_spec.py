@@ -20,6 +20,10 @@ class InputSpec:
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
+    @functools.cached_property
+    def static(self) -> bool:
+        return None not in self.shape
+
     def describe(self) -> str:
         dims = ", ".join("*" if d is None else str(d) for d in self.shape)
         return f"{self.dtype}[{dims}]"
@@ -51,9 +55,15 @@ def input_specs_of(gm: GraphModule) -> list[InputSpec]:
 
 
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:
+    if len(args) == len(specs):  # the common case: flat tensors, checked without building messages
+        for spec, value in zip(specs, args):
+            if type(value) is not torch.Tensor or not _fast_ok(spec, value):
+                break
+        else:
+            return
     leaves = args if all(type(a) is torch.Tensor for a in args) else torch.utils._pytree.tree_leaves(args)
     if len(leaves) == len(specs) and all(_fast_ok(s, v) for s, v in zip(specs, leaves)):
-        return  # the common case, checked without building any message
+        return
     if len(leaves) != len(specs):
         want = ", ".join(s.describe() for s in specs)
         raise InputError(f"expected {len(specs)} input(s) ({want}), got {len(leaves)}",
@@ -68,6 +78,6 @@ def check_inputs(specs: list[InputSpec], args: tuple) -> None:
 def _fast_ok(spec: InputSpec, value) -> bool:
     if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype:
         return False
-    if None not in spec.shape:
+    if spec.static:
         return value.shape == spec.shape  # torch.Size compares with a tuple
     return value.dim() == len(spec.shape) and all(w is None or w == g for w, g in zip(spec.shape, value.shape))

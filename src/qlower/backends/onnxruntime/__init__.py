@@ -171,11 +171,16 @@ def _direct_runner(fused: GraphModule):
     flat_in = positional is not None and in_spec.num_leaves == positional.num_leaves == len(placeholders) \
         and all(c.is_leaf() for c in positional.children())  # plain tensors, no kwargs: no pytree work
     leaves, unflatten = torch.utils._pytree.tree_leaves, torch.utils._pytree.tree_unflatten
+    # A plain tuple of tensors out (the usual multi-output model): no pytree work per call.
+    flat_out = out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children())
+    in_order = picks is not None and picks == list(range(len(picks)))
 
     def run(*args):
         out = cluster.forward(*(args if flat_in and len(args) == len(placeholders) else leaves(args)))
         if picks is None:
             return out if out_spec.is_leaf() else unflatten((out,), out_spec)
+        if flat_out:
+            return out if in_order and len(out) == len(picks) else tuple(out[i] for i in picks)
         return unflatten([out[i] for i in picks], out_spec)
     return run
 
