@@ -8,12 +8,18 @@ from qlower.cli import app
 
 
 def test_bench_smoke(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "--models", "cnn", "--stacks", "eager-fp32,qlower-reference",
+    result = CliRunner().invoke(app, ["bench", "--models", "cnn", "--stacks",
+                                      "eager-fp32,qlower-reference,qlower-onnxruntime,qlower-onnxruntime-qdq",
                                       "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["stack"]: r for r in data["results"]}
-    assert rows["eager-fp32"]["ok"] and rows["qlower-reference"]["ok"]
+    assert all(r["ok"] for r in rows.values()), rows
+    # exactness against the reference backend on the same quantized program: the CNN is all
+    # integer ops, so the onnxruntime stack must match on every element; peers are not measured
+    assert rows["qlower-reference"]["canonical_diff"] == 0 and rows["qlower-onnxruntime"]["canonical_diff"] == 0
+    assert rows["eager-fp32"]["canonical_diff"] is None and rows["qlower-onnxruntime-qdq"]["canonical_diff"] is not None
+    assert set(data["qlower_vs_best_peer"]) == set()  # no non-eager peer in this run
     assert rows["eager-fp32"]["vs_eager"] == 1.0
     assert rows["qlower-reference"]["sqnr_db"] > 20 and len(rows["qlower-reference"]["samples"]) == 2
     assert "| cnn | 1 | qlower-reference |" in (tmp_path / "bench.md").read_text()

@@ -202,3 +202,22 @@ def test_compile_for_onnxruntime_snaps_and_stays_accurate(monkeypatch):
         want = model(*x)
     err = (cm(*x) - want).abs().max().item()
     assert err < 0.05 * want.abs().max().item()
+
+
+def test_public_quantize_for_a_backend_snaps_like_compile(monkeypatch):
+    """`qlower.quantize(..., backend="onnxruntime")` gives the program `compile` would quantize:
+    7-bit weights on this CPU's preset choice and snapped add scales, so every add is QLinearAdd."""
+    from qlower.backends.onnxruntime import OnnxRuntimeBackend
+    from qlower.backends.onnxruntime.cpu import has_vnni
+    from qlower.quantize import quantize as quantize_internal
+    monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
+    torch.manual_seed(1)
+    model, x = Residuals().eval(), (torch.randn(1, 8, 6, 6),)
+    data = calib((1, 8, 6, 6))
+    ep = qlower.quantize(model, x, data, "int8", backend="onnxruntime")
+    cfg = qlower.QuantConfig(weight_bits=8 if has_vnni() else 7)
+    want = quantize_internal(model, x, data, cfg, adjust_observers=OnnxRuntimeBackend.adjust_observers)
+    assert _add_scales(ep) == _add_scales(want)
+    assert _ops(qlower.compile(ep, x, backend="onnxruntime")).count("QLinearAdd") == 4
+    neutral = qlower.quantize(model, x, data, "int8")  # backend-neutral: full 8-bit weights, no snapping
+    assert _add_scales(neutral) == _add_scales(quantize_internal(model, x, data, qlower.QuantConfig()))

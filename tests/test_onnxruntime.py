@@ -311,3 +311,62 @@ def test_bias_free_linear_is_qlinearmatmul_and_bit_exact():
     assert ops.count("QLinearMatMul") == 2 and "Reshape" not in ops, ops
     for xs in calib((2, 5, 32), n=16, seed=9):
         assert torch.equal(ort(*xs), ref(*xs))
+
+
+class FloatConvNet(torch.nn.Module):
+    """Every float CNN op the onnxruntime backend emits, in its less common variants."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(3, 6, 3, stride=2, padding=1, dilation=1)
+        self.c2 = torch.nn.Conv2d(6, 12, 3, padding=2, dilation=2, groups=3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(12)
+        self.c3 = torch.nn.Conv2d(12, 8, 1, stride=(1, 2))
+
+    def forward(self, x):
+        y = self.c1(x).unsqueeze(-1).expand(-1, -1, -1, 10)
+        y = torch.nn.functional.hardtanh(self.bn(self.c2(y)), 0.0, 6.0)
+        y = torch.nn.functional.hardswish(torch.nn.functional.max_pool2d(y, 3, 2, padding=1, ceil_mode=True))
+        y = torch.nn.functional.avg_pool2d(self.c3(y), 2, padding=1, count_include_pad=False)
+        return torch.nn.functional.hardsigmoid(y.clamp(min=-2.0)) + y.clamp(-1.0, 1.0)
+
+
+def test_float_conv_network_runs_entirely_in_onnxruntime():
+    torch.manual_seed(0)
+    m = FloatConvNet().eval()
+    m.bn.running_mean.uniform_(-1, 1)
+    m.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 20)
+    cm = qlower.compile(m, (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks and [c.backend for c in cm.report().clusters] == ["onnxruntime"]
+    with torch.no_grad():
+        assert torch.allclose(cm(x), m(x), atol=1e-5)
+
+
+def test_float_op_variants_not_emitted_run_in_pytorch():
+    """Near miss: avg_pool2d with divisor_override has no ONNX equivalent; the capability
+    refuses it (with the reason in the report), the rest stays in ONNX Runtime, result correct."""
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.avg_pool2d(torch.relu(x), 2, divisor_override=3) * 2
+
+    x = torch.randn(1, 2, 6, 6)
+    cm = qlower.compile(Pool().eval(), (x,), backend="onnxruntime")
+    assert [c.reason for c in cm.report().clusters if c.backend == "pytorch"] == \
+        ["aten::avg_pool2d: avg_pool2d with divisor_override is not emitted"]
+    assert torch.allclose(cm(x), Pool()(x), atol=1e-6)
+
+
+def test_custom_pass_list_keeps_the_qdq_form(integer_net):
+    """compile(passes=...) replaces the pipeline: without LowerQDQ the program stays Q/DQ (float
+    convs between quantize/dequantize) and still runs, in ONNX Runtime, close to the lowered one."""
+    from qlower.passes import LowerQDQ, default_pipeline
+    x = (torch.randn(1, 3, 16, 16),)
+    ep = qlower.quantize(integer_net, x, calib((1, 3, 16, 16)))
+    lowered = qlower.compile(ep, x, backend="onnxruntime")
+    qdq = qlower.compile(ep, x, backend="onnxruntime",
+                         passes=[p for p in default_pipeline() if not isinstance(p, LowerQDQ)])
+    assert "qlower::conv2d" in lowered.report().op_counts and "qlower::conv2d" not in qdq.report().op_counts
+    assert "aten::conv2d" in qdq.report().op_counts and not qdq.report().fallbacks
+    scale = [n for n in ep.graph.nodes if "dequantize" in str(n.target)][-1].args[1]
+    assert (qdq(*x) - lowered(*x)).abs().max().item() <= 2 * scale + 1e-6

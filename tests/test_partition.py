@@ -93,6 +93,6 @@ def test_allow_and_deny_lists(monkeypatch):
     assert names(cl) == [["relu"]] and "QLOWER_OP_DENYLIST" in cl.unsupported["sigmoid_default"]
     monkeypatch.delenv("QLOWER_OP_DENYLIST")
     cap.register("aten::sigmoid", lambda n: "refused by predicate")
-    assert cap.why_not(next(n for n in g.nodes if short(n) == "sigmoid")) == "refused by predicate"
+    assert cap.why_not(next(n for n in g.nodes if short(n) == "sigmoid")) == "aten::sigmoid: refused by predicate"
     monkeypatch.setenv("QLOWER_OP_ALLOWLIST", "aten::sigmoid")
     assert cap.supports(next(n for n in g.nodes if short(n) == "sigmoid"))

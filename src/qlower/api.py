@@ -20,19 +20,31 @@ from .runtime import CompiledModule, input_specs_of
 
 
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
-             dynamic_shapes=None) -> torch.export.ExportedProgram:
-    """Q/DQ ExportedProgram of `model` (an already-quantized program is returned as is)."""
+             dynamic_shapes=None, backend: str | None = None) -> torch.export.ExportedProgram:
+    """Q/DQ ExportedProgram of `model` (an already-quantized program is returned as is).
+
+    backend: quantize for this backend as `compile` does (e.g. "onnxruntime": the "int8" preset
+    gets 7-bit weights on CPUs without VNNI, and add scales snap to the backend's exact kernels);
+    None quantizes backend-neutrally."""
     check_module(model)
-    return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+    if backend is None:
+        return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+    chosen = get_backend(backend)
+    config, _ = _config_for_backend(config, chosen.name)
+    return _quantize(model, example_inputs, calibration, config, dynamic_shapes,
+                     adjust_observers=getattr(chosen, "adjust_observers", None))
 
 
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
-            dynamic_shapes=None, profile: str = "float", backend_options=None) -> CompiledModule:
+            dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None) -> CompiledModule:
     """Capture, (optionally) quantize, lower to integer ops, compile on `backend`.
 
     quantize: None (float model, or an already-quantized program), "int8", or a QuantConfig.
     profile:  requantization numerics profile, "float" (ONNX Runtime) or "fixed" (TOSA).
     backend_options: e.g. qlower.backends.onnxruntime.OrtOptions(threads=1, optimization="basic").
+    passes:   the graph passes to run, default `qlower.passes.default_pipeline()`; a list of your
+              own extends or replaces it (dropping LowerQDQ leaves the program in Q/DQ form,
+              whose numerics are then the backend's, not qlower's canonical ones).
     """
     check_module(model)
     example_inputs = check_example_inputs(example_inputs)
@@ -43,9 +55,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         if calibration is None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
             raise QuantizeError("quantize was requested but no calibration data was given",
                                 hint="pass calibration=[(x,), ...] with a few representative inputs")
-        config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else quantize
         chosen = get_backend(backend, backend_options)
-        config, note = _weights_for_backend(config, chosen.name, preset=isinstance(quantize, str))
+        config, note = _config_for_backend(quantize, chosen.name)
         if note:
             notes.append(note)
         ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes,
@@ -53,7 +64,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     else:
         ep = capture(model, example_inputs, dynamic_shapes)
     gm = _inference_state(ep.module())
-    ctx = PassManager(default_pipeline()).run(gm, PassContext(profile=profile))
+    ctx = PassManager(default_pipeline() if passes is None else list(passes)).run(gm, PassContext(profile=profile))
     chosen = get_backend(backend, backend_options)
     counts = op_counts(gm)
     executable = chosen.compile(copy.deepcopy(gm))  # backends may restructure their copy
@@ -75,6 +86,11 @@ def _inference_state(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             if buf is not None and buf.grad_fn is not None:
                 module._buffers[name] = buf.detach()
     return gm
+
+
+def _config_for_backend(quantize: QuantConfig | str | None, backend: str) -> tuple[QuantConfig, str | None]:
+    config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else (quantize or QuantConfig())
+    return _weights_for_backend(config, backend, preset=not isinstance(quantize, QuantConfig))
 
 
 def _weights_for_backend(config: QuantConfig, backend: str, preset: bool) -> tuple[QuantConfig, str | None]:

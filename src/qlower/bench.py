@@ -27,7 +27,12 @@ from .quantize import QuantConfig
 from .report import cosine, max_abs, sqnr_db
 
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
-          "qlower-onnxruntime", "qlower-onnxruntime-w8", "qlower-reference")
+          "qlower-onnxruntime", "qlower-onnxruntime-w8", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused",
+          "qlower-reference")
+# The Q/DQ-form stacks answer "integer ops, or Q/DQ form and let the engine fuse?": the same
+# quantized program without LowerQDQ, with ONNX Runtime's own QDQ fusions on (-qdq) or off
+# (-qdq-unfused: float kernels between Q/DQ). Both are measured against the canonical numerics.
+FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
                   "qlower-onnxruntime")
 QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime")
@@ -49,6 +54,8 @@ class StackResult:
     cosine: float | None = None
     max_abs: float | None = None
     prepare_s: float | None = None
+    canonical_diff: int | None = None     # qlower stacks: output elements != the reference backend's
+    canonical_max: float | None = None    # ... and the largest such difference
     samples: list[float] = field(default_factory=list)
 
 
@@ -137,14 +144,46 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True)
         return _ort_runner(_ort_session(dst))
     if stack.startswith("qlower-"):
-        backend = "onnxruntime" if "onnxruntime" in stack else "reference"
-        quantize = QuantConfig(weight_bits=8) if stack.endswith("-w8") else "int8"  # preset picks per CPU
-        cm = qcompile(model, inputs, quantize=quantize, calibration=calibration, backend=backend)
-        if cm.report().fallbacks:
-            reasons = "; ".join(f"#{c.id}: {c.reason}" for c in cm.report().fallbacks)
-            print(f"  note: {stack} on {entry.name} has fallbacks: {reasons}")
-        return lambda *xs: cm(*xs)
+        return _qlower_stack(stack, entry, model, inputs, calibration)
     raise ValueError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
+
+
+def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
+    """A qlower stack, with `.canonical()`: builds the reference backend on the same quantized
+    program (called after the stack's prepare time and memory are taken)."""
+    from .api import quantize as qquantize
+    from .backends.onnxruntime import OrtOptions
+    from .passes import LowerQDQ, default_pipeline
+    backend = "onnxruntime" if "onnxruntime" in stack else "reference"
+    config = QuantConfig(weight_bits=8) if stack.endswith("-w8") else "int8"  # the preset picks per CPU
+    ep = qquantize(model, inputs, calibration, config, backend=backend)
+    passes, options = None, None
+    if "-qdq" in stack:
+        passes = [p for p in default_pipeline() if not isinstance(p, LowerQDQ)]
+        options = OrtOptions(disabled_optimizers=()) if stack.endswith("-qdq") else OrtOptions()
+    cm = qcompile(ep, inputs, backend=backend, passes=passes, backend_options=options)
+    if cm.report().fallbacks:
+        reasons = "; ".join(f"#{c.id}: {c.reason}" for c in cm.report().fallbacks)
+        print(f"  note: {stack} on {entry.name} has fallbacks: {reasons}")
+
+    def run(*xs):
+        return cm(*xs)
+    run.canonical = lambda: qcompile(ep, inputs, backend="reference")
+    return run
+
+
+def _canonical_diff(fn, out, inputs, log) -> tuple[int, float] | tuple[None, None]:
+    build = getattr(fn, "canonical", None)
+    if build is None:
+        return None, None
+    try:
+        want = torch.utils._pytree.tree_leaves(build()(*inputs))
+    except Exception as exc:  # the stack itself ran; only its exactness stays unknown
+        log(f"  note: reference backend failed, exactness not measured: {type(exc).__name__}: {exc}")
+        return None, None
+    got = torch.utils._pytree.tree_leaves(out)
+    diff = sum(int((a != b).sum()) for a, b in zip(got, want))
+    return diff, max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want))
 
 
 def run_bench(models: list[str], stacks: list[str], rounds: int = 5, block: int = 10, warmup: int = 3,
@@ -179,11 +218,13 @@ def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log, block
                 out = fn(*copies)
                 if not all(torch.equal(a, b) for a, b in zip(copies, test)):
                     raise RuntimeError("stack modified its input tensors")
-                runners[stack] = (fn, copies)
-                row[stack] = StackResult(name, stack, True, batch, _rss_mb() - rss0, _peak_rss_mb(),
-                                         prepare_s=time.perf_counter() - start,
+                prepare_s, rss, peak = time.perf_counter() - start, _rss_mb() - rss0, _peak_rss_mb()
+                diff, diff_max = _canonical_diff(fn, out, test, log)
+                row[stack] = StackResult(name, stack, True, batch, rss, peak, prepare_s=prepare_s,
+                                         canonical_diff=diff, canonical_max=diff_max,
                                          sqnr_db=sqnr_db(reference, out), cosine=cosine(reference, out),
                                          max_abs=max_abs(reference, out))
+                runners[stack] = (fn, copies)
             except Exception as exc:  # a peer failing is a result, not a crash
                 msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                 row[stack] = StackResult(name, stack, False, batch, error=f"{type(exc).__name__}: {msg}")
@@ -218,11 +259,13 @@ def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log, block
 
 
 def best_peer_ratios(results: list[StackResult]) -> dict[str, float]:
-    """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster)."""
+    """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster).
+    Only qlower stacks that keep the canonical numerics count as qlower's."""
     out = {}
     for key in sorted({(r.model, r.batch) for r in results}):
         rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.median_ms]
-        ours = [r.median_ms for r in rows if r.stack.startswith("qlower-") and r.stack != "qlower-reference"]
+        ours = [r.median_ms for r in rows if r.stack.startswith("qlower-") and r.stack != "qlower-reference"
+                and "-qdq" not in r.stack]  # the Q/DQ-form stacks do not keep the canonical numerics
         peers = [r.median_ms for r in rows if not r.stack.startswith("qlower-") and r.stack != "eager-fp32"]
         if ours and peers:
             out[f"{key[0]} b{key[1]}"] = min(ours) / min(peers)
@@ -234,20 +277,29 @@ def write_outputs(results: list[StackResult], out: Path, command: str) -> None:
     (out / "bench.json").write_text(json.dumps({"command": command, "results": [asdict(r) for r in results],
                                                 "qlower_vs_best_peer": best_peer_ratios(results)}, indent=1))
     lines = [f"Command: `{command}`", "",
-             "| model | batch | stack | median ms | spread ms | vs eager | SQNR dB | cosine | prepare s | RSS +MB | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | stack | median ms | spread ms | vs eager | SQNR dB | cosine | != canonical (max) "
+             "| prepare s | RSS +MB | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.ok and r.median_ms is not None:
             ratio = f"{r.vs_eager:.2f}x" if r.vs_eager else "-"
             lines.append(f"| {r.model} | {r.batch} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | "
-                         f"{ratio} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {r.prepare_s:.1f} | {r.rss_mb:.0f} | "
+                         f"{ratio} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {canonical_cell(r)} | {r.prepare_s:.1f} | "
+                         f"{r.rss_mb:.0f} | "
                          f"{r.peak_rss_mb:.0f} |")
         else:
-            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | | |")
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | | | |")
     lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]
     lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results).items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     _chart(results, out / "bench.png")
+
+
+def canonical_cell(r: StackResult) -> str:
+    """'0' (bit-exact), '12 (3.1e-07)' (elements differing, largest difference), '-' for peers."""
+    if r.canonical_diff is None:
+        return "-"
+    return "0" if r.canonical_diff == 0 else f"{r.canonical_diff} ({r.canonical_max:.1e})"
 
 
 def _chart(results: list[StackResult], path: Path) -> None:

@@ -58,7 +58,7 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
         seconds, clusters = partition_scaling(partition_nodes)
         console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
         return
-    from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, run_bench, write_outputs
+    from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, canonical_cell, run_bench, write_outputs
     from .errors import QlowerError
     names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else zoo.default_bench_models())
     chosen = [s.strip() for s in stacks.split(",")] if stacks else list(QUICK_STACKS if quick else DEFAULT_STACKS)
@@ -70,15 +70,16 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     except QlowerError as exc:
         _fail(exc)
     table = Table(title="qlower bench (medians per call)")
-    for col in ("model", "batch", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine", "prepare s"):
+    for col in ("model", "batch", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine",
+                "!= canonical", "prepare s"):
         table.add_column(col, justify="left" if col in ("model", "stack") else "right")
     for r in results:
         if r.ok and r.median_ms is not None:
             table.add_row(r.model, str(r.batch), r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}",
                           f"{r.vs_eager:.2f}x" if r.vs_eager else "-", f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}",
-                          f"{r.prepare_s:.1f}")
+                          canonical_cell(r), f"{r.prepare_s:.1f}")
         else:
-            table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "")
+            table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "", "")
     console.print(table)
     for key, ratio in best_peer_ratios(results).items():
         console.print(f"{key}: qlower best / best peer latency = {ratio:.2f}")

@@ -52,7 +52,8 @@ class Capability:
         predicate = self.ops.get(name, self.ops.get("*"))
         if predicate is None:
             return f"{self.backend} has no lowering for {name}"
-        return predicate(node)
+        why = predicate(node)
+        return None if why is None else f"{name}: {why}"  # the report names the op it refused
 
     def supports(self, node: Node) -> bool:
         return self.why_not(node) is None

@@ -47,6 +47,35 @@ def _quantize_per_tensor_range(node: Node) -> str | None:
     return None if (node.args[3], node.args[4]) == numerics.dtype_range(node.args[5]) else "narrowed range"
 
 
+def _float_conv(node: Node) -> str | None:
+    """numeric padding"""
+    pad = node.args[4] if len(node.args) > 4 else 0
+    return "string padding is not emitted" if isinstance(pad, str) else _float_only(node)
+
+
+def _eval_batch_norm(node: Node) -> str | None:
+    """inference mode with running statistics"""
+    if node.args[5]:
+        return "batch_norm in training mode"
+    if node.args[3] is None or node.args[4] is None:
+        return "batch_norm without running statistics"
+    return _float_only(node)
+
+
+def _constant_bounds(node: Node) -> str | None:
+    """constant bounds"""
+    if any(isinstance(b, Node) for b in node.args[1:]):
+        return "clamp with tensor bounds is not emitted"
+    return _float_only(node)
+
+
+def _no_divisor_override(node: Node) -> str | None:
+    """no divisor_override"""
+    if len(node.args) > 6 and node.args[6] is not None:
+        return "avg_pool2d with divisor_override is not emitted"
+    return _float_only(node)
+
+
 def _adaptive_pool(node: Node) -> str | None:
     """output size 1x1 only"""
     return None if list(node.args[1]) in ([1, 1], [1]) else "only global pooling is emitted"
@@ -122,8 +151,13 @@ def onnxruntime_capability() -> Capability:
     cap.register(["aten::permute", "aten::transpose.int", "aten::flatten.using_ints", "aten::unbind.int",
                   "aten::add.Tensor", "aten::mul.Tensor", "aten::sub.Tensor", "aten::div.Tensor",
                   "aten::softmax.int", "aten::layer_norm", "aten::gelu", "aten::relu", "aten::abs",
-                  "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor", "aten::max_pool2d",
+                  "aten::sigmoid", "aten::tanh", "aten::linear", "aten::cat", "aten::slice.Tensor",
                   "aten::alias"], _float_only)
+    cap.register(["aten::conv1d", "aten::conv2d"], _float_conv)
+    cap.register("aten::batch_norm", _eval_batch_norm)
+    cap.register(["aten::hardtanh", "aten::hardswish", "aten::hardsigmoid", "aten::max_pool2d"], _float_only)
+    cap.register("aten::clamp", _constant_bounds)
+    cap.register("aten::avg_pool2d", _no_divisor_override)
     cap.register("aten::adaptive_avg_pool2d", _adaptive_pool)
     cap.register(["qlower::layer_norm", "qlower::skip_layer_norm", "qlower::rms_norm", "qlower::group_norm",
                   "qlower::masked_softmax", "qlower::kv_cache_update", "qlower::stream_buffer"])

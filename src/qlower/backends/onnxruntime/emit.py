@@ -352,7 +352,9 @@ class Emitter:
             if emit_block_op(self, node):
                 return
             raise EmitError(f"no ONNX lowering for {schema_name(node)} with these arguments")
-        if t is aten.adaptive_avg_pool2d.default:
+        if t in FLOAT_NN:
+            FLOAT_NN[t](self, node)
+        elif t is aten.adaptive_avg_pool2d.default:
             if list(a[1]) not in ([1, 1], [1]):
                 raise EmitError("adaptive_avg_pool2d only to 1x1")
             self.op("GlobalAveragePool", [a[0].name], name)
@@ -601,4 +603,5 @@ def emit_cluster(gm: GraphModule, constants: dict[str, torch.Tensor]) -> tuple[o
     return model, [i.name for i in inputs], [o.name for o in outputs]
 
 
-from .blockops import BLOCK_DOMAIN, BLOCK_LIKE_ATEN, emit_block_op  # noqa: E402  (blockops builds on Emitter)
+from .blockops import BLOCK_DOMAIN, BLOCK_LIKE_ATEN, emit_block_op  # noqa: E402  (these build on Emitter)
+from .float_nn import FLOAT_NN  # noqa: E402
