@@ -11,13 +11,14 @@ from .inline_grad_mode_regions import InlineGradModeRegions
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
 from .propagate_dequantize import PropagateDequantize
+from .rnn_seq_first import RnnSeqFirst
 
 
 def default_pipeline() -> list[Pass]:
-    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ(),
+    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize"]

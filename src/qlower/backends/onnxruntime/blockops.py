@@ -270,7 +270,7 @@ def _rnn_body(e: Emitter, node: Node) -> list[str] | None:
         w_ih, w_hh, b_ih, b_hh = values[4 * layer:4 * layer + 4]
         inputs = [seq, e.const(_gates(w_ih, order)[None], "W"), e.const(_gates(w_hh, order)[None], "R"),
                   e.const(torch.cat([_gates(b_ih, order), _gates(b_hh, order)])[None], "B"), ""]
-        inputs += [_slice(e, s, layer, layer + 1, 0) for s in states]
+        inputs += [_slice(e, s, layer, layer + 1, 0) for s in states] if layers > 1 else states
         outs = [e.fresh("Y")] + [e.fresh("Y_state") for _ in states]
         attrs = {"hidden_size": int(hidden)} if is_lstm else {"hidden_size": int(hidden), "linear_before_reset": 1}
         e.nodes.append(helper.make_node("LSTM" if is_lstm else "GRU", inputs, outs, **attrs))
