@@ -58,7 +58,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
         seconds, clusters = partition_scaling(partition_nodes)
         console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
         return
-    from .bench import DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, canonical_cell, run_bench, write_outputs
+    from .bench import (DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, canonical_cell, paired_ratios, run_bench,
+                        write_outputs)
     from .errors import QlowerError
     names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else zoo.default_bench_models())
     chosen = [s.strip() for s in stacks.split(",")] if stacks else list(QUICK_STACKS if quick else DEFAULT_STACKS)
@@ -83,6 +84,9 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     console.print(table)
     for key, ratio in best_peer_ratios(results).items():
         console.print(f"{key}: qlower best / best peer latency = {ratio:.2f}")
+    for key, peers in paired_ratios(results).items():
+        console.print(f"{key}: qlower / peer, paired per round: "
+                      + ", ".join(f"{peer} {ratio:.2f}" for peer, ratio in peers.items()))
     write_outputs(results, out, "qlower bench " + " ".join(sys.argv[2:]))
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {out / 'bench.png'}")
 
