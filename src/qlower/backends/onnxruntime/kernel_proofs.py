@@ -52,7 +52,6 @@ def _canonical_add(sa, za, sb, zb, sy, zy) -> np.ndarray:
 
 
 def _run_qlinear_add(sa, za, sb, zb, sy, zy) -> np.ndarray:
-    import onnxruntime as ort
     from onnx import TensorProto, helper
     n = _PAIRS_A.size
     scalars = [helper.make_tensor(name, TensorProto.FLOAT, [], [v]) for name, v in (("sa", sa), ("sb", sb), ("sy", sy))]
@@ -61,13 +60,7 @@ def _run_qlinear_add(sa, za, sb, zb, sy, zy) -> np.ndarray:
         [helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")],
         "qlinear_add_proof", [helper.make_tensor_value_info(x, TensorProto.UINT8, [n]) for x in ("a", "b")],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [n])], scalars)
-    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
-                                                                   helper.make_opsetid("com.microsoft", 1)])
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return session.run(None, {"a": _PAIRS_A, "b": _PAIRS_B})[0]
+    return _run_unoptimized(graph, {"a": _PAIRS_A, "b": _PAIRS_B})
 
 
 def _mlas_avx2_add(sa, za, sb, zb, sy, zy) -> tuple[np.ndarray, np.ndarray] | None:
@@ -129,7 +122,6 @@ def qlinear_global_average_pool_exact(size: int, scale: float, zp: int) -> bool:
 
 
 def _run_qlinear_global_average_pool(x: np.ndarray, scale: float, zp: int) -> np.ndarray:
-    import onnxruntime as ort
     from onnx import TensorProto, helper
     consts = [helper.make_tensor("s", TensorProto.FLOAT, [], [scale]), helper.make_tensor("z", TensorProto.UINT8, [], [zp])]
     graph = helper.make_graph(
@@ -137,10 +129,17 @@ def _run_qlinear_global_average_pool(x: np.ndarray, scale: float, zp: int) -> np
                           channels_last=0)],
         "qlinear_gap_proof", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [x.shape[0], x.shape[1], 1, 1])], consts)
+    return _run_unoptimized(graph, {"x": x})
+
+
+def _run_unoptimized(graph, feed: dict) -> np.ndarray:
+    """First output of a one-kernel graph run exactly as written (no ORT rewrites)."""
+    import onnxruntime as ort
+    from onnx import helper
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
                                                                    helper.make_opsetid("com.microsoft", 1)])
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return session.run(None, feed)[0]
