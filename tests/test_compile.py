@@ -104,3 +104,10 @@ def test_fixed_profile_compiles_and_stays_accurate(small_net):
     b = compiled(small_net, (1, 3, 8, 8), profile="fixed")
     assert b.report().profile == "fixed"
     assert qlower.report.sqnr_db(a(x), b(x)) > 30
+
+
+def test_a_pass_list_with_a_non_pass_is_a_typed_error(small_net):
+    from qlower.errors import PassError
+    from qlower.passes import default_pipeline
+    with pytest.raises(PassError, match="not a qlower pass"):
+        qlower.compile(small_net, (torch.randn(1, 3, 16, 16),), passes=[*default_pipeline(), "lower_qdq"])

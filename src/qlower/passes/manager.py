@@ -52,7 +52,12 @@ def _is_submodule_ref(gm: GraphModule, node) -> bool:
 
 class PassManager:
     def __init__(self, passes: list[Pass], *, verify_each: bool = True, dump_dir: str | None = None):
-        self.passes = passes
+        bad = [p for p in passes if not isinstance(p, Pass)]
+        if bad:
+            raise PassError(f"not a qlower pass: {bad[0]!r}",
+                            hint="subclass qlower.passes.Pass (name, run(gm, ctx) -> bool); "
+                                 "start from qlower.passes.default_pipeline()")
+        self.passes = list(passes)
         self.verify_each = verify_each
         self.dump_dir = Path(dump_dir or os.environ.get(DUMP_ENV, "") or ".") if (
             dump_dir or os.environ.get(DUMP_ENV)) else None
