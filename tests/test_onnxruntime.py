@@ -370,3 +370,27 @@ def test_custom_pass_list_keeps_the_qdq_form(integer_net):
     assert "aten::conv2d" in qdq.report().op_counts and not qdq.report().fallbacks
     scale = [n for n in ep.graph.nodes if "dequantize" in str(n.target)][-1].args[1]
     assert (qdq(*x) - lowered(*x)).abs().max().item() <= 2 * scale + 1e-6
+
+
+class PoolVariants(torch.nn.Module):
+    """Pooling argument combinations; export drops trailing arguments equal to their defaults
+    (stride omitted, count_include_pad=True), which the emitter must fill back in correctly."""
+    CONFIGS = [(k, s, p, ceil, inc) for k in (2, 3) for s in (None, 1, 2) for p in (0, 1)
+               for ceil in (False, True) for inc in (False, True) if p <= k // 2]
+
+    def forward(self, x):
+        F = torch.nn.functional
+        outs = []
+        for k, s, p, ceil, inc in self.CONFIGS:
+            outs.append(F.avg_pool2d(x, k, s, p, ceil_mode=ceil, count_include_pad=inc))
+            outs.append(F.max_pool2d(x, k, s, p, ceil_mode=ceil))
+        return tuple(outs)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 7, 8), (2, 3, 6, 6)])
+def test_float_pool_variants_match_pytorch(shape):
+    x = torch.randn(*shape)
+    cm = qlower.compile(PoolVariants().eval(), (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks
+    for got, want in zip(cm(x), PoolVariants()(x)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)

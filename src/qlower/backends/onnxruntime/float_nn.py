@@ -28,6 +28,12 @@ def _pair(v, n: int) -> list[int]:
     return [int(x) for x in (vals * n if len(vals) == 1 else vals)]
 
 
+def _with_defaults(given, defaults: list) -> list:
+    """Positional arguments after the given ones take the schema's defaults (export drops
+    trailing arguments that equal their default)."""
+    return list(given) + defaults[len(given):]
+
+
 def _operand(e: Emitter, node: Node | None, default: torch.Tensor, hint: str) -> str:
     """An FX operand by name, or `default` as an initializer where PyTorch passes None."""
     return node.name if node is not None else e.const(default, hint)
@@ -35,15 +41,14 @@ def _operand(e: Emitter, node: Node | None, default: torch.Tensor, hint: str) ->
 
 def conv(e: Emitter, node: Node) -> None:
     x, w = node.args[0], node.args[1]
-    rest = list(node.args[2:]) + [None] * 5
-    bias, stride, padding, dilation, groups = rest[:5]
+    bias, stride, padding, dilation, groups = _with_defaults(node.args[2:], [None, 1, 0, 1, 1])
     spatial = w.meta["val"].dim() - 2
     if isinstance(padding, str):
         raise EmitError(f"string padding {padding!r} is not emitted")
-    pads = _pair(padding if padding is not None else 0, spatial)
+    pads = _pair(padding, spatial)
     inputs = [x.name, w.name] + ([bias.name] if bias is not None else [])
-    e.op("Conv", inputs, node.name, strides=_pair(stride or 1, spatial), pads=pads * 2,
-         dilations=_pair(dilation or 1, spatial), group=int(groups or 1))
+    e.op("Conv", inputs, node.name, strides=_pair(stride, spatial), pads=pads * 2,
+         dilations=_pair(dilation, spatial), group=int(groups))
 
 
 def batch_norm(e: Emitter, node: Node) -> None:
@@ -79,20 +84,18 @@ def clamp(e: Emitter, node: Node) -> None:
 
 def max_pool(e: Emitter, node: Node) -> None:
     x, kernel = node.args[0], _pair(node.args[1], 2)
-    rest = list(node.args[2:]) + [None] * 4
-    stride, padding, dilation, ceil = rest[:4]
+    stride, padding, dilation, ceil = _with_defaults(node.args[2:], [None, 0, 1, False])
     e.op("MaxPool", [x.name], node.name, kernel_shape=kernel, strides=_pair(stride, 2) if stride else kernel,
-         pads=_pair(padding or 0, 2) * 2, dilations=_pair(dilation or 1, 2), ceil_mode=int(bool(ceil)))
+         pads=_pair(padding, 2) * 2, dilations=_pair(dilation, 2), ceil_mode=int(bool(ceil)))
 
 
 def avg_pool(e: Emitter, node: Node) -> None:
     x, kernel = node.args[0], _pair(node.args[1], 2)
-    rest = list(node.args[2:]) + [None, None, None, True, None]
-    stride, padding, ceil, include_pad, divisor = rest[:5]
+    stride, padding, ceil, include_pad, divisor = _with_defaults(node.args[2:], [None, 0, False, True, None])
     if divisor is not None:
         raise EmitError("avg_pool2d with divisor_override is not emitted")
     e.op("AveragePool", [x.name], node.name, kernel_shape=kernel, strides=_pair(stride, 2) if stride else kernel,
-         pads=_pair(padding or 0, 2) * 2, ceil_mode=int(bool(ceil)), count_include_pad=int(bool(include_pad)))
+         pads=_pair(padding, 2) * 2, ceil_mode=int(bool(ceil)), count_include_pad=int(bool(include_pad)))
 
 
 FLOAT_NN: dict[object, Callable[[Emitter, Node], None]] = {
