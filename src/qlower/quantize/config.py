@@ -34,6 +34,16 @@ class QuantConfig:
     # (measured on the zoo and HF models, docs/performance.md). Off: muls run in float between
     # the quantized ops around them.
     quantize_mul: bool = False
+    # Quantize adds of two tensors where one already carries qparams (residual adds). Off keeps
+    # a transformer's residual stream float: real LLMs carry "massive activations" there
+    # (SmolLM2-135M: a few channels near 2.4e4 while most values are below 10), and one uint8
+    # scale over that range (~96) zeroes everything else (docs/accuracy.md).
+    quantize_add: bool = True
+    # Give conv/linear/matmul outputs activation qparams even where every consumer is a float op
+    # (softmax, silu, a float residual add). Off: such an op keeps its int32 accumulator and
+    # dequantizes it (scale sx*sw), skipping one rounding step, and the consumer quantizes
+    # its own input if it needs one.
+    requantize_outputs: bool = True
 
     def __post_init__(self):
         if self.activation_dtype not in ("uint8", "int8"):

