@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from ..errors import BackendError
 from .base import Backend, Executable, op_counts
+from .iree import IreeBackend
 from .onnxruntime import OnnxRuntimeBackend
 from .reference import ReferenceBackend
 
-_BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend}
+_BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend, "iree": IreeBackend}
 # Preference order for backend="auto": the first available wins.
 AUTO_ORDER = ("onnxruntime", "reference")
 
@@ -17,6 +18,11 @@ def _make(name: str, options):
         if options is not None and not isinstance(options, OrtOptions):
             raise BackendError(f"backend_options for onnxruntime must be OrtOptions, got {type(options).__name__}")
         return OnnxRuntimeBackend(options)
+    if name == "iree":
+        from .iree import IreeOptions
+        if options is not None and not isinstance(options, IreeOptions):
+            raise BackendError(f"backend_options for iree must be IreeOptions, got {type(options).__name__}")
+        return IreeBackend(options)
     return _BACKENDS[name]()
 
 

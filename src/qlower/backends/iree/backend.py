@@ -1,0 +1,236 @@
+"""The IREE backend: clusters of the graph become MLIR modules compiled by iree-compile for
+llvm-cpu and run by iree.runtime; the rest runs in PyTorch.
+
+Clusters are of one kind each (docs/iree.md): "tosa" clusters hold qlower's integer ops and are
+emitted by qlower (tosa_ops.py); "torch" clusters hold float ATen ops and go through torch's FX
+importer. Both are found by `partition.cluster_graph`, once per kind, and fused together.
+A cluster that fails to emit, compile or run falls back to PyTorch (reason in the report,
+logged once on `qlower.iree`) and stays there.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from ...fx import constant_value, mutated_attributes
+from ...partition import Capability, cluster_graph
+from ...passes.functionalize_state import WRITE_BACK
+from ...report import ClusterInfo
+from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
+from .compiler import compile_mlir
+from .lowerings import TOSA_LOWERINGS, float_check
+from .options import IreeOptions
+from .runner import IreeCluster, load_function
+from .tosa_emit import EmittedModule, TosaEmitter
+from .torch_import import import_float_cluster
+
+log = logging.getLogger("qlower.iree")
+_INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
+
+
+def _either(tosa_check, name: str):
+    """A shape op is lowerable on integers (TOSA) or on floats (importer)."""
+    def check(node: Node) -> str | None:
+        why = tosa_check(node)
+        return None if why is None or float_check(node) is None else why
+    check.__doc__ = f"integer operand (TOSA) or float (torch importer): {name}"
+    return check
+
+
+def tosa_capability() -> Capability:
+    cap = Capability("iree")
+    for name, lowering in TOSA_LOWERINGS.items():
+        cap.register(name, lowering.check)
+    return cap
+
+
+def torch_capability() -> Capability:
+    cap = Capability("iree")
+    cap.register("*", float_check)
+    return cap
+
+
+def iree_capability() -> Capability:
+    """What the backend accepts, derived from the lowering registry: each TOSA lowering's check,
+    float_check for every other ATen op."""
+    cap = torch_capability()
+    for name, lowering in TOSA_LOWERINGS.items():
+        cap.register(name, lowering.check if name.startswith("qlower::") else _either(lowering.check, name))
+    return cap
+
+
+class _Constant(torch.nn.Module):
+    """A cluster with no runtime inputs: its value, computed once at compile time."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self):
+        return self.value
+
+
+class IreeBackend:
+    name = "iree"
+
+    def __init__(self, options: IreeOptions | None = None):
+        self.options = options or IreeOptions()
+        self.capability = iree_capability()
+
+    def available(self) -> bool:
+        try:
+            import iree.compiler  # noqa: F401
+            import iree.runtime  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def compile(self, gm: GraphModule) -> Executable:
+        notes = decompose_unsupported_block_ops(gm, self.capability)
+        fused, kinds, dropped = self._fuse(gm)
+        infos, seconds = [], 0.0
+        mutated = mutated_attributes(fused)
+        for node in list(fused.graph.nodes):
+            if node.op == "call_module" and str(node.target).startswith("cluster_"):
+                info, spent = self._compile_cluster(fused, node, len(infos), kinds[str(node.target)], mutated)
+                infos.append(info)
+                seconds += spent
+        fused.graph.eliminate_dead_code()
+        fused.recompile()
+        infos += self._pytorch_infos(fused, len(infos), dropped)
+        counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("tosa", "torch")}
+        notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
+                     f"iree-compile {seconds:.2f} s")
+        return Executable(run=fused, clusters=infos, module=fused, notes=notes)
+
+    # ------------------------------------------------------------------ clustering
+    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str], dict[str, str]]:
+        """Integer (TOSA) and float (importer) clusters, fused into call_module nodes.
+        Returns (graph, submodule name -> kind, node name -> reason it runs in PyTorch)."""
+        size = self.options.min_cluster_size
+        tosa = cluster_graph(gm.graph, tosa_capability(), size).clusters
+        floats = cluster_graph(gm.graph, torch_capability(), size).clusters
+        dropped: dict[str, str] = {}
+        if not _acyclic(gm.graph, tosa + floats):
+            # Each clustering is cycle-free alone, not always together: keep the integer one.
+            for cluster in floats:
+                for n in cluster:
+                    dropped[n.name] = "float cluster would form a cycle with an integer cluster"
+            floats = []
+        parts = tosa + floats
+        kinds = {f"cluster_{i}": ("tosa" if i < len(tosa) else "torch") for i in range(len(parts))}
+        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in parts], prefix="cluster_")
+        return fused, kinds, dropped
+
+    def _pytorch_infos(self, fused: GraphModule, start: int, dropped: dict[str, str]) -> list[ClusterInfo]:
+        """One ClusterInfo per computing node left in PyTorch, with the capability's reason."""
+        infos = []
+        for node in fused.graph.nodes:
+            if node.op != "call_function" or not _computes(node):
+                continue
+            reason = dropped.get(node.name) or self.capability.why_not(node)
+            if reason is None:
+                continue   # supported, but a lone shape op between clusters: PyTorch by design
+            status = "state" if node.meta.get(WRITE_BACK) else "fallback"
+            infos.append(ClusterInfo(start + len(infos), "pytorch", 1, {node.name: 1}, status,
+                                     "module state write-back" if status == "state" else reason))
+        return infos
+
+    # --------------------------------------------------------------- one cluster
+    def _compile_cluster(self, fused: GraphModule, call: Node, index: int, kind: str,
+                         mutated: set[str]) -> tuple[ClusterInfo, float]:
+        sub: GraphModule = getattr(fused, call.target)
+        runtime_args = _bind_constants(fused, sub, call, mutated)
+        info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
+                           op_counts(sub))
+        if not runtime_args:
+            with torch.no_grad():
+                setattr(fused, call.target, _Constant(sub()))
+            call.args = ()
+            info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
+            return info, 0.0
+        start = time.perf_counter()
+        function, emitted = None, None
+        try:
+            emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
+            compiled = compile_mlir(emitted.asm, _INPUT_TYPE[kind], self.options)
+            info.cache = compiled.cache
+            function = load_function(compiled.vmfb, self.options.driver)
+        except Exception as exc:   # emit/compile failed: this cluster runs in PyTorch
+            info.status, info.reason = "fallback", f"{kind} compile failed: {_first_line(exc)}"
+            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
+        out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+        single = not isinstance(out, (tuple, list))
+        dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
+        setattr(fused, call.target, IreeCluster(sub, function, dtypes, single, info, kind,
+                                                emitted.asm if isinstance(emitted, EmittedModule) else None))
+        call.args = tuple(runtime_args)
+        return info, time.perf_counter() - start
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if "error" in ln.lower()] or text.splitlines() or [type(exc).__name__]
+    return lines[0][:300]
+
+
+def _computes(node: Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return not (schema is not None and not node.users and len(schema.returns) == 0)
+
+
+def _bind_constants(fused: GraphModule, sub: GraphModule, call: Node, mutated: set[str]) -> list[Node]:
+    """Move the cluster's constant inputs into `sub` as buffers (get_attr nodes), so the call
+    passes only runtime values and emitters see weights as constants. Returns the runtime args."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    runtime = []
+    for i, (ph, outer) in enumerate(zip(placeholders, call.args)):
+        is_state = getattr(outer, "op", None) == "get_attr" and outer.target in mutated
+        value = None if is_state else constant_value(fused, outer)
+        if value is None:
+            runtime.append(outer)
+            continue
+        name = f"_const_{i}"
+        sub.register_buffer(name, value)
+        with sub.graph.inserting_before(ph):
+            attr = sub.graph.get_attr(name)
+        attr.meta = dict(ph.meta)
+        ph.replace_all_uses_with(attr)
+        sub.graph.erase_node(ph)
+    sub.recompile()
+    return runtime
+
+
+def _acyclic(graph, clusters: list[list[Node]]) -> bool:
+    """Whether contracting every cluster to one node leaves the graph acyclic (Kahn's algorithm
+    on the quotient graph)."""
+    group: dict[Node, object] = {}
+    for i, cluster in enumerate(clusters):
+        for n in cluster:
+            group[n] = ("c", i)
+    key = lambda n: group.get(n, n)  # noqa: E731
+    succ: dict[object, set] = {}
+    indeg: dict[object, int] = {}
+    for node in graph.nodes:
+        k = key(node)
+        indeg.setdefault(k, 0)
+        for user in node.users:
+            u = key(user)
+            if u != k and u not in succ.setdefault(k, set()):
+                succ[k].add(u)
+                indeg[u] = indeg.get(u, 0) + 1
+    ready = [k for k, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for u in succ.get(k, ()):
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    return seen == len(indeg)

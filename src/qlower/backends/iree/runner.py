@@ -1,0 +1,87 @@
+"""Running a compiled cluster with iree.runtime, falling back to PyTorch when a run fails."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+from torch.fx import GraphModule
+
+from ...report import ClusterInfo
+
+log = logging.getLogger("qlower.iree")
+CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
+_CONFIGS: dict[str, object] = {}      # driver -> iree.runtime.Config (one device per driver)
+
+
+def load_function(vmfb: bytes, driver: str):
+    """The `main` function of a compiled module, in its own VM context on the shared device."""
+    import iree.runtime as rt
+    if driver not in _CONFIGS:
+        _CONFIGS[driver] = rt.Config(driver)
+    config = _CONFIGS[driver]
+    module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+    context = rt.SystemContext(vm_modules=[module], config=config)
+    return getattr(context.modules, module.name)["main"]
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """uint8 goes in as its bytes viewed as int8: the emitted module takes signless i8."""
+    if t.requires_grad:
+        t = t.detach()
+    a = (t if t.is_contiguous() else t.contiguous()).numpy()
+    return a.view(np.int8) if a.dtype == np.uint8 else a
+
+
+def _to_torch(out, dtype: torch.dtype) -> torch.Tensor:
+    a = np.asarray(out)
+    if dtype == torch.uint8:
+        a = a.view(np.uint8)
+    elif dtype == torch.bool and a.dtype != np.bool_:
+        a = a.astype(np.bool_)
+    return torch.from_numpy(a)
+
+
+class IreeCluster(torch.nn.Module):
+    """One cluster: its IREE function, and its FX subgraph (constants bound inside it) as the
+    PyTorch fallback. Called with the cluster's runtime inputs only."""
+
+    def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
+                 info: ClusterInfo, kind: str, mlir: str | None):
+        super().__init__()
+        self.fallback = fallback
+        self.function = function
+        self.output_dtypes = output_dtypes
+        self.single_output = single
+        self.info = info
+        self.kind = kind          # "tosa" | "torch"
+        self.mlir = mlir          # the module compiled, for inspection and docs
+        self.check = os.environ.get(CHECK_ENV) == "1"
+
+    def _pytorch(self, args):
+        with torch.no_grad():
+            return self.fallback(*args)
+
+    def forward(self, *args):
+        if self.function is None:
+            return self._pytorch(args)
+        try:
+            outs = self.function(*[_to_numpy(a) for a in args])
+        except Exception as exc:   # any runtime failure: record, warn once, PyTorch from now on
+            self.function = None
+            self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
+            log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
+            return self._pytorch(args)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        result = tuple(_to_torch(o, d) for o, d in zip(outs, self.output_dtypes))
+        result = result[0] if self.single_output else result
+        if self.check:
+            self._compare(result, self._pytorch(args))
+        return result
+
+    def _compare(self, got, want) -> None:
+        leaves = torch.utils._pytree.tree_leaves
+        worst = max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
+                    for g, w in zip(leaves(got), leaves(want)))
+        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)

@@ -1,0 +1,195 @@
+"""Build one MLIR module (TOSA + arith on tensors) for a cluster of qlower integer ops, with the
+MLIR Python bindings shipped in iree-base-compiler (no string templates).
+
+Representation: TOSA 1.0 integer ops take signless i8, so a uint8 tensor is held as
+`stored = q - 128` in i8 (`Val.offset == 128`); zero points and clamp bounds are shifted by the
+same offset, which keeps every subtraction `q - zp` identical. At the function boundary a uint8
+input arrives as its bytes viewed as int8 and one XOR with 0x80 turns `q` into `q - 128`
+(and back for outputs), so no op ever needs TOSA's unsigned flags.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.fx import GraphModule, Node
+
+from ...fx import constant_value, schema_name
+from .lowerings import TOSA_LOWERINGS
+
+U8_OFFSET = 128
+
+
+@dataclass
+class Val:
+    """An emitted tensor value: `stored = real - offset` (offset 128 for uint8, else 0)."""
+    value: object        # ir.Value
+    dtype: torch.dtype   # the dtype the FX graph gives it
+    shape: list[int]
+    offset: int = 0
+
+
+def offset_of(dtype: torch.dtype) -> int:
+    return U8_OFFSET if dtype == torch.uint8 else 0
+
+
+@dataclass
+class EmittedModule:
+    asm: str
+    input_dtypes: list[torch.dtype]
+    output_dtypes: list[torch.dtype]
+    single_output: bool
+    op_names: list[str] = field(default_factory=list)   # MLIR ops in the function, for inspection
+
+
+class Builder:
+    """Small typed helpers over the bindings; every method inserts at the current point."""
+
+    def __init__(self, ir, tosa, arith, math):
+        self.ir, self.tosa, self.arith, self.math = ir, tosa, arith, math
+
+    def elem(self, dtype: torch.dtype):
+        ir = self.ir
+        if dtype in (torch.int8, torch.uint8):
+            return ir.IntegerType.get_signless(8)
+        if dtype == torch.int32:
+            return ir.IntegerType.get_signless(32)
+        if dtype == torch.float32:
+            return ir.F32Type.get()
+        if dtype == torch.bool:
+            return ir.IntegerType.get_signless(1)
+        raise NotImplementedError(f"dtype {dtype} has no TOSA lowering")
+
+    def ttype(self, shape, dtype: torch.dtype):
+        return self.ir.RankedTensorType.get(list(shape), self.elem(dtype))
+
+    def const(self, array: np.ndarray):
+        """tosa.const of a numpy array (dtype decides the element type; uint8 must be offset first)."""
+        return self.tosa.const(self.ir.DenseElementsAttr.get(np.ascontiguousarray(array)))
+
+    def splat(self, shape, dtype: torch.dtype, value):
+        """A splat arith.constant for elementwise arith on tensors."""
+        ir, t = self.ir, self.ttype(shape, dtype)
+        et = self.elem(dtype)
+        attr = ir.FloatAttr.get(et, float(value)) if dtype.is_floating_point else ir.IntegerAttr.get(et, int(value))
+        return self.arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
+
+    def zp(self, value: int, dtype: torch.dtype):
+        """A TOSA zero-point operand (tensor<1xi8> / tensor<1xi32>)."""
+        np_dtype = np.int8 if dtype in (torch.int8, torch.uint8) else np.int32
+        info = np.iinfo(np_dtype)
+        if not info.min <= value <= info.max:
+            raise ValueError(f"zero point {value} does not fit {np_dtype.__name__}")
+        return self.const(np.array([value], dtype=np_dtype))
+
+    def shape_value(self, values: list[int]):
+        """A !tosa.shape operand (reshape target, slice start/size)."""
+        ir = self.ir
+        shape_t = ir.Type.parse(f"!tosa.shape<{len(values)}>")
+        return self.tosa.const_shape(shape_t, ir.DenseElementsAttr.get(np.array(values, dtype=np.int64),
+                                                                        type=ir.IndexType.get()))
+
+    def reshape(self, v: Val, shape: list[int]) -> Val:
+        out = self.tosa.reshape(v.value, self.shape_value(shape), results=[self.ttype(shape, v.dtype)])
+        return Val(out, v.dtype, list(shape), v.offset)
+
+    def crop(self, v: Val, size: list[int]) -> Val:
+        """The leading `size` block of v (tosa.slice from 0)."""
+        if list(size) == v.shape:
+            return v
+        out = self.tosa.slice(self.ttype(size, v.dtype), v.value, self.shape_value([0] * len(size)),
+                              self.shape_value(list(size)))
+        return Val(out, v.dtype, list(size), v.offset)
+
+    def transpose(self, v: Val, perm: list[int]) -> Val:
+        if perm == list(range(len(perm))):
+            return v
+        shape = [v.shape[p] for p in perm]
+        out = self.tosa.transpose(self.ttype(shape, v.dtype), v.value, perm)
+        return Val(out, v.dtype, shape, v.offset)
+
+    def ext_i32(self, v: Val) -> Val:
+        """i8 -> i32, sign-extending the stored value (offset unchanged)."""
+        out = self.arith.extsi(self.ttype(v.shape, torch.int32), v.value)
+        return Val(out, torch.int32, v.shape, v.offset)
+
+    def xor_u8(self, value, shape):
+        """Flip the top bit of i8 storage: uint8 bytes <-> (q - 128) as signed i8."""
+        mask = self.const(np.full([1] * len(shape), -128, dtype=np.int8))
+        return self.tosa.bitwise_xor(self.ttype(shape, torch.int8), value, mask)
+
+
+class TosaEmitter:
+    """Emits a cluster GraphModule (constants bound as get_attr) as func.func @main."""
+
+    def __init__(self, sub: GraphModule):
+        self.sub = sub
+        self.env: dict[Node, Val] = {}
+
+    def constant(self, node) -> torch.Tensor | None:
+        return constant_value(self.sub, node)
+
+    def value(self, node: Node) -> Val:
+        if node not in self.env:   # a constant tensor used as a value (e.g. a matmul operand)
+            t = self.constant(node)
+            if t is None:
+                raise NotImplementedError(f"{node.name}: neither emitted nor a constant")
+            self.env[node] = self.constant_val(t)
+        return self.env[node]
+
+    def constant_val(self, t: torch.Tensor) -> Val:
+        off = offset_of(t.dtype)
+        stored = (t.to(torch.int32) - off).to(torch.int8) if t.dtype == torch.uint8 else t
+        return Val(self.b.const(stored.contiguous().numpy()), t.dtype, list(t.shape), off)
+
+    def emit(self) -> EmittedModule:
+        from iree.compiler import ir
+        from iree.compiler.dialects import arith, func, math, tosa
+        self.b = Builder(ir, tosa, arith, math)
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.create()
+            inputs = [n for n in self.sub.graph.nodes if n.op == "placeholder"]
+            in_vals = [n.meta["val"] for n in inputs]
+            out_node = next(n for n in self.sub.graph.nodes if n.op == "output")
+            single = not isinstance(out_node.args[0], (tuple, list))
+            outs = [out_node.args[0]] if single else list(out_node.args[0])
+            arg_types = [self.b.ttype(v.shape, v.dtype) for v in in_vals]
+            with ir.InsertionPoint(module.body):
+                fn = func.FuncOp("main", (arg_types, [self.b.ttype(o.meta["val"].shape, o.meta["val"].dtype)
+                                                      for o in outs]))
+                with ir.InsertionPoint(fn.add_entry_block()):
+                    self._bind_inputs(inputs, fn.arguments)
+                    self._emit_nodes()
+                    func.ReturnOp([self._boundary_out(self.value(o)) for o in outs])
+            if not module.operation.verify():
+                raise RuntimeError("emitted TOSA module does not verify")
+            op_names = [op.operation.name for op in fn.entry_block.operations]
+            return EmittedModule(str(module), [v.dtype for v in in_vals],
+                                 [o.meta["val"].dtype for o in outs], single, op_names)
+
+    def _bind_inputs(self, inputs: list[Node], args) -> None:
+        for node, arg in zip(inputs, args):
+            val = node.meta["val"]
+            shape = list(val.shape)
+            if val.dtype == torch.uint8:
+                self.env[node] = Val(self.b.xor_u8(arg, shape), val.dtype, shape, U8_OFFSET)
+            else:
+                self.env[node] = Val(arg, val.dtype, shape, 0)
+
+    def _boundary_out(self, v: Val):
+        if v.dtype == torch.uint8:
+            return self.b.xor_u8(v.value, v.shape)
+        return v.value
+
+    def _emit_nodes(self) -> None:
+        for node in self.sub.graph.nodes:
+            if node.op != "call_function":
+                continue
+            lowering = TOSA_LOWERINGS.get(schema_name(node))
+            if lowering is None:
+                raise NotImplementedError(f"{schema_name(node)} has no TOSA lowering")
+            why = lowering.check(node)
+            if why is not None:
+                raise NotImplementedError(f"{schema_name(node)}: {why}")
+            self.env[node] = lowering.emit(self, node)

@@ -1,0 +1,461 @@
+"""TOSA lowerings of qlower's integer ops, registered in lowerings.TOSA_LOWERINGS.
+
+Every formula is numerics.py's, written in TOSA/arith so IREE computes the same bits:
+- accumulating ops: tosa.conv2d / depthwise_conv2d / matmul with i32 accumulation and the zero
+  points as operands (TOSA subtracts them exactly like the reference kernels);
+- requantize `fixed`: tosa.rescale scale32, SINGLE_ROUND, (multiplier, shift) from
+  numerics.fixed_multiplier, i.e. the TOSA RESCALE the profile is defined as;
+- requantize `float`, quantize, dequantize, quantized add/mul: arith on tensors (sitofp, mulf,
+  divf, math.roundeven, clamp, fptosi), because TOSA has no IEEE division and no explicit
+  round-half-to-even; these lower to the same single IEEE operations the reference uses.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from ... import numerics
+from ...fx import full_args
+from .lowerings import integer_input, tosa_lowering
+from .tosa_emit import TosaEmitter, Val, offset_of
+
+_QUANT_DTYPES = (torch.int8, torch.uint8)
+_RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside int32 (see _requant_check)
+
+
+# ------------------------------------------------------------------------------- checks
+def _const(node: Node, arg) -> torch.Tensor | None:
+    from ...fx import constant_value
+    return constant_value(node.graph.owning_module, arg)
+
+
+def _per_tensor(scale) -> bool:
+    return not isinstance(scale, torch.Tensor) or scale.numel() == 1
+
+
+def _qparams_check(node: Node, dtype: torch.dtype) -> str | None:
+    args = full_args(node)
+    scale = _const(node, args[1]) if isinstance(args[1], Node) else args[1]
+    zp = _const(node, args[2]) if isinstance(args[2], Node) else args[2]
+    if scale is None or zp is None:
+        return "scale and zero point must be constants"
+    if not (_per_tensor(scale) and _per_tensor(zp)):
+        return "per-channel quantize/dequantize is not lowered (per-tensor only)"
+    if dtype not in _QUANT_DTYPES:
+        return f"{dtype} storage is not lowered (int8/uint8 only)"
+    return None
+
+
+def _quantize_check(node: Node) -> str | None:
+    """per-tensor, int8/uint8 output"""
+    return _qparams_check(node, full_args(node)[5])
+
+
+def _dequantize_check(node: Node) -> str | None:
+    """per-tensor, int8/uint8 input"""
+    return _qparams_check(node, node.all_input_nodes[0].meta["val"].dtype)
+
+
+def _weight_zp(node: Node, arg) -> int | None:
+    """The single zero point of a constant weight, or None when it varies per channel."""
+    if not isinstance(arg, Node):
+        return int(arg)
+    zp = _const(node, arg)
+    if zp is None or zp.numel() == 0 or bool((zp != zp.reshape(-1)[0]).any()):
+        return None
+    return int(zp.reshape(-1)[0])
+
+
+def _accumulating_check(node: Node) -> str | None:
+    """int8/uint8 operands, constant weight with one zero point"""
+    args = full_args(node)
+    x, w = args[0], args[2]
+    for t in (x.meta["val"], w.meta["val"]):
+        if t.dtype not in _QUANT_DTYPES:
+            return f"{t.dtype} operands are not lowered (int8/uint8 only)"
+    if "matmul" not in str(node.target):
+        if _const(node, w) is None:
+            return "the weight must be a constant"
+        if _weight_zp(node, args[3]) is None:
+            return "per-channel weight zero points that differ are not lowered (TOSA takes one)"
+    return None
+
+
+def _conv_check(node: Node) -> str | None:
+    """int8/uint8, groups 1 or depthwise, one weight zero point"""
+    why = _accumulating_check(node)
+    if why is not None:
+        return why
+    args = full_args(node)
+    groups, cin = args[8], args[0].meta["val"].shape[1]
+    if groups != 1 and groups != cin:
+        return f"grouped conv (groups={groups}, not 1 or depthwise) is not lowered"
+    return None
+
+
+def _requant_check(node: Node) -> str | None:
+    """int8/uint8 output, per-tensor or per-channel; fixed: scale < 1"""
+    args = full_args(node)
+    acc_scale, out_scale, dtype, profile = _const(node, args[1]), args[2], args[6], args[8]
+    if dtype not in _QUANT_DTYPES:
+        return f"{dtype} output is not lowered (int8/uint8 only)"
+    if acc_scale is None:
+        return "the accumulator scale must be a constant"
+    if profile == "fixed":
+        # IREE's rescale adds the output zero point in int32: |acc * scale| + |zp| must stay
+        # below 2^31 for every possible int32 accumulator, which holds for scale < _RESCALE_LIMIT.
+        worst = max(numerics.fixed_scale(s, out_scale) for s in acc_scale.reshape(-1).tolist())
+        if worst >= _RESCALE_LIMIT:
+            return f"requantization scale {worst:.6g} >= 1 could leave int32 inside tosa.rescale"
+    return None
+
+
+def _mean_check(node: Node) -> str | None:
+    """int8/uint8, fewer than 2^23 summed elements"""
+    args = full_args(node)
+    q = args[0].meta["val"]
+    if q.dtype not in _QUANT_DTYPES:
+        return f"{q.dtype} is not lowered"
+    n = math.prod(q.shape[d % q.dim()] for d in args[2])
+    if n >= 2**23:
+        return f"mean over {n} elements could overflow the int32 sum"
+    return None
+
+
+def _pool_check(node: Node) -> str | None:
+    """dilation 1, floor mode"""
+    args = full_args(node)
+    if any(d != 1 for d in args[4]) or args[5]:
+        return "max_pool2d with dilation or ceil_mode is not lowered"
+    return None
+
+
+def _binary_check(node: Node) -> str | None:
+    """int8/uint8, same rank or broadcastable"""
+    args = full_args(node)
+    if args[10] not in _QUANT_DTYPES:
+        return f"{args[10]} output is not lowered"
+    return None
+
+
+# ----------------------------------------------------------------- float <-> int helpers
+def _f32(em: TosaEmitter, v: Val) -> Val:
+    """Real value minus zero point handled by the caller: int stored -> f32 (sitofp)."""
+    return Val(em.b.arith.sitofp(em.b.ttype(v.shape, torch.float32), v.value), torch.float32, v.shape)
+
+
+def _dequantize(em: TosaEmitter, q: Val, scale: float, zp: int) -> Val:
+    """x = fp32(int32(q) - zp) * s (numerics.dequantize)."""
+    b = em.b
+    q32 = b.ext_i32(q)
+    centered = b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset))
+    f = b.arith.sitofp(b.ttype(q.shape, torch.float32), centered)
+    return Val(b.arith.mulf(f, b.splat(q.shape, torch.float32, np.float32(scale))), torch.float32, q.shape)
+
+
+def _round_clamp_to_int(em: TosaEmitter, r, shape, zp: int, qmin: int, qmax: int, dtype) -> Val:
+    """clamp(RNE(r), qmin - zp, qmax - zp), NaN -> qmin - zp, then + zp, stored as i8."""
+    b, off = em.b, offset_of(dtype)
+    f32 = torch.float32
+    lo, hi = b.splat(shape, f32, qmin - zp), b.splat(shape, f32, qmax - zp)
+    r = b.math.roundeven(r)
+    r = b.arith.minimumf(b.arith.maximumf(r, lo), hi)
+    nan = b.arith.cmpf(b.arith.CmpFPredicate.UNO, r, r)
+    r = b.arith.select(nan, lo, r)
+    q32 = b.arith.addi(b.arith.fptosi(b.ttype(shape, torch.int32), r), b.splat(shape, torch.int32, zp - off))
+    return Val(b.arith.trunci(b.ttype(shape, torch.int8), q32), dtype, shape, off)
+
+
+def _quantize(em: TosaEmitter, x: Val, scale: float, zp: int, qmin: int, qmax: int, dtype) -> Val:
+    """q = clamp(RNE(fp32(x) / fp32(s)) + zp, qmin, qmax), NaN -> qmin (numerics.quantize)."""
+    b = em.b
+    d = b.arith.divf(x.value, b.splat(x.shape, torch.float32, np.float32(scale)))  # IEEE division
+    return _round_clamp_to_int(em, d, x.shape, zp, qmin, qmax, dtype)
+
+
+def _scalar(em: TosaEmitter, arg):
+    t = em.constant(arg) if isinstance(arg, Node) else arg
+    return t.reshape(-1)[0].item() if isinstance(t, torch.Tensor) else t
+
+
+# ------------------------------------------------------------------------- quant ops
+@tosa_lowering("qlower::quantize", check=_quantize_check)
+def emit_quantize(em: TosaEmitter, node: Node) -> Val:
+    x, scale, zp, qmin, qmax, dtype = full_args(node)[:6]
+    return _quantize(em, em.value(x), float(_scalar(em, scale)), int(_scalar(em, zp)), qmin, qmax, dtype)
+
+
+@tosa_lowering("qlower::dequantize", check=_dequantize_check)
+def emit_dequantize(em: TosaEmitter, node: Node) -> Val:
+    q, scale, zp = full_args(node)[:3]
+    return _dequantize(em, em.value(q), float(_scalar(em, scale)), int(_scalar(em, zp)))
+
+
+def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
+    """y = Q(DQ(a) op DQ(b)) in fp32, broadcasting like PyTorch (ops/integer.py _binary)."""
+    a, sa, za, b_, sb, zb, sy, zy, qmin, qmax, dtype = full_args(node)
+    shape = list(node.meta["val"].shape)
+    fa, fb = (_broadcast_rank(em, _dequantize(em, em.value(v), s, z), len(shape))
+              for v, s, z in ((a, sa, za), (b_, sb, zb)))
+    t = em.b.ttype(shape, torch.float32)
+    if op == "add":
+        y = em.b.tosa.add(t, fa.value, fb.value)
+    else:
+        y = em.b.tosa.mul(t, fa.value, fb.value, em.b.const(np.zeros([1], dtype=np.int8)))
+    y = Val(y, torch.float32, shape)
+    d = em.b.arith.divf(y.value, em.b.splat(shape, torch.float32, np.float32(sy)))
+    return _round_clamp_to_int(em, d, shape, zy, qmin, qmax, dtype)
+
+
+def _broadcast_rank(em: TosaEmitter, v: Val, rank: int) -> Val:
+    return v if len(v.shape) == rank else em.b.reshape(v, [1] * (rank - len(v.shape)) + v.shape)
+
+
+@tosa_lowering("qlower::add", check=_binary_check)
+def emit_add(em: TosaEmitter, node: Node) -> Val:
+    return _binary(em, node, "add")
+
+
+@tosa_lowering("qlower::mul", check=_binary_check)
+def emit_mul(em: TosaEmitter, node: Node) -> Val:
+    return _binary(em, node, "mul")
+
+
+# -------------------------------------------------------------------------- requantize
+def _move_axis_last(em: TosaEmitter, v: Val, axis: int | None) -> tuple[Val, list[int] | None]:
+    """TOSA's per-channel rescale scales the innermost dimension: transpose `axis` there."""
+    if axis is None or axis % len(v.shape) == len(v.shape) - 1:
+        return v, None
+    a = axis % len(v.shape)
+    perm = [d for d in range(len(v.shape)) if d != a] + [a]
+    inverse = [perm.index(d) for d in range(len(perm))]
+    return em.b.transpose(v, perm), inverse
+
+
+def _clamp_stored(em: TosaEmitter, v: Val, qmin: int, qmax: int) -> Val:
+    """tosa.clamp to [qmin, qmax] (in stored units) when narrower than the storage range."""
+    lo_nat, hi_nat = numerics.dtype_range(v.dtype)
+    if (qmin, qmax) == (lo_nat, hi_nat):
+        return v
+    i8 = em.b.elem(torch.int8)
+    ir = em.b.ir
+    out = em.b.tosa.clamp(em.b.ttype(v.shape, torch.int8), v.value, ir.IntegerAttr.get(i8, qmin - v.offset),
+                          ir.IntegerAttr.get(i8, qmax - v.offset))
+    return Val(out, v.dtype, v.shape, v.offset)
+
+
+def _rescale_fixed(em: TosaEmitter, acc: Val, scales: list[float], out_scale: float, zy: int, dtype) -> Val:
+    """tosa.rescale: scale32, SINGLE_ROUND, per-channel multiplier/shift from numerics."""
+    b, ir = em.b, em.b.ir
+    mults = [numerics.fixed_multiplier(numerics.fixed_scale(s, out_scale)) for s in scales]
+    off = offset_of(dtype)
+    out = b.tosa.rescale(
+        b.ttype(acc.shape, torch.int8), acc.value,
+        b.const(np.array([m.multiplier for m in mults], dtype=np.int32)),
+        b.const(np.array([m.shift for m in mults], dtype=np.int8)),
+        b.zp(0, torch.int32), b.zp(zy - off, torch.int8),
+        True, ir.Attribute.parse("#tosa<rounding_mode<SINGLE_ROUND>>"), len(mults) > 1, False, False)
+    return Val(out, dtype, acc.shape, off)
+
+
+def _rescale_float(em: TosaEmitter, acc: Val, multipliers: torch.Tensor, zy: int, qmin: int, qmax: int, dtype) -> Val:
+    """y = clamp(RNE(fp32(acc) * M) + zy): sitofp, mulf (broadcast along the last dim), RNE."""
+    b = em.b
+    f = _f32(em, acc)
+    m = multipliers.reshape(-1).to(torch.float32).numpy()
+    m_const = b.const(m.reshape([1] * (len(acc.shape) - 1) + [m.size]))
+    y = b.tosa.mul(b.ttype(acc.shape, torch.float32), f.value, m_const, b.const(np.zeros([1], dtype=np.int8)))
+    return _round_clamp_to_int(em, y, acc.shape, zy, qmin, qmax, dtype)
+
+
+@tosa_lowering("qlower::requantize", check=_requant_check)
+def emit_requantize(em: TosaEmitter, node: Node) -> Val:
+    acc_n, acc_scale_n, out_scale, zy, qmin, qmax, dtype, axis, profile = full_args(node)
+    acc_scale = em.constant(acc_scale_n).to(torch.float32).reshape(-1)
+    acc, inverse = _move_axis_last(em, em.value(acc_n), axis if acc_scale.numel() > 1 else None)
+    if profile == "fixed":
+        y = _clamp_stored(em, _rescale_fixed(em, acc, acc_scale.tolist(), out_scale, zy, dtype), qmin, qmax)
+    else:
+        y = _rescale_float(em, acc, numerics.float_multiplier(acc_scale, out_scale), zy, qmin, qmax, dtype)
+    return y if inverse is None else em.b.transpose(y, inverse)
+
+
+# -------------------------------------------------------------------- accumulating ops
+def _weight(em: TosaEmitter, node: Node, w_arg, zp_arg) -> tuple[np.ndarray, int]:
+    """The constant weight in stored units (int8) and its stored zero point."""
+    w = em.constant(w_arg)
+    off = offset_of(w.dtype)
+    zp = _weight_zp(node, zp_arg) - off
+    return (w.to(torch.int32) - off).to(torch.int8).numpy(), zp
+
+
+def _bias(em: TosaEmitter, bias_arg, channels: int) -> np.ndarray:
+    bias = em.constant(bias_arg) if isinstance(bias_arg, Node) else None
+    return np.zeros([channels], np.int32) if bias is None else bias.to(torch.int32).reshape(-1).numpy()
+
+
+def _window(em: TosaEmitter, x: Val, kernel, stride, padding, dilation) -> tuple[Val, object]:
+    """NHWC input and TOSA pads [top, bottom, left, right] for a sliding window. TOSA requires
+    (in - 1 + pads - (k - 1) * d) to be divisible by the stride; the remainder is rows/columns
+    no window reads, so it comes off the bottom/right padding, or off the input itself."""
+    crop, pads = list(x.shape), []
+    for axis, (k, s, p, d) in enumerate(zip(kernel, stride, padding, dilation)):
+        size = x.shape[1 + axis]
+        extra = (size - 1 + 2 * p - (k - 1) * d) % s
+        bottom = p - extra
+        if bottom < 0:
+            crop[1 + axis] += bottom
+            bottom = 0
+        pads += [p, bottom]
+    return em.b.crop(x, crop), em.b.ir.DenseI64ArrayAttr.get(pads)
+
+
+@tosa_lowering("qlower::conv2d", check=_conv_check)
+def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
+    """NCHW -> NHWC, tosa.conv2d / depthwise_conv2d (i32 acc), NHWC -> NCHW; IREE cancels the
+    transposes between consecutive convs."""
+    x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
+    b, ir = em.b, em.b.ir
+    w, wzp = _weight(em, node, w_n, w_zp)
+    x, pads = _window(em, b.transpose(em.value(x_n), [0, 2, 3, 1]), w.shape[2:], stride, padding, dilation)
+    n, cout, oh, ow = node.meta["val"].shape
+    out_t = b.ttype([n, oh, ow, cout], torch.int32)
+    common = (b.const(_bias(em, bias_n, cout)), b.zp(x_zp - x.offset, torch.int8), b.zp(wzp, torch.int8),
+              pads, ir.DenseI64ArrayAttr.get(list(stride)), ir.DenseI64ArrayAttr.get(list(dilation)),
+              ir.TypeAttr.get(b.elem(torch.int32)))
+    if groups == 1:
+        acc = b.tosa.conv2d(out_t, x.value, b.const(w.transpose(0, 2, 3, 1)), *common)   # OIHW -> OHWI
+    else:   # depthwise: weight [C*M, 1, KH, KW] -> [KH, KW, C, M]
+        cin = x.shape[3]
+        kh, kw = w.shape[2], w.shape[3]
+        dw = w.reshape(cin, cout // cin, kh, kw).transpose(2, 3, 0, 1)
+        acc = b.tosa.depthwise_conv2d(out_t, x.value, b.const(dw), *common)
+    return b.transpose(Val(acc, torch.int32, [n, oh, ow, cout]), [0, 3, 1, 2])
+
+
+def _matmul3(em: TosaEmitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
+    """tosa.matmul of [B, M, K] x [B, K, N] -> [B, M, N] i32 with zero points as operands."""
+    b = em.b
+    shape = [a.shape[0], a.shape[1], bmat.shape[2]]
+    out = b.tosa.matmul(b.ttype(shape, torch.int32), a.value, bmat.value,
+                        b.zp(a_zp - a.offset, torch.int8), b.zp(b_zp - bmat.offset, torch.int8))
+    return Val(out, torch.int32, shape)
+
+
+@tosa_lowering("qlower::linear", check=_accumulating_check)
+def emit_linear(em: TosaEmitter, node: Node) -> Val:
+    """x[..., K] @ w[N, K]^T + bias as one [1, M, K] x [1, K, N] tosa.matmul."""
+    x_n, x_zp, w_n, w_zp, bias_n = full_args(node)
+    b = em.b
+    x = em.value(x_n)
+    w, wzp = _weight(em, node, w_n, w_zp)
+    k, n_out = w.shape[1], w.shape[0]
+    rows = math.prod(x.shape[:-1])
+    wt = Val(b.const(np.ascontiguousarray(w.T).reshape(1, k, n_out)), torch.int8, [1, k, n_out])
+    acc = _matmul3(em, b.reshape(x, [1, rows, k]), wt, x_zp, wzp)
+    bias = b.const(_bias(em, bias_n, n_out).reshape(1, 1, n_out))
+    acc = Val(b.tosa.add(b.ttype(acc.shape, torch.int32), acc.value, bias), torch.int32, acc.shape)
+    return b.reshape(acc, list(node.meta["val"].shape))
+
+
+@tosa_lowering("qlower::matmul", check=_accumulating_check)
+def emit_matmul(em: TosaEmitter, node: Node) -> Val:
+    """a[..., M, K] @ b[..., K, N]: batch dims flattened into TOSA's one batch dimension (a 2-D
+    b is shared by every row of a)."""
+    a_n, a_zp, b_n, b_zp = full_args(node)
+    bld = em.b
+    a, bm = em.value(a_n), em.value(b_n)
+    m, k, n = a.shape[-2], a.shape[-1], bm.shape[-1]
+    if len(bm.shape) == 2:
+        acc = _matmul3(em, bld.reshape(a, [1, math.prod(a.shape[:-1]), k]), bld.reshape(bm, [1, k, n]), a_zp, b_zp)
+    else:
+        if a.shape[:-2] != bm.shape[:-2]:
+            raise NotImplementedError("matmul with broadcast batch dimensions is not lowered")
+        batch = math.prod(a.shape[:-2])
+        acc = _matmul3(em, bld.reshape(a, [batch, m, k]), bld.reshape(bm, [batch, k, n]), a_zp, b_zp)
+    return bld.reshape(acc, list(node.meta["val"].shape))
+
+
+# --------------------------------------------------------------- integer pass-through ops
+@tosa_lowering("qlower::max_pool2d", check=_pool_check)
+def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
+    """tosa.max_pool2d on NHWC; exact on stored values (the offset is order-preserving)."""
+    q_n, kernel, stride, padding = full_args(node)[:4]
+    b, ir = em.b, em.b.ir
+    stride = list(stride) or list(kernel)
+    x, pads = _window(em, b.transpose(em.value(q_n), [0, 2, 3, 1]), kernel, stride, padding, [1, 1])
+    n, c, oh, ow = node.meta["val"].shape
+    out = b.tosa.max_pool2d(b.ttype([n, oh, ow, c], torch.int8), x.value, ir.DenseI64ArrayAttr.get(list(kernel)),
+                            ir.DenseI64ArrayAttr.get(stride), pads)
+    return b.transpose(Val(out, x.dtype, [n, oh, ow, c], x.offset), [0, 3, 1, 2])
+
+
+@tosa_lowering("qlower::mean", check=_mean_check)
+def emit_mean(em: TosaEmitter, node: Node) -> Val:
+    """clamp(RNE(sum(q - zp) / N) + zp): int32 tosa.reduce_sum, then the exact half-to-even
+    integer division of numerics.mean_integer in arith (floordiv, remainder, odd test)."""
+    q_n, zp, dims, keepdim, qmin, qmax = full_args(node)
+    b = em.b
+    q = em.value(q_n)
+    dims = sorted(d % len(q.shape) for d in dims)
+    q32 = b.ext_i32(q)
+    centered = Val(b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset)), torch.int32, q.shape)
+    for d in dims:
+        shape = [1 if i == d else s for i, s in enumerate(centered.shape)]
+        centered = Val(b.tosa.reduce_sum(centered.value, d, results=[b.ttype(shape, torch.int32)]),
+                       torch.int32, shape)
+    total, n = centered, math.prod(q.shape[d] for d in dims)
+    y = _round_div_even(em, total, n)
+    y = b.arith.addi(y, b.splat(total.shape, torch.int32, zp - q.offset))
+    lo, hi = b.splat(total.shape, torch.int32, qmin - q.offset), b.splat(total.shape, torch.int32, qmax - q.offset)
+    y = b.arith.minsi(b.arith.maxsi(y, lo), hi)
+    out = Val(b.arith.trunci(b.ttype(total.shape, torch.int8), y), q.dtype, total.shape, q.offset)
+    return out if keepdim else b.reshape(out, list(node.meta["val"].shape))
+
+
+def _round_div_even(em: TosaEmitter, total: Val, n: int):
+    """RNE(total / n) for int32 total and positive n, exactly (numerics.mean_integer)."""
+    b, s, i32 = em.b, total.shape, torch.int32
+    nn = b.splat(s, i32, n)
+    quot = b.arith.floordivsi(total.value, nn)
+    twice_rem = b.arith.muli(b.arith.subi(total.value, b.arith.muli(quot, nn)), b.splat(s, i32, 2))
+    pred = b.arith.CmpIPredicate
+    above = b.arith.cmpi(pred.sgt, twice_rem, nn)
+    tie = b.arith.cmpi(pred.eq, twice_rem, nn)
+    odd = b.arith.cmpi(pred.eq, b.arith.andi(quot, b.splat(s, i32, 1)), b.splat(s, i32, 1))
+    up = b.arith.ori(above, b.arith.andi(tie, odd))
+    return b.arith.addi(quot, b.arith.extui(b.ttype(s, i32), up))
+
+
+# ------------------------------------------------------------------ shape ops on integers
+_RESHAPES = ("aten::reshape", "aten::view", "aten::_unsafe_view", "aten::flatten.using_ints", "aten::unsqueeze",
+             "aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze")
+_IDENTITIES = ("aten::contiguous", "aten::clone", "aten::alias")
+
+
+@tosa_lowering(*_RESHAPES, check=integer_input)
+def emit_reshape(em: TosaEmitter, node: Node) -> Val:
+    return em.b.reshape(em.value(node.all_input_nodes[0]), list(node.meta["val"].shape))
+
+
+@tosa_lowering("aten::permute", check=integer_input)
+def emit_permute(em: TosaEmitter, node: Node) -> Val:
+    x = em.value(node.args[0])
+    return em.b.transpose(x, [d % len(x.shape) for d in node.args[1]])
+
+
+@tosa_lowering("aten::transpose.int", check=integer_input)
+def emit_transpose(em: TosaEmitter, node: Node) -> Val:
+    x = em.value(node.args[0])
+    perm = list(range(len(x.shape)))
+    d0, d1 = node.args[1] % len(perm), node.args[2] % len(perm)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return em.b.transpose(x, perm)
+
+
+@tosa_lowering(*_IDENTITIES, check=integer_input)
+def emit_identity(em: TosaEmitter, node: Node) -> Val:
+    return em.value(node.args[0])
