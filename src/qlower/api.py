@@ -10,13 +10,14 @@ import torch
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import get_backend, op_counts
 from .capture import capture, check_example_inputs, check_module, save_pt2
-from .errors import QlowerError, QuantizeError
+from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import QuantConfig, is_quantized
 from .quantize import quantize as _quantize
 from .report import CompileReport
 from .runtime import CompiledModule, input_specs_of
+from .runtime.compiled import NAN_POLICIES
 
 
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
@@ -27,6 +28,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     gets 7-bit weights on CPUs without VNNI, and add scales snap to the backend's exact kernels);
     None quantizes backend-neutrally."""
     check_module(model)
+    _check_quantize_arg(config, "config")
     if backend is None:
         return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
     chosen = get_backend(backend)
@@ -36,7 +38,8 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
 
 
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
-            dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None) -> CompiledModule:
+            dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
+            nan_policy: str = "warn") -> CompiledModule:
     """Capture, (optionally) quantize, lower to integer ops, compile on `backend`.
 
     quantize: None (float model, or an already-quantized program), "int8", or a QuantConfig.
@@ -45,12 +48,18 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     passes:   the graph passes to run, default `qlower.passes.default_pipeline()`; a list of your
               own extends or replaces it (dropping LowerQDQ leaves the program in Q/DQ form,
               whose numerics are then the backend's, not qlower's canonical ones).
+    nan_policy: what a quantized model does with a float input holding NaN/inf (quantization maps
+              NaN to a finite integer): "warn" once (default), "raise" NonFiniteInputError, or
+              "ignore" (no check, no cost). Float models follow IEEE arithmetic and are not checked.
     """
     check_module(model)
     example_inputs = check_example_inputs(example_inputs)
+    _check_quantize_arg(quantize, "quantize")
     notes: list[str] = []
     if profile not in PROFILES:
         raise QlowerError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
+    if nan_policy not in NAN_POLICIES:
+        raise InputError(f"unknown nan_policy {nan_policy!r}", hint=f"use one of {NAN_POLICIES}")
     if quantize is not None and quantize is not False:
         if calibration is None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
             raise QuantizeError("quantize was requested but no calibration data was given",
@@ -75,7 +84,16 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
-    return CompiledModule(gm, executable, input_specs_of(gm), report, example_inputs, dyn)
+    return CompiledModule(gm, executable, input_specs_of(gm, ep.range_constraints), report, example_inputs, dyn,
+                          backend_options=getattr(chosen, "options", None), nan_policy=nan_policy)
+
+
+def _check_quantize_arg(value, name: str) -> None:
+    """quantize=True (or any non-preset) is a common guess; say what is accepted."""
+    if value is None or value is False or isinstance(value, (str, QuantConfig)):
+        return
+    raise QuantizeError(f"{name}={value!r} is not a quantization setting",
+                        hint=f"pass {name}='int8' (or 'transformer', 'int8-symmetric', ...) or a qlower.QuantConfig")
 
 
 def _inference_state(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

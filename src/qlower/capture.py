@@ -29,6 +29,18 @@ def check_module(model) -> None:
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"expected a torch.nn.Module or ExportedProgram, got {type(model).__name__}",
                            hint="wrap plain functions in an nn.Module whose forward() calls them")
+    _check_materialized(model)
+
+
+def _check_materialized(model: torch.nn.Module) -> None:
+    """Parameters on the meta device have no values: compiling them would bake in garbage or
+    fail deep inside a backend."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    name = next((n for n, t in tensors if t is not None and t.is_meta), None)
+    if name is not None:
+        raise CaptureError(f"'{name}' is on the meta device (it has no values)",
+                           hint="materialize the weights first: model.to_empty(device='cpu') then load a "
+                                "state_dict, or load_state_dict(..., assign=True)")
 
 
 def _describe_export_failure(exc: BaseException) -> tuple[str, str | None, str | None]:
@@ -39,6 +51,19 @@ def _describe_export_failure(exc: BaseException) -> tuple[str, str | None, str |
                   if "/torch/" not in f and "/site-packages/" not in f]
     ops = _OP_NAME.findall(text)
     return first[:300], (ops[0] if ops else None), (user_lines[-1] if user_lines else None)
+
+
+def _hint_for(exc: BaseException) -> str:
+    """The fix depends on why export failed: a branch on a tensor's value, a dtype mismatch
+    between inputs and weights, or an op export cannot trace."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if "data-dependent" in text or "datadependent" in text or "guardondatadependent" in text:
+        return ("Python control flow on a tensor's value cannot be captured: use torch.cond(pred, "
+                "true_fn, false_fn, operands) or torch.where, or make the condition a constant")
+    if ("dtype" in text or "scalar type" in text or "input type" in text) and \
+            any(w in text for w in ("same", "expected", "mismatch")):
+        return "the example inputs' dtypes must be the ones the model computes in (e.g. x.float() for a float model)"
+    return "rewrite the unsupported code path, or wrap it in a torch.library custom op"
 
 
 def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
@@ -55,23 +80,22 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
-                           schema=op, source=source,
-                           hint="rewrite the data-dependent / unsupported code path, or wrap it "
-                                "in a torch.library custom op") from exc
+                           schema=op, source=source, hint=_hint_for(exc)) from exc
 
 
 def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:
-    path = Path(path)
-    torch.export.save(ep, str(path))
-    return path
+    """Write a program as a .pt2 that torch.export.load reads too, atomically and with a sha256
+    manifest (the sample inputs, a pickle, are left out)."""
+    from .runtime.artifact import write_pt2
+    return write_pt2(ep, path)
 
 
 def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
-    from . import ops  # noqa: F401  (qlower ops must be registered before deserialising)
+    """A torch.export program from a .pt2 file, without unpickling or running anything in it
+    (runtime/artifact.py): files of other tools load when they hold plain tensors, else a typed
+    ArtifactError names the refused part. A manifest, when present, is verified."""
+    from .runtime.artifact import read_pt2
     path = Path(path)
     if not path.exists():
-        raise ArtifactError(f"no such .pt2 file: {path}")
-    try:
-        return torch.export.load(str(path))
-    except Exception as exc:
-        raise ArtifactError(f"cannot load {path} as a torch.export program: {str(exc)[:200]}") from exc
+        raise ArtifactError(f"no such .pt2 file: {path}", hint="check the path")
+    return read_pt2(path, require_manifest=False)[0]

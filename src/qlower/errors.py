@@ -46,3 +46,14 @@ class BackendError(QlowerError):
 
 class ArtifactError(QlowerError):
     """A saved artifact is missing, corrupt or from an incompatible version."""
+
+
+class NonFiniteInputError(InputError):
+    """A float input holds NaN/inf and the compiled model was asked to refuse them
+    (nan_policy="raise"): quantization maps NaN to a finite integer, so the output would look
+    ordinary."""
+
+
+class NonFiniteInputWarning(RuntimeWarning):
+    """Warned once per compiled model (nan_policy="warn", the default) when a float input of a
+    quantized model holds NaN/inf."""

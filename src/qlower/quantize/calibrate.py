@@ -1,6 +1,13 @@
-"""Calibration: feed input tuples through an observed model, with a progress bar on a TTY."""
+"""Calibration: feed input tuples through an observed model, with a progress bar on a TTY.
+
+Every batch is checked before it runs (a tuple of tensors matching the example inputs' dtypes
+and static dims, all finite) so that a bad sample is reported as a QuantizeError naming the batch
+and input, not as a guard assertion or an observer's "min nan should be less than max nan".
+Batches holding NaN/inf are rejected, not skipped: observers would record a NaN/inf range, and
+silently dropping samples would change the calibration the user asked for."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
@@ -8,26 +15,83 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..capture import check_example_inputs
-from ..errors import QuantizeError
+from ..errors import QlowerError, QuantizeError
+
+_HINT = "calibration must yield input tuples like the example inputs, e.g. [(x1,), (x2,)]"
 
 
 def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Console | None = None) -> int:
     """Run every calibration batch; returns how many ran. Raises if there were none."""
     console = console or Console(stderr=True)
-    batches = list(calibration) if not hasattr(calibration, "__len__") else calibration
+    batches = _batches(calibration)
     total = len(batches)
     if total == 0:
         raise QuantizeError("calibration data is empty", hint="pass at least one input tuple")
+    specs = _specs(observed)
     columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("calibrate", total=total)
         with torch.no_grad():
             for i, batch in enumerate(batches):
+                inputs = _checked_batch(i, batch, specs)
                 try:
-                    inputs = check_example_inputs(batch)
-                except Exception as exc:
-                    raise QuantizeError(f"calibration batch {i} is not an input tuple: {exc}",
-                                        hint="calibration must yield tuples like the example inputs") from exc
-                observed(*inputs)
+                    observed(*inputs)
+                except Exception as exc:  # the model itself failed on this sample
+                    raise QuantizeError(f"calibration batch {i} failed in the model: {type(exc).__name__}: "
+                                        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}", hint=_HINT) from exc
                 bar.advance(task)
     return total
+
+
+def _batches(calibration) -> list:
+    """The calibration data as a list; typed errors for what cannot be one."""
+    if isinstance(calibration, torch.Tensor):
+        raise QuantizeError("calibration is a bare tensor (iterating it would feed its rows)",
+                            hint="pass a list of input tuples, e.g. [(x,)] or [(x[i:i+1],) for i in range(n)]")
+    if hasattr(calibration, "__len__") and hasattr(calibration, "__getitem__"):
+        return calibration
+    try:
+        iterator = iter(calibration)
+    except TypeError:
+        raise QuantizeError(f"calibration must be an iterable of input tuples, got {type(calibration).__name__}",
+                            hint=_HINT) from None
+    try:
+        return list(iterator)
+    except QlowerError:
+        raise
+    except Exception as exc:  # a generator / data loader that raises
+        raise QuantizeError(f"the calibration data raised {type(exc).__name__}: {str(exc)[:200]}",
+                            hint="the calibration iterable itself failed while producing batches; fix it "
+                                 "or pass a list") from exc
+
+
+def _specs(observed: torch.nn.Module) -> list:
+    """The observed graph's inputs (dtype, static dims); dynamic ranges are export's to check."""
+    from ..runtime.input_spec import input_specs_of
+    if not isinstance(observed, torch.fx.GraphModule):
+        return []
+    return [dataclasses.replace(s, bounds=()) for s in input_specs_of(observed)]
+
+
+def _checked_batch(i: int, batch, specs: list) -> tuple:
+    try:
+        inputs = check_example_inputs(batch)
+    except QlowerError as exc:
+        raise QuantizeError(f"calibration batch {i} is not an input tuple: {exc.cause}", hint=_HINT) from exc
+    leaves = torch.utils._pytree.tree_leaves(inputs)
+    tensors_only = all(isinstance(v, torch.Tensor) for v in leaves)
+    if specs and tensors_only and len(leaves) != len(specs):
+        raise QuantizeError(f"calibration batch {i} has {len(leaves)} input(s), the model takes {len(specs)}",
+                            hint=_HINT)
+    for j, (spec, value) in enumerate(zip(specs if tensors_only else [], leaves)):
+        problem = spec.problem(value)
+        if problem:
+            raise QuantizeError(f"calibration batch {i}, input {j} ('{spec.name}'): {problem}",
+                                hint="calibration batches must match the example inputs' dtypes and static dims "
+                                     "(declare varying dims with dynamic_shapes=)")
+    for j, value in enumerate(leaves):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise QuantizeError(f"calibration batch {i}, input {j} holds NaN/inf",
+                                hint="remove or clean such samples (torch.nan_to_num): observers would record "
+                                     "a NaN/inf range")
+    return inputs

@@ -15,6 +15,9 @@ class InputSpec:
     name: str
     dtype: str
     shape: tuple[int | None, ...]      # None = dynamic dimension
+    # per dim: None (static or unknown range) or (min, max) with max None = unbounded; a dynamic
+    # dim beyond its declared range would run on a program never checked for that size
+    bounds: tuple[tuple[int, int | None] | None, ...] = ()
 
     @functools.cached_property
     def torch_dtype(self) -> torch.dtype:
@@ -39,10 +42,34 @@ class InputSpec:
         for axis, (want, got) in enumerate(zip(self.shape, value.shape)):
             if want is not None and want != got:
                 return f"dim {axis} must be {want} ({self.describe()}), got shape {list(value.shape)}"
+        for axis, (bound, got) in enumerate(zip(self.bounds, value.shape)):
+            if bound is not None and not _within(bound, got):
+                lo, hi = bound
+                return (f"dynamic dim {axis} is {got}, outside its declared range [{lo}, "
+                        f"{'inf' if hi is None else hi}] ({self.describe()})")
         return None
 
+    def hint_for(self, value) -> str:
+        """The fix for `problem(value)`: each kind of mismatch has its own."""
+        if not isinstance(value, torch.Tensor):
+            return "call the compiled model with tensors, as the original model was called"
+        if str(value.dtype).removeprefix("torch.") != self.dtype:
+            return f"convert the input with .to(torch.{self.dtype}), or compile with example inputs of that dtype"
+        if value.dim() != len(self.shape):
+            return "pass inputs of the rank the model was compiled with"
+        if any(b is not None and not _within(b, g) for b, g in zip(self.bounds, value.shape)):
+            return "recompile with a wider torch.export.Dim(min=..., max=...) in dynamic_shapes="
+        return "dims that vary must be declared with dynamic_shapes= at compile time"
 
-def input_specs_of(gm: GraphModule) -> list[InputSpec]:
+
+def _within(bound: tuple[int, int | None], size: int) -> bool:
+    lo, hi = bound
+    return lo <= size and (hi is None or size <= hi)
+
+
+def input_specs_of(gm: GraphModule, range_constraints: dict | None = None) -> list[InputSpec]:
+    """One spec per tensor placeholder; dynamic dims get their declared (min, max) from the
+    program's range constraints (or, failing that, the shape environment)."""
     specs = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -50,8 +77,31 @@ def input_specs_of(gm: GraphModule) -> list[InputSpec]:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             shape = tuple(d if isinstance(d, int) else None for d in val.shape)
-            specs.append(InputSpec(node.name, str(val.dtype).removeprefix("torch."), shape))
+            bounds = tuple(None if isinstance(d, int) else _range_of(d, range_constraints) for d in val.shape)
+            specs.append(InputSpec(node.name, str(val.dtype).removeprefix("torch."), shape,
+                                   bounds if any(b is not None for b in bounds) else ()))
     return specs
+
+
+def _range_of(dim, range_constraints: dict | None) -> tuple[int, int | None] | None:
+    expr = getattr(getattr(dim, "node", None), "expr", None)
+    if expr is None:
+        return None
+    vr = (range_constraints or {}).get(expr)
+    if vr is None:
+        shape_env = getattr(dim.node, "shape_env", None)
+        vr = getattr(shape_env, "var_to_range", {}).get(expr) if shape_env is not None else None
+    if vr is None:
+        return None
+    try:
+        lo = int(vr.lower)
+    except (TypeError, ValueError, OverflowError):
+        lo = 0
+    try:
+        hi = int(vr.upper)
+    except (TypeError, ValueError, OverflowError):  # int_oo: unbounded
+        hi = None
+    return max(lo, 0), hi
 
 
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:
@@ -71,8 +121,7 @@ def check_inputs(specs: list[InputSpec], args: tuple) -> None:
     for index, (spec, value) in enumerate(zip(specs, leaves)):
         problem = spec.problem(value)
         if problem:
-            raise InputError(f"input {index} ('{spec.name}'): {problem}",
-                             hint="dynamic dims must be declared with dynamic_shapes= at compile time")
+            raise InputError(f"input {index} ('{spec.name}'): {problem}", hint=spec.hint_for(value))
 
 
 def _fast_ok(spec: InputSpec, value) -> bool:
@@ -80,4 +129,5 @@ def _fast_ok(spec: InputSpec, value) -> bool:
         return False
     if spec.static:
         return value.shape == spec.shape  # torch.Size compares with a tuple
-    return value.dim() == len(spec.shape) and all(w is None or w == g for w, g in zip(spec.shape, value.shape))
+    return value.dim() == len(spec.shape) and all(w is None or w == g for w, g in zip(spec.shape, value.shape)) \
+        and all(b is None or _within(b, g) for b, g in zip(spec.bounds, value.shape))
