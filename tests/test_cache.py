@@ -1,0 +1,115 @@
+"""The onnxruntime cluster cache: disk entries are verified before use and a bad one is rebuilt
+(never trusted, never sticky); in-memory caches are bounded LRUs."""
+import threading
+
+import pytest
+import torch
+
+import qlower
+import qlower.backends.onnxruntime as ortb
+from qlower.backends.onnxruntime import cache
+from qlower.errors import QlowerError
+
+from conftest import calib
+
+KEY_A, KEY_B = "a" * 64, "b" * 64
+
+
+def test_entry_roundtrip_and_bad_entries_are_discarded(tmp_path):
+    cache.store_model(KEY_A, b"model A bytes")
+    cache.store_model(KEY_B, b"model B bytes")
+    assert cache.load_entry(KEY_A) == (b"model A bytes", "hit")
+    path_a, path_b = cache._entry_path(KEY_A), cache._entry_path(KEY_B)
+    for damage in (lambda d: d[:-3],                       # truncated
+                   lambda d: d[:-1] + bytes([d[-1] ^ 1]),   # flipped bit
+                   lambda d: path_b.read_bytes(),           # another key's valid model
+                   None):                                   # no digest (an older qlower's entry)
+        cache.store_model(KEY_A, b"model A bytes")
+        if damage is None:
+            path_a.with_name(path_a.name + ".sha256").unlink()
+        else:
+            path_a.write_bytes(damage(path_a.read_bytes()))
+        assert cache.load_entry(KEY_A) == (None, "corrupt")
+        assert not path_a.exists()                          # discarded ...
+        assert cache.load_entry(KEY_A) == (None, "absent")  # ... so the next compile rebuilds it
+    assert cache.load_model(KEY_B) == b"model B bytes"
+
+
+def test_disk_cache_off(monkeypatch):
+    monkeypatch.setenv(cache.CACHE_ENV, "off")
+    cache.store_model(KEY_A, b"x")
+    assert cache.load_entry(KEY_A) == (None, "absent")
+
+
+def _fresh_memory(monkeypatch):
+    monkeypatch.setattr(ortb, "_SESSIONS", {})
+    monkeypatch.setattr(ortb, "_MODELS", {})
+
+
+def test_corrupt_or_swapped_entry_is_rebuilt_not_trusted(integer_net, monkeypatch):
+    """Was: a truncated entry made every later compile fall back; a swapped .onnx was served."""
+    x = (torch.randn(1, 3, 16, 16),)
+    ep = qlower.quantize(integer_net, x, calib((1, 3, 16, 16)))
+    ref = qlower.compile(ep, x, backend="reference")
+    first = qlower.compile(ep, x, backend="onnxruntime")
+    entries = sorted(cache.cache_dir().glob("*.onnx"))
+    assert entries and first.report().compiled[0].cache == "miss"
+    other = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 5)).eval()
+    qlower.compile(other, x, backend="onnxruntime")   # a valid entry of another model
+    foreign = next(p for p in cache.cache_dir().glob("*.onnx") if p not in entries)
+    for damage in (lambda p: p.write_bytes(p.read_bytes()[:100]), lambda p: p.write_bytes(foreign.read_bytes())):
+        for p in entries:
+            damage(p)
+        _fresh_memory(monkeypatch)
+        again = qlower.compile(ep, x, backend="onnxruntime")
+        assert not again.report().fallbacks
+        assert all(c.cache != "disk" for c in again.report().compiled)
+        assert torch.equal(again(*x), ref(*x))
+        assert all(cache.load_entry(p.stem)[1] == "hit" for p in entries)   # rebuilt, valid
+    _fresh_memory(monkeypatch)
+    assert qlower.compile(ep, x, backend="onnxruntime").report().compiled[0].cache == "disk"
+
+
+def test_lru_keeps_the_most_recently_used():
+    lru = cache.LRUCache(maxsize=2)
+    lru["a"], lru["b"] = 1, 2
+    assert lru["a"] == 1          # a is now the most recently used
+    lru["c"] = 3
+    assert list(lru) == ["a", "c"] and "b" not in lru and len(lru) == 2
+    lru["a"] = 10
+    lru["d"] = 4
+    assert dict(lru) == {"a": 10, "d": 4}
+
+
+def test_lru_size_comes_from_the_environment_once(monkeypatch):
+    cache.memory_cache_entries.cache_clear()
+    monkeypatch.setenv(cache.MEMORY_ENV, "3")
+    try:
+        lru = cache.LRUCache()
+        for i in range(10):
+            lru[i] = i
+        assert list(lru) == [7, 8, 9]
+        monkeypatch.setenv(cache.MEMORY_ENV, "5")   # read once: no effect now
+        assert cache.memory_cache_entries() == 3
+        cache.memory_cache_entries.cache_clear()
+        monkeypatch.setenv(cache.MEMORY_ENV, "zero")
+        with pytest.raises(QlowerError, match=cache.MEMORY_ENV) as info:
+            cache.LRUCache()[1] = 1
+        assert info.value.hint
+    finally:
+        cache.memory_cache_entries.cache_clear()
+
+
+def test_lru_is_safe_under_threads():
+    lru = cache.LRUCache(maxsize=8)
+
+    def work(offset):
+        for i in range(2000):
+            lru[(offset, i % 16)] = i
+            lru.get((offset, (i * 7) % 16))
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(lru) == 8 and len(list(lru)) == 8
