@@ -10,6 +10,7 @@ logged once on `qlower.iree`) and stays there.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 
 import torch
@@ -160,6 +161,8 @@ class IreeBackend:
             emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
             compiled = compile_mlir(emitted.asm, _INPUT_TYPE[kind], self.options)
             info.cache = compiled.cache
+            if compiled.note:
+                log.info("cluster #%d: %s", index, compiled.note)
             function = load_function(compiled.vmfb, self.options.driver)
         except Exception as exc:   # emit/compile failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"{kind} compile failed: {_first_line(exc)}"
@@ -175,11 +178,14 @@ class IreeBackend:
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
-    lines = [ln for ln in text.splitlines() if "error" in ln.lower()] or text.splitlines() or [type(exc).__name__]
+    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln] or text.splitlines() or [type(exc).__name__]
     return lines[0][:300]
 
 
 def _computes(node: Node) -> bool:
+    """Not an output pick of a fused cluster, not an assertion that returns nothing."""
+    if node.target is operator.getitem and getattr(node.args[0], "op", None) == "call_module":
+        return False
     schema = getattr(node.target, "_schema", None)
     return not (schema is not None and not node.users and len(schema.returns) == 0)
 

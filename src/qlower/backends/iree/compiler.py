@@ -4,6 +4,7 @@ The cache key is the MLIR text plus the flags: structurally identical clusters (
 compiled twice, a test's one-op graphs) compile once per process."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -18,17 +19,34 @@ class CompiledVmfb:
     vmfb: bytes
     seconds: float      # iree-compile wall time (0 on a cache hit)
     cache: str          # "memory" | "miss"
+    note: str | None = None
 
 
-def compile_mlir(asm: str, input_type: str, options: IreeOptions) -> CompiledVmfb:
-    """Compile MLIR text (`input_type` "tosa" or "torch") to a VM flatbuffer for options' target."""
+def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, str]:
     import iree.compiler as ic
     flags = options.compile_flags()
     key = hashlib.sha256("\0".join([asm, input_type, options.target_backend, *flags]).encode()).hexdigest()
     if key in _VMFB:
-        return CompiledVmfb(_VMFB[key], 0.0, "memory")
+        return _VMFB[key], "memory"
+    _VMFB[key] = bytes(ic.compile_str(asm, target_backends=[options.target_backend], input_type=input_type,
+                                      extra_args=flags))
+    return _VMFB[key], "miss"
+
+
+def compile_mlir(asm: str, input_type: str, options: IreeOptions) -> CompiledVmfb:
+    """Compile MLIR text (`input_type` "tosa" or "torch") to a VM flatbuffer for options' target.
+
+    IREE 3.13's im2col rewrite fails to compile integer convs with batch > 1 ("'arith.addi' op
+    requires the same type for all operands", conv_2d_nhwc_fhwc_q); such a module is compiled
+    again without it, and the returned note says so."""
     start = time.perf_counter()
-    vmfb = ic.compile_str(asm, target_backends=[options.target_backend], input_type=input_type,
-                          extra_args=flags)
-    _VMFB[key] = bytes(vmfb)
-    return CompiledVmfb(_VMFB[key], time.perf_counter() - start, "miss")
+    try:
+        vmfb, cache = _compile(asm, input_type, options)
+        note = None
+    except Exception as exc:
+        if not options.im2col_convs:
+            raise
+        vmfb, cache = _compile(asm, input_type, dataclasses.replace(options, im2col_convs=False))
+        note = f"compiled without im2col (with it: {str(exc).strip().splitlines()[-1][:120]})"
+    seconds = time.perf_counter() - start if cache == "miss" else 0.0
+    return CompiledVmfb(vmfb, seconds, cache, note)

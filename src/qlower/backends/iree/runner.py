@@ -35,7 +35,9 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _to_torch(out, dtype: torch.dtype) -> torch.Tensor:
-    a = np.asarray(out)
+    """A copy: the host view of a result maps device memory that IREE reuses once the
+    DeviceArray is gone (measured: a later cluster overwrote an earlier one's outputs)."""
+    a = np.array(out.to_host() if hasattr(out, "to_host") else out, copy=True)
     if dtype == torch.uint8:
         a = a.view(np.uint8)
     elif dtype == torch.bool and a.dtype != np.bool_:

@@ -1,0 +1,354 @@
+"""IREE backend: bit-exact against the reference kernels per op and end to end, fallback, float
+clusters through the FX importer. Skipped without the `iree` extra."""
+import copy
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
+pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install -e .[iree])")
+
+import qlower  # noqa: E402
+from qlower.backends import get_backend  # noqa: E402
+from qlower.backends.iree import IreeBackend, IreeOptions, iree_capability  # noqa: E402
+from qlower.zoo import ZOO  # noqa: E402
+
+ops = torch.ops.qlower
+
+
+def compile_both(module, *inputs):
+    """(reference outputs, IREE outputs, executable) for a module of qlower ops, captured as
+    the pipeline captures models (constants become get_attr nodes)."""
+    gm = torch.export.export(module, inputs).module()
+    exe = IreeBackend().compile(copy.deepcopy(gm))
+    with torch.no_grad():
+        return gm(*inputs), exe.run(*inputs), exe
+
+
+def assert_all_on_iree(exe):
+    bad = [(c.id, c.status, c.reason) for c in exe.clusters if c.backend != "iree" or c.status != "compiled"]
+    assert not bad, bad
+
+
+def assert_equal(ref, got):
+    assert ref.dtype == got.dtype and ref.shape == got.shape
+    diff = (ref.to(torch.int64) != got.to(torch.int64)) if not ref.dtype.is_floating_point else (ref != got)
+    assert int(diff.sum()) == 0, f"{int(diff.sum())} of {ref.numel()} elements differ"
+
+
+# ------------------------------------------------------------------------- requantize
+class Requant(torch.nn.Module):
+    def __init__(self, acc_scale, out_scale, zp, qmin, qmax, dtype, axis, profile):
+        super().__init__()
+        self.register_buffer("acc_scale", torch.tensor(acc_scale, dtype=torch.float32))
+        self.args = (out_scale, zp, qmin, qmax, dtype, axis, profile)
+
+    def forward(self, acc):
+        return ops.requantize(acc, self.acc_scale, *self.args)
+
+
+def tie_vector(channels: int) -> torch.Tensor:
+    """Accumulators on every rounding edge: exact ties (both signs), ties +-1, 2^24 + 1,
+    the int32 extremes, zero, and random values over the whole int32 range."""
+    edges = [0, 1, -1, 5, -5, 3, -3, 5279, -5279, 2**24 + 1, -(2**24 + 1), 2**31 - 1, -(2**31 - 1),
+             2**30, -(2**30), 1023, 1024, 1025, -1023, -1024, -1025, 127, 128, 129, -129]
+    rand = torch.randint(-(2**31) + 1, 2**31 - 1, (64,), generator=torch.Generator().manual_seed(0))
+    small = torch.randint(-5000, 5000, (64,), generator=torch.Generator().manual_seed(1))
+    vals = torch.cat([torch.tensor(edges, dtype=torch.int64), rand, small]).to(torch.int32)
+    return vals[:, None].expand(-1, channels).contiguous()
+
+
+# scales on the multiplier/shift edges: exact halves (ties), 2^-k, shift > 31, the documented
+# single-vs-double-round case, a scale close to the rescale limit, and a mantissa rounding to 2^31
+EDGE_SCALES = [0.5, 0.25, 2.0**-25, 0.0050196624, 0.999, 2.0**-40, 0.1, (1 - 2.0**-33) * 0.5]
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+@pytest.mark.parametrize("dtype,zp", [(torch.uint8, 0), (torch.uint8, 131), (torch.int8, -3)])
+def test_requantize_tie_vector_bit_exact(profile, dtype, zp):
+    qmin, qmax = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    module = Requant(EDGE_SCALES, 1.0, zp, qmin, qmax, dtype, 1, profile)
+    ref, got, exe = compile_both(module, tie_vector(len(EDGE_SCALES)))
+    assert_all_on_iree(exe)
+    assert_equal(ref, got)
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+def test_requantize_per_channel_on_axis_1_with_relu_clamp(profile):
+    """4-D NCHW accumulator, channel axis 1 (transposed for TOSA's innermost-channel rescale),
+    qmin = zp as a fused ReLU leaves it."""
+    g = torch.Generator().manual_seed(3)
+    acc = torch.randint(-40000, 40000, (2, 4, 5, 3), generator=g, dtype=torch.int32)
+    scales = (torch.rand(4, generator=g) * 1e-3 + 1e-5).tolist()
+    module = Requant(scales, 0.02, 17, 17, 255, torch.uint8, 1, profile)
+    ref, got, exe = compile_both(module, acc)
+    assert_all_on_iree(exe)
+    assert_equal(ref, got)
+    assert int((ref == 17).sum()) > 0   # the clamp is exercised
+
+
+# ------------------------------------------------------------------ accumulating ops
+class ConvRequant(torch.nn.Module):
+    def __init__(self, cin, cout, k, stride, padding, groups, x_zp, x_dtype, w_zp, profile, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("w", torch.randint(-128, 128, (cout, cin // groups, k, k), generator=g, dtype=torch.int8))
+        self.register_buffer("w_zp", torch.full((cout,), w_zp, dtype=torch.int32))
+        self.register_buffer("bias", torch.randint(-3000, 3000, (cout,), generator=g, dtype=torch.int32))
+        self.register_buffer("acc_scale", torch.rand(cout, generator=g) * 1e-4 + 1e-6)
+        self.conv = ([stride, stride], [padding, padding], [1, 1], groups)
+        self.x_zp, self.profile, self.x_dtype = x_zp, profile, x_dtype
+
+    def forward(self, x):
+        acc = ops.conv2d(x, self.x_zp, self.w, self.w_zp, self.bias, *self.conv)
+        qmin, qmax = (0, 255) if self.x_dtype == torch.uint8 else (-128, 127)
+        return ops.requantize(acc, self.acc_scale, 0.05, 3 if qmin == 0 else -2, qmin, qmax, self.x_dtype, 1,
+                              self.profile), acc
+
+
+def random_q(shape, dtype, seed=0):
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    return torch.randint(lo, hi, shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+@pytest.mark.parametrize("cfg", [
+    dict(cin=3, cout=8, k=3, stride=1, padding=1, groups=1, x_zp=126, x_dtype=torch.uint8, w_zp=0),
+    dict(cin=8, cout=6, k=1, stride=2, padding=0, groups=1, x_zp=0, x_dtype=torch.uint8, w_zp=0),
+    dict(cin=4, cout=4, k=3, stride=2, padding=1, groups=1, x_zp=-7, x_dtype=torch.int8, w_zp=3),
+    dict(cin=6, cout=6, k=3, stride=1, padding=1, groups=6, x_zp=255, x_dtype=torch.uint8, w_zp=0),
+], ids=["3x3-u8", "1x1-stride2-crop", "s8-wzp", "depthwise"])
+def test_conv2d_requantize_bit_exact(profile, cfg):
+    x = random_q((2, cfg["cin"], 9, 9), cfg["x_dtype"])
+    (ref_y, ref_acc), (got_y, got_acc), exe = compile_both(ConvRequant(profile=profile, **cfg), x)
+    assert_all_on_iree(exe)
+    assert_equal(ref_acc, got_acc)   # the int32 accumulator itself
+    assert_equal(ref_y, got_y)
+
+
+class LinearRequant(torch.nn.Module):
+    def __init__(self, k, n, profile, bias=True):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.register_buffer("w", torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
+        self.register_buffer("w_zp", torch.zeros(n, dtype=torch.int32))
+        self.register_buffer("bias", torch.randint(-9000, 9000, (n,), generator=g, dtype=torch.int32) if bias else None)
+        self.register_buffer("acc_scale", torch.rand(n, generator=g) * 1e-4 + 1e-6)
+        self.profile = profile
+
+    def forward(self, x):
+        acc = ops.linear(x, 200, self.w, self.w_zp, self.bias)
+        return ops.requantize(acc, self.acc_scale, 0.03, 128, 0, 255, torch.uint8, -1, self.profile)
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_3d_requantize_bit_exact(profile, bias):
+    x = random_q((2, 7, 24), torch.uint8, seed=2)
+    ref, got, exe = compile_both(LinearRequant(24, 10, profile, bias), x)
+    assert_all_on_iree(exe)
+    assert_equal(ref, got)
+
+
+class MatmulRequant(torch.nn.Module):
+    def __init__(self, profile):
+        super().__init__()
+        self.register_buffer("acc_scale", torch.tensor(3.1e-4))
+        self.profile = profile
+
+    def forward(self, a, b):
+        acc = ops.matmul(a, 128, b, 5)
+        return ops.requantize(acc, self.acc_scale, 0.07, -1, -128, 127, torch.int8, None, self.profile), acc
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+def test_activation_matmul_requantize_bit_exact(profile):
+    a, b = random_q((2, 3, 5, 16), torch.uint8, 1), random_q((2, 3, 16, 4), torch.uint8, 2)
+    (ref_y, ref_acc), (got_y, got_acc), exe = compile_both(MatmulRequant(profile), a, b)
+    assert_all_on_iree(exe)
+    assert_equal(ref_acc, got_acc)
+    assert_equal(ref_y, got_y)
+
+
+# ------------------------------------------------------------- quantize / dequantize & co.
+class QuantDequant(torch.nn.Module):
+    def __init__(self, scale, zp, dtype):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
+        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
+        self.dtype = dtype
+
+    def forward(self, x):
+        qmin, qmax = (0, 255) if self.dtype == torch.uint8 else (-128, 127)
+        q = ops.quantize(x, self.scale, self.zp, qmin, qmax, self.dtype, None)
+        return q, ops.dequantize(q, self.scale, self.zp, None)
+
+
+@pytest.mark.parametrize("scale,zp,dtype", [(0.00214854861, 0, torch.uint8), (1.0, 1, torch.uint8),
+                                            (0.0173, -5, torch.int8)])
+def test_quantize_dequantize_bit_exact_on_numerics_edges(scale, zp, dtype):
+    """E1 (IEEE division, not a reciprocal), E2 ties to even, E3 zero point after rounding,
+    +-inf saturation, NaN -> qmin, values past both ends."""
+    edges = torch.tensor([0.273939937, 2.5, 0.5, -0.5, 1.5, 3.5, float("inf"), float("-inf"), float("nan"),
+                          1e9, -1e9, 0.0, -0.0], dtype=torch.float32)
+    rand = torch.randn(500, generator=torch.Generator().manual_seed(0)) * 3 * scale * 100
+    ties = (torch.arange(-300, 300, dtype=torch.float32) + 0.5) * scale
+    x = torch.cat([edges, rand, ties])
+    (ref_q, ref_x), (got_q, got_x), exe = compile_both(QuantDequant(scale, zp, dtype), x)
+    assert_all_on_iree(exe)
+    assert_equal(ref_q, got_q)
+    assert_equal(ref_x, got_x)
+
+
+class PoolMeanAdd(torch.nn.Module):
+    def forward(self, a, b):
+        p = ops.max_pool2d(a, [3, 3], [2, 2], [1, 1], [1, 1], False)
+        s = ops.add(p, 0.02, 128, b, 0.031, 100, 0.045, 7, 7, 255, torch.uint8)
+        m = ops.mul(p, 0.02, 128, b, 0.031, 100, 0.001, 0, 0, 255, torch.uint8)
+        return s, m, ops.mean(s, 7, [-2, -1], True, 0, 255), ops.mean(a, 128, [2, 3], False, 0, 255)
+
+
+def test_max_pool_add_mul_mean_bit_exact():
+    a, b = random_q((2, 4, 11, 11), torch.uint8, 4), random_q((2, 4, 6, 6), torch.uint8, 5)
+    refs, gots, exe = compile_both(PoolMeanAdd(), a, b)
+    assert_all_on_iree(exe)
+    for r, g in zip(refs, gots):
+        assert_equal(r, g)
+
+
+# ---------------------------------------------------------------------------- end to end
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _compile_pair(model, x, calibration, profile):
+    ref = qlower.compile(model, (x,), quantize="int8", calibration=calibration, backend="reference", profile=profile)
+    got = qlower.compile(model, (x,), quantize="int8", calibration=calibration, backend="iree", profile=profile)
+    return ref, got
+
+
+@pytest.mark.parametrize("profile", ["fixed", "float"])
+def test_zoo_cnn_bit_exact_end_to_end(profile):
+    entry = ZOO["cnn"]
+    ref, got = _compile_pair(entry.model(), entry.inputs(1)[0], entry.calibration(4), profile)
+    report = got.report()
+    assert report.fallbacks == [] and [c.backend for c in report.compiled] == ["iree"]
+    for seed in range(4):
+        (x,) = entry.inputs(1, seed=50 + seed)
+        assert_equal(ref(x), got(x))
+
+
+def test_mlp_bit_exact_end_to_end():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    g = torch.Generator().manual_seed(0)
+    cal = [(torch.randn(4, 32, generator=g),) for _ in range(4)]
+    ref, got = _compile_pair(model, cal[0][0], cal, "fixed")
+    assert got.report().fallbacks == []
+    for _ in range(4):
+        x = torch.randn(4, 32, generator=g) * 1.5
+        assert_equal(ref(x), got(x))
+
+
+# ------------------------------------------------------------------- float & fallback
+class FloatBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return torch.softmax(torch.nn.functional.gelu(self.norm(self.lin(x))), -1)
+
+
+def test_float_model_runs_as_one_torch_dialect_cluster():
+    torch.manual_seed(0)
+    model, x = FloatBlock().eval(), torch.randn(2, 5, 16)
+    cm = qlower.compile(model, (x,), backend="iree")
+    report = cm.report()
+    assert report.fallbacks == [] and len(report.compiled) == 1
+    assert any("1 torch-dialect" in n for n in report.notes)
+    with torch.no_grad():
+        # float kernels (IREE's, not PyTorch's): equal up to float rounding only, not a contract
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+class WithUnsupported(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.cumsum(self.a(x), dim=-1))
+
+
+def test_op_iree_refuses_runs_in_pytorch_and_still_matches(monkeypatch):
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::cumsum")
+    torch.manual_seed(0)
+    model = WithUnsupported().eval()
+    g = torch.Generator().manual_seed(0)
+    cal = [(torch.randn(3, 8, generator=g),) for _ in range(4)]
+    ref, got = _compile_pair(model, cal[0][0], cal, "fixed")
+    report = got.report()
+    assert any(c.backend == "pytorch" and "cumsum" in (c.reason or "") for c in report.fallbacks)
+    assert len([c for c in report.compiled if c.backend == "iree"]) >= 2
+    x = torch.randn(3, 8, generator=g)
+    assert_equal(ref(x), got(x))
+
+
+def test_compile_failure_falls_back_with_reason_logged_once(monkeypatch, caplog):
+    from qlower.backends.iree import backend as iree_backend
+
+    def boom(*a, **k):
+        raise RuntimeError("error: injected compiler failure")
+    monkeypatch.setattr(iree_backend, "compile_mlir", boom)
+    module = Requant([0.5], 1.0, 0, 0, 255, torch.uint8, None, "fixed")
+    with caplog.at_level(logging.WARNING, logger="qlower.iree"):
+        ref, got, exe = compile_both(module, tie_vector(1))
+        exe.run(tie_vector(1))
+    assert [c.status for c in exe.clusters] == ["fallback"]
+    assert "injected compiler failure" in exe.clusters[0].reason
+    assert len([r for r in caplog.records if r.name == "qlower.iree"]) == 1
+    assert_equal(ref, got)
+
+
+def test_runtime_failure_falls_back_and_sticks():
+    module = Requant([0.5], 1.0, 0, 0, 255, torch.uint8, None, "fixed")
+    ref, _, exe = compile_both(module, tie_vector(1))
+    cluster = next(m for m in exe.module.modules() if type(m).__name__ == "IreeCluster")
+
+    def broken(*a):
+        raise RuntimeError("device lost")
+    cluster.function = broken
+    assert_equal(ref, exe.run(tie_vector(1)))
+    assert exe.clusters[0].status == "fallback" and "device lost" in exe.clusters[0].reason
+    assert cluster.function is None
+
+
+def test_capability_refusals_name_the_op_and_reason():
+    class Grouped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.ones(4, 2, 1, 1, dtype=torch.int8))
+            self.register_buffer("w_zp", torch.zeros(4, dtype=torch.int32))
+
+        def forward(self, x):
+            return ops.conv2d(x, 0, self.w, self.w_zp, None, [1, 1], [0, 0], [1, 1], 2)
+    gm = torch.export.export(Grouped(), (random_q((1, 4, 3, 3), torch.int8),)).module()
+    conv = next(n for n in gm.graph.nodes if "conv2d" in str(n.target))
+    why = iree_capability().why_not(conv)
+    assert why is not None and why.startswith("qlower::conv2d") and "grouped" in why
+
+
+def test_backend_registered_and_options_checked():
+    backend = get_backend("iree", IreeOptions(driver="local-sync"))
+    assert backend.name == "iree" and backend.options.driver == "local-sync"
+    assert "--iree-opt-data-tiling" in backend.options.compile_flags()
+    with pytest.raises(qlower.errors.BackendError):
+        get_backend("iree", object())
