@@ -15,6 +15,7 @@ from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import QuantConfig, is_quantized
 from .quantize import quantize as _quantize
+from .quantize.calibrate import prepare_calibration
 from .report import CompileReport
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
@@ -29,6 +30,8 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     None quantizes backend-neutrally."""
     check_module(model)
     _check_quantize_arg(config, "config")
+    if calibration is not None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
+        calibration = prepare_calibration(calibration, example_inputs)
     if backend is None:
         return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
     chosen = get_backend(backend)
@@ -64,6 +67,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         if calibration is None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
             raise QuantizeError("quantize was requested but no calibration data was given",
                                 hint="pass calibration=[(x,), ...] with a few representative inputs")
+        if calibration is not None:
+            calibration = prepare_calibration(calibration, example_inputs)
         chosen = get_backend(backend, backend_options)
         config, note = _config_for_backend(quantize, chosen.name)
         if note:

@@ -76,11 +76,35 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
     example_inputs = check_example_inputs(example_inputs)
     model.eval()
     try:
-        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
+        ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
                            schema=op, source=source, hint=_hint_for(exc)) from exc
+    _check_operand_dtypes(ep)
+    return ep
+
+
+_SAME_DTYPE_OPS = ("linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "convolution",
+                   "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+
+
+def _check_operand_dtypes(ep: torch.export.ExportedProgram) -> None:
+    """Fake-tensor tracing accepts e.g. an int64 input to a float32 linear; it would fail only
+    when run. Refuse it at capture, naming the node and the user's source line."""
+    for node in ep.graph.nodes:
+        packet = getattr(node.target, "overloadpacket", None)
+        if node.op != "call_function" or getattr(packet, "__name__", None) not in _SAME_DTYPE_OPS:
+            continue
+        vals = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
+        dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in vals if isinstance(v, torch.Tensor)})
+        if len(dtypes) > 1:
+            trace = node.meta.get("stack_trace") or ""
+            lines = [f"{f}:{ln}" for f, ln in _SOURCE_LINE.findall(trace) if "/torch/" not in f]
+            raise CaptureError(f"{packet.__name__} mixes operand dtypes {' and '.join(dtypes)}",
+                               node=node.name, schema=f"aten::{packet.__name__}", source=lines[-1] if lines else None,
+                               hint="the example inputs' dtypes must be the ones the model computes in "
+                                    "(e.g. x.float() for a float model)")
 
 
 def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:

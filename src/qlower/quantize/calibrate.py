@@ -43,6 +43,39 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
     return total
 
 
+def prepare_calibration(calibration, example_inputs) -> list:
+    """The calibration data as a list of checked input tuples, before anything runs on it (also
+    before float rewrites such as SmoothQuant read it): typed errors for a non-iterable, a
+    generator that raises, a batch that is not a tuple, whose inputs differ from the example
+    inputs in number, dtype or rank, or that holds NaN/inf. Static dims are checked against the
+    observed graph in `calibrate` (dynamic_shapes decide which dims may vary)."""
+    batches = _batches(calibration)
+    if len(batches) == 0:
+        raise QuantizeError("calibration data is empty", hint="pass at least one input tuple")
+    examples = [t for t in torch.utils._pytree.tree_leaves(check_example_inputs(example_inputs))]
+    specs = [_LooseSpec(t) for t in examples] if all(isinstance(t, torch.Tensor) for t in examples) else []
+    for i, batch in enumerate(batches):
+        _checked_batch(i, batch, specs)
+    return list(batches)
+
+
+class _LooseSpec:
+    """What an example input fixes for every calibration batch: dtype and rank (dims may be
+    dynamic)."""
+
+    def __init__(self, example: torch.Tensor):
+        self.name, self.dtype, self.rank = "", example.dtype, example.dim()
+
+    def problem(self, value) -> str | None:
+        if not isinstance(value, torch.Tensor):
+            return f"expected a tensor, got {type(value).__name__}"
+        if value.dtype != self.dtype:
+            return f"expected dtype {str(self.dtype).removeprefix('torch.')}, got {str(value.dtype).removeprefix('torch.')}"
+        if value.dim() != self.rank:
+            return f"expected rank {self.rank}, got shape {list(value.shape)}"
+        return None
+
+
 def _batches(calibration) -> list:
     """The calibration data as a list; typed errors for what cannot be one."""
     if isinstance(calibration, torch.Tensor):
@@ -86,7 +119,8 @@ def _checked_batch(i: int, batch, specs: list) -> tuple:
     for j, (spec, value) in enumerate(zip(specs if tensors_only else [], leaves)):
         problem = spec.problem(value)
         if problem:
-            raise QuantizeError(f"calibration batch {i}, input {j} ('{spec.name}'): {problem}",
+            label = f" ('{spec.name}')" if spec.name else ""
+            raise QuantizeError(f"calibration batch {i}, input {j}{label}: {problem}",
                                 hint="calibration batches must match the example inputs' dtypes and static dims "
                                      "(declare varying dims with dynamic_shapes=)")
     for j, value in enumerate(leaves):

@@ -45,9 +45,12 @@ _ALLOWED = re.compile(
     r"|extra/[\w.\-]+")
 _PAYLOAD_NAME = {"data/weights/model_weights_config.json": re.compile(r"weight_\d+"),
                  "data/constants/model_constants_config.json": re.compile(r"tensor_\d+")}
-# symbolic shape expressions: symbols (s0, u3), capitalised sympy functions, numbers, arithmetic
+# symbolic shape expressions (sympy str or srepr form): symbols (s0, u3, 'quoted' in srepr),
+# capitalised sympy classes/functions, assumption keywords, numbers, arithmetic
 _SYM_TOKEN = re.compile(r"[A-Za-z_]\w*")
-_SYM_SYMBOL = re.compile(r"[a-z]{1,3}\d+|[A-Z][A-Za-z]*|floor|ceiling|oo|zoo|nan|sqrt")
+_SYM_SYMBOL = re.compile(r"[a-z]{1,3}\d+|[A-Z][A-Za-z]*|floor|ceiling|oo|zoo|nan|sqrt|positive|negative|integer"
+                         r"|nonnegative|nonpositive|nonzero|zero|real|finite|infinite|even|odd|rational|commutative")
+_SYM_QUOTED_NAME = re.compile(r"'[a-z]{1,3}\d+'")
 _SYM_NUMBER = re.compile(r"\d+\.\d*(?:e[+-]?\d+)?|\d*\.\d+(?:e[+-]?\d+)?")
 _SYM_CHARS = re.compile(r"[\w\s+\-*/%(),<>=!&|~^]*")
 _SAFE_FUNCTIONS = frozenset(
@@ -263,7 +266,7 @@ def _expr_strings(obj):
 
 
 def _safe_sym_expr(expr: str) -> bool:
-    bare = _SYM_NUMBER.sub("0", expr)
+    bare = _SYM_QUOTED_NAME.sub("0", _SYM_NUMBER.sub("0", expr))
     if "__" in bare or "." in bare or not _SYM_CHARS.fullmatch(bare):
         return False
     return all(_SYM_SYMBOL.fullmatch(tok) for tok in _SYM_TOKEN.findall(bare) if not tok[0].isdigit())

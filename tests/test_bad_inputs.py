@@ -1,0 +1,263 @@
+"""A catalogue of bad inputs: each is a typed QlowerError with a hint that fits it, or a
+documented, tested success (docs/trust.md). Also the NaN/inf policy and thread safety."""
+import threading
+import warnings
+
+import pytest
+import torch
+
+import qlower
+from qlower.errors import (ArtifactError, CaptureError, InputError, NonFiniteInputError, NonFiniteInputWarning,
+                           QuantizeError)
+
+from conftest import calib
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class TwoArgs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, bias):
+        return self.fc(x) + bias
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:          # data-dependent Python control flow
+            return x * 2
+        return x - 1
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        self.n.add_(1)
+        return self.fc(x) * 0 + self.n
+
+
+def _net():
+    torch.manual_seed(0)
+    return Net().eval(), torch.randn(2, 8)
+
+
+def _raising_generator(x):
+    yield (x,)
+    raise RuntimeError("the data loader died")
+
+
+def _nan(x):
+    y = x.clone()
+    y[0, 0] = float("nan")
+    return y
+
+
+CALIBRATION_CASES = {
+    "wrong shape": (lambda x: [(torch.randn(2, 9),)], "dim 1 must be 8", "static dims"),
+    "wrong dtype": (lambda x: [(x.double(),)], "expected dtype float32, got float64", "dtypes"),
+    "NaN": (lambda x: [(x,), (_nan(x),)], "batch 1, input 0 holds NaN/inf", "nan_to_num"),
+    "inf": (lambda x: [(x / 0,)], "holds NaN/inf", "nan_to_num"),
+    "not iterable": (lambda x: 5, "iterable of input tuples, got int", "tuples"),
+    "bare tensor": (lambda x: x, "bare tensor", "[(x,)]"),
+    "generator raises": (lambda x: _raising_generator(x), "raised RuntimeError: the data loader died",
+                         "iterable itself failed"),
+    "batch not a tuple": (lambda x: ["x"], "batch 0 is not an input tuple", "tuples"),
+    "too many inputs": (lambda x: [(x, x)], r"has 2 input\(s\), the model takes 1", "tuples"),
+    "empty": (lambda x: [], "empty", "at least one"),
+}
+
+
+@pytest.mark.parametrize("case", CALIBRATION_CASES)
+def test_bad_calibration_is_a_quantize_error(case):
+    make, match, hint = CALIBRATION_CASES[case]
+    model, x = _net()
+    with pytest.raises(QuantizeError, match=match) as info:
+        qlower.compile(model, (x,), quantize="int8", calibration=make(x), backend="reference")
+    assert hint in info.value.hint
+    with pytest.raises(QuantizeError, match=match):
+        qlower.quantize(model, (x,), make(x))
+
+
+@pytest.mark.parametrize("value", [True, 8, object()])
+def test_quantize_must_be_a_preset_or_config(value):
+    model, x = _net()
+    with pytest.raises(QuantizeError, match="not a quantization setting") as info:
+        qlower.compile(model, (x,), quantize=value, calibration=[(x,)], backend="reference")
+    assert "'int8'" in info.value.hint
+
+
+def test_data_dependent_control_flow_is_a_capture_error_with_source_line():
+    with pytest.raises(CaptureError, match="data-dependent") as info:
+        qlower.compile(Branch(), (torch.randn(2, 8),), backend="reference")
+    assert info.value.source and info.value.source.endswith(f"test_bad_inputs.py:{Branch.forward.__code__.co_firstlineno + 1}")
+    assert "torch.cond" in info.value.hint
+
+
+def test_parameters_on_the_meta_device_are_a_capture_error():
+    with torch.device("meta"):
+        model = Net()
+    with pytest.raises(CaptureError, match="'fc.weight' is on the meta device") as info:
+        qlower.compile(model, (torch.randn(2, 8),), backend="reference")
+    assert "to_empty" in info.value.hint
+
+
+def test_int64_example_input_for_a_float_model_is_a_capture_error():
+    model, x = _net()
+    with pytest.raises(CaptureError) as info:
+        qlower.compile(model, (x.long(),), backend="reference")
+    assert "dtype" in info.value.hint
+
+
+def _compiled(backend="reference", **kw):
+    model, x = _net()
+    return qlower.compile(model, (x,), quantize="int8", calibration=calib((2, 8)), backend=backend, **kw), x
+
+
+@pytest.mark.parametrize("args,kwargs,match,hint", [
+    ((torch.randint(0, 5, (2, 8)),), {}, "expected dtype float32, got int64", ".to(torch.float32)"),
+    ((torch.randn(3, 8),), {}, "dim 0 must be 2", "dynamic_shapes="),
+    ((), {"y": torch.randn(2, 8)}, r"unknown keyword\(s\) \['y'\]", "takes (x)"),
+    ((torch.randn(2, 8),), {"x": torch.randn(2, 8)}, "multiple values", "takes (x)"),
+])
+def test_bad_calls_are_input_errors_with_fitting_hints(args, kwargs, match, hint):
+    cm, _ = _compiled()
+    with pytest.raises(InputError, match=match) as info:
+        cm(*args, **kwargs)
+    assert hint in info.value.hint
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_keyword_calls_bind_by_the_models_parameter_names(backend, tmp_path):
+    torch.manual_seed(0)
+    model = TwoArgs().eval()
+    x, b = torch.randn(2, 8), torch.randn(4)
+    cm = qlower.compile(model, (x, b), quantize="int8", calibration=[(x, b)], backend=backend)
+    want = cm(x, b)
+    assert torch.equal(cm(x=x, bias=b), want) and torch.equal(cm(x, bias=b), want)
+    assert torch.equal(qlower.load(cm.save(tmp_path / "kw.pt2"))(bias=b, x=x), want)
+    with pytest.raises(InputError, match=r"missing argument\(s\) \['bias'\]"):
+        cm(x=x)
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_dynamic_dim_beyond_its_declared_range_is_an_input_error(backend, tmp_path):
+    model, _ = _net()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    cm = qlower.compile(model, (torch.randn(2, 8),), quantize="int8", calibration=calib((2, 8)), backend=backend,
+                        dynamic_shapes={"x": {0: batch}})
+    assert cm(torch.randn(1, 8)).shape == (1, 4) and cm(torch.randn(4, 8)).shape == (4, 4)
+    for cm_ in (cm, qlower.load(cm.save(tmp_path / "dyn.pt2"))):
+        with pytest.raises(InputError, match=r"dynamic dim 0 is 5, outside its declared range \[1, 4\]") as info:
+            cm_(torch.randn(5, 8))
+        assert "Dim(min=..., max=...)" in info.value.hint
+
+
+def test_unknown_nan_policy_is_an_input_error():
+    model, x = _net()
+    with pytest.raises(InputError, match="nan_policy"):
+        qlower.compile(model, (x,), backend="reference", nan_policy="sometimes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_float_models_keep_their_dtype_on_the_reference_backend(dtype):
+    torch.manual_seed(0)
+    model = Net().to(dtype).eval()
+    x = torch.randn(2, 8, dtype=dtype)
+    out = qlower.compile(model, (x,), backend="reference")(x)
+    assert out.dtype == dtype and torch.equal(out, model(x))
+
+
+# ---------------------------------------------------------------- NaN/inf policy
+
+def test_nan_input_of_a_quantized_model_warns_once_by_default():
+    cm, x = _compiled()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm(_nan(x))
+        cm(_nan(x))
+        cm(x / 0)
+    assert [w.category for w in caught] == [NonFiniteInputWarning]
+    assert "NaN/inf" in str(caught[0].message)
+
+
+def test_nan_policy_raise_is_a_typed_error_and_ignore_is_silent():
+    cm, x = _compiled(nan_policy="raise")
+    with pytest.raises(NonFiniteInputError, match="holds NaN/inf") as info:
+        cm(_nan(x))
+    assert isinstance(info.value, InputError) and info.value.hint
+    cm(x)   # finite inputs are fine
+    quiet, _ = _compiled(nan_policy="ignore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet(_nan(x))
+
+
+def test_float_models_follow_ieee_and_are_not_checked():
+    model, x = _net()
+    cm = qlower.compile(model, (x,), backend="reference", nan_policy="raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = cm(_nan(x))
+    assert torch.isnan(out[0]).any() and torch.equal(out[1], model(x)[1])
+
+
+# ---------------------------------------------------------------- threads
+
+def _hammer(cm, x, threads=2, calls=2000):
+    errors = []
+
+    def work():
+        try:
+            for _ in range(calls):
+                cm(x)
+        except Exception as exc:  # surfaced below: a failing thread must fail the test
+            errors.append(exc)
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_stateful_model_serializes_calls_so_no_update_is_lost(backend):
+    torch.manual_seed(0)
+    cm = qlower.compile(Counter().eval(), (torch.randn(1, 8),), backend=backend)
+    assert cm.stateful
+    x = torch.randn(1, 8)
+    _hammer(cm, x)
+    assert cm(x)[0, 0].item() == 4001
+
+
+def test_stateless_model_runs_concurrently_and_stays_correct():
+    cm, x = _compiled(backend="onnxruntime")
+    assert not cm.stateful
+    want = cm(x)
+    results = []
+
+    def work():
+        results.extend(torch.equal(cm(x), want) for _ in range(500))
+    pool = [threading.Thread(target=work) for _ in range(2)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert len(results) == 1000 and all(results)
+
+
+def test_artifact_errors_are_qlower_errors():
+    assert issubclass(ArtifactError, qlower.QlowerError) and issubclass(NonFiniteInputError, InputError)
