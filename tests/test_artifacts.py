@@ -276,3 +276,11 @@ def test_save_never_changes_the_callers_model(backend, tmp_path):
     eager = copy.deepcopy(model)
     eager.n.fill_(3)
     assert torch.equal(loaded(x), eager(x))
+
+
+def test_artifact_of_an_older_qlower_without_manifest_asks_to_resave(tmp_path):
+    path, _, _ = _saved(tmp_path)
+    _rewrite(path, {artifact.MANIFEST: None})
+    with pytest.raises(ArtifactError, match="older qlower") as info:
+        qlower.load(path)
+    assert "re-save" in info.value.hint

@@ -127,6 +127,9 @@ def read_pt2(path: str | Path, *, require_manifest: bool) -> tuple[torch.export.
     _check_names(records, path)
     _check_payloads(records, path)
     manifest = _manifest(records, path)
+    if manifest is None and require_manifest and "extra/qlower.json" in records:
+        raise ArtifactError(f"{path} was written by an older qlower, without an integrity manifest",
+                            hint="re-save it from the source model with this qlower version")
     if manifest is None and require_manifest:
         raise ArtifactError(f"{path} is not a qlower artifact (no {MANIFEST})",
                             hint="plain torch.export programs load with qlower.load_pt2(); compile them "
