@@ -272,6 +272,7 @@ def test_save_never_changes_the_callers_model(backend, tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     loaded = qlower.load(cm.save(tmp_path / "c.pt2"))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert cm.stateful and loaded.stateful   # the loaded model still serializes its calls
     # the artifact carries the running state (3 calls), and the loaded model continues from it
     eager = copy.deepcopy(model)
     eager.n.fill_(3)
@@ -284,3 +285,17 @@ def test_artifact_of_an_older_qlower_without_manifest_asks_to_resave(tmp_path):
     with pytest.raises(ArtifactError, match="older qlower") as info:
         qlower.load(path)
     assert "re-save" in info.value.hint
+
+
+def test_attribute_name_that_would_be_code_is_refused(tmp_path):
+    """FX writes parameter names into generated source as getattr(self, "<name>")."""
+    path, _, _ = _plain_pt2(tmp_path)
+    records = artifact._records(path.read_bytes(), path)
+    evil = 'fc") or __import__("os").system("true") or getattr(self, "x'
+    changes = {}
+    for name in ("models/model.json", "data/weights/model_weights_config.json"):
+        changes[name] = records[name].replace(b'"fc.weight"', json.dumps(evil + ".weight").encode())
+    assert changes["models/model.json"] != records["models/model.json"]
+    _rewrite(path, changes)
+    with pytest.raises(ArtifactError, match="not a dotted name"):
+        qlower.load_pt2(path)

@@ -172,12 +172,17 @@ def test_unknown_nan_policy_is_an_input_error():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_float_models_keep_their_dtype_on_the_reference_backend(dtype):
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_float_models_keep_their_dtype(dtype, backend):
     torch.manual_seed(0)
     model = Net().to(dtype).eval()
     x = torch.randn(2, 8, dtype=dtype)
-    out = qlower.compile(model, (x,), backend="reference")(x)
-    assert out.dtype == dtype and torch.equal(out, model(x))
+    out = qlower.compile(model, (x,), backend=backend)(x)
+    assert out.dtype == dtype
+    if backend == "reference":
+        assert torch.equal(out, model(x))
+    else:
+        assert torch.allclose(out.double(), model(x).double(), atol=1e-2)
 
 
 # ---------------------------------------------------------------- NaN/inf policy

@@ -298,7 +298,16 @@ def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.ex
 
 def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
     """Nothing the program runs or generates source from is left to the file: node targets are
-    operators, guards code is dropped, argument names are identifiers."""
+    operators, attribute and argument names cannot be code, guards code is dropped (qlower
+    checks inputs itself; ep.module() would exec it)."""
+    _check_targets(ep, path)
+    _check_attribute_names(ep, path)
+    _check_argument_names(ep, path)
+    ep._guards_code = []
+
+
+def _check_targets(ep: torch.export.ExportedProgram, path: Path) -> None:
+    """Every call and every callable argument (HOPs call theirs) is an operator."""
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
             continue
@@ -307,21 +316,43 @@ def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
                 raise ArtifactError(f"{path}: node '{node.name}' calls {str(node.target)[:80]!r}, which is "
                                     "not an operator", node=node.name, hint="the file was tampered with")
             bad = [a for a in _leaves((node.args, node.kwargs)) if callable(a) and not isinstance(a, torch.fx.Node)
-                   and not isinstance(a, (type, torch.fx.GraphModule)) and not _safe_callable(a)]
+                   and not isinstance(a, torch.fx.GraphModule) and not _safe_callable(a)]
             if bad:
                 raise ArtifactError(f"{path}: node '{node.name}' passes {str(bad[0])[:80]!r}, which is not an "
                                     "operator", node=node.name, hint="the file was tampered with")
-    ep._guards_code = []
+
+
+def _check_argument_names(ep: torch.export.ExportedProgram, path: Path) -> None:
+    """ep.module() writes forward()'s argument names (and keyword names) into source."""
     for entry in ep.module_call_graph:
         sig = entry.signature
-        names = list(getattr(sig, "forward_arg_names", None) or []) if sig is not None else []
-        if sig is not None and sig.in_spec is not None and sig.in_spec.num_children == 2 \
-                and sig.in_spec.child(1).type is dict:
-            names += [str(k) for k in sig.in_spec.child(1).context]
-        bad_names = [n for n in names if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n)]
-        if bad_names:
-            raise ArtifactError(f"{path}: argument name {str(bad_names[0])[:80]!r} is not an identifier",
+        if sig is None:
+            continue
+        names = list(getattr(sig, "forward_arg_names", None) or [])
+        if sig.in_spec is not None and sig.in_spec.num_children == 2 and sig.in_spec.child(1).type is dict:
+            names += list(sig.in_spec.child(1).context)
+        bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n)]
+        if bad:
+            raise ArtifactError(f"{path}: argument name {str(bad[0])[:80]!r} is not an identifier",
                                 hint="the file was tampered with")
+
+
+_SAFE_FQN = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
+
+
+def _check_attribute_names(ep: torch.export.ExportedProgram, path: Path) -> None:
+    """FX writes get_attr targets (parameter / buffer / constant / subgraph names) into the
+    forward() source it generates, quoting a non-identifier as getattr(self, "<name>"); a name
+    holding a quote would be code. Names must be dotted runs of [A-Za-z0-9_]."""
+    sig = ep.graph_signature
+    names = [getattr(spec, "target", None) for spec in list(sig.input_specs) + list(sig.output_specs)]
+    names += list(ep.state_dict) + list(ep.constants)
+    names += [n.target for gm in ep.graph_module.modules() if isinstance(gm, torch.fx.GraphModule)
+              for n in gm.graph.nodes if n.op in ("get_attr", "call_module")]
+    bad = next((n for n in names if n is not None and not (isinstance(n, str) and _SAFE_FQN.fullmatch(n))), None)
+    if bad is not None:
+        raise ArtifactError(f"{path}: attribute name {str(bad)[:80]!r} is not a dotted name",
+                            hint="the file was tampered with")
 
 
 def _leaves(obj):

@@ -186,8 +186,19 @@ def load(path: str | Path) -> CompiledModule:
     and nothing in it is unpickled or executed (runtime/artifact.py, docs/trust.md)."""
     from ..backends import get_backend
     ep, extras, _ = read_pt2(path, require_manifest=True)
+    report, specs, shapes, options, nan_policy = _parse_meta(extras.get(_META_NAME), path)
+    gm = _restore_default_args(ep.module())
+    executable = get_backend(report.backend, options).compile(copy.deepcopy(gm))
+    examples = tuple(torch.zeros(shape, dtype=s.torch_dtype) for shape, s in zip(shapes, specs))
+    return CompiledModule(gm, executable, specs, report, examples, _dynamic_shapes_from(specs),
+                          backend_options=options, nan_policy=nan_policy)
+
+
+def _parse_meta(text: str | None, path):
+    """(report, input specs, example shapes, backend options, nan_policy) from qlower.json; any
+    malformed field is an ArtifactError (the manifest verified, so the writer made it so)."""
     try:
-        meta = json.loads(extras[_META_NAME])
+        meta = json.loads(text)
         report = CompileReport.from_dict(meta["report"])
         specs = [_spec_from_json(s) for s in meta["input_specs"]]
         shapes = [tuple(int(d) for d in shape) for shape in meta["example_inputs"]]
@@ -200,11 +211,7 @@ def load(path: str | Path) -> CompiledModule:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{path}: qlower metadata is malformed: {type(exc).__name__}: {str(exc)[:200]}",
                             hint="the artifact's metadata was modified; re-save it from the source model") from exc
-    gm = _restore_default_args(ep.module())
-    executable = get_backend(report.backend, options).compile(copy.deepcopy(gm))
-    examples = tuple(torch.zeros(shape, dtype=s.torch_dtype) for shape, s in zip(shapes, specs))
-    return CompiledModule(gm, executable, specs, report, examples, _dynamic_shapes_from(specs),
-                          backend_options=options, nan_policy=nan_policy)
+    return report, specs, shapes, options, nan_policy
 
 
 def _spec_from_json(s: dict) -> InputSpec:
