@@ -255,10 +255,19 @@ def test_failed_save_leaves_the_previous_file_and_no_temporary(tmp_path, monkeyp
         tmp.write_bytes(b"half a file")
         raise OSError("disk full")
     monkeypatch.setattr(artifact, "_write_archive", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(ArtifactError, match="disk full") as info:
         cm.save(path)
+    assert "previous file is unchanged" in info.value.hint
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "qlower-cache") == ["m.pt2"]
+
+
+def test_save_into_a_missing_directory_is_typed(tmp_path):
+    model, x = _tiny()
+    cm = qlower.compile(model, (x,), backend="reference")
+    with pytest.raises(ArtifactError, match="cannot write") as info:
+        cm.save(tmp_path / "no" / "such" / "m.pt2")
+    assert "directory exists" in info.value.hint
 
 
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime"])

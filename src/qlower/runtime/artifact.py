@@ -89,13 +89,20 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     file keeps `path`'s name, which torch's writer uses as the archive root), fsync, then
     os.replace: readers see the old file or the new one, never a partial one."""
     folder = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    folder.mkdir()
+    try:
+        folder.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}",
+                            hint="check that the directory exists and is writable") from exc
     tmp = folder / path.name
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}",
+                            hint="check free space and permissions; the previous file is unchanged") from exc
     finally:
         tmp.unlink(missing_ok=True)
         folder.rmdir()
