@@ -308,3 +308,27 @@ def test_attribute_name_that_would_be_code_is_refused(tmp_path):
     _rewrite(path, changes)
     with pytest.raises(ArtifactError, match="not a dotted name"):
         qlower.load_pt2(path)
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: torch.export.save pickles it."""
+
+
+class WithSubclassBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.ones(3).as_subclass(_Marked))
+
+    def forward(self, x):
+        return x + self.b
+
+
+def test_tensor_subclass_weights_are_refused_on_save_and_on_load(tmp_path):
+    ep = torch.export.export(WithSubclassBuffer(), (torch.randn(3),))
+    with pytest.raises(ArtifactError, match="'b' is stored as a pickle"):
+        qlower.save_pt2(ep, tmp_path / "ours.pt2")
+    assert not (tmp_path / "ours.pt2").exists()
+    torch.export.save(ep, str(tmp_path / "theirs.pt2"))
+    with pytest.raises(ArtifactError, match="'b' is stored as a pickle") as info:
+        qlower.load_pt2(tmp_path / "theirs.pt2")
+    assert "tensor subclasses" in info.value.hint

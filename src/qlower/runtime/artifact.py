@@ -76,7 +76,8 @@ def write_pt2(ep: torch.export.ExportedProgram, path: str | Path, extra_files: d
     ep.example_inputs = None
     first = io.BytesIO()
     torch.export.save(ep, first, extra_files=extra_files or {})
-    parts = _records(first.getvalue())
+    parts = _records(first.getvalue(), path)
+    _check_payloads(parts, path)   # never write what load would refuse (e.g. a tensor subclass)
     manifest = {"format": ARTIFACT_FORMAT, "qlower_version": __version__, "torch_version": torch.__version__,
                 **(manifest_fields or {}),
                 "parts": {n: _sha256(d) for n, d in parts.items() if n not in _WRITER_RECORDS}}
