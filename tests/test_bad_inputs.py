@@ -102,7 +102,8 @@ def test_quantize_must_be_a_preset_or_config(value):
 def test_data_dependent_control_flow_is_a_capture_error_with_source_line():
     with pytest.raises(CaptureError, match="data-dependent") as info:
         qlower.compile(Branch(), (torch.randn(2, 8),), backend="reference")
-    assert info.value.source and info.value.source.endswith(f"test_bad_inputs.py:{Branch.forward.__code__.co_firstlineno + 1}")
+    line = Branch.forward.__code__.co_firstlineno + 1
+    assert info.value.source and info.value.source.endswith(f"test_bad_inputs.py:{line}")
     assert "torch.cond" in info.value.hint
 
 

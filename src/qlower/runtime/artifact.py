@@ -118,13 +118,19 @@ def _write_archive(tmp: Path, parts: dict[str, bytes], manifest: dict) -> None:
         writer.write_string(MANIFEST, json.dumps(manifest, sort_keys=True))
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------- reading
 
-def read_pt2(path: str | Path, *, require_manifest: bool) -> tuple[torch.export.ExportedProgram, dict[str, str], dict | None]:
+def read_pt2(path: str | Path, *, require_manifest: bool
+             ) -> tuple[torch.export.ExportedProgram, dict[str, str], dict | None]:
     """(program, extra files, manifest or None) of a .pt2 file, checked as the module docstring
     says before anything is deserialized. Every refusal is an ArtifactError naming the part."""
     path = Path(path)
@@ -160,7 +166,7 @@ def _records(data: bytes, path: Path | None = None) -> dict[str, bytes]:
         reader = PT2ArchiveReader(io.BytesIO(data))
         names = reader.get_file_names()
     except Exception as exc:
-        raise ArtifactError(f"{path} is not a .pt2 archive: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+        raise ArtifactError(f"{path} is not a .pt2 archive: {_first_line(exc)}",
                             hint="qlower reads files written by qlower.save / torch.export.save") from exc
     if len(names) != len(set(names)):
         raise ArtifactError(f"{path}: the archive lists a part twice", hint="the file was tampered with")
@@ -169,7 +175,7 @@ def _records(data: bytes, path: Path | None = None) -> dict[str, bytes]:
         try:
             records[name] = reader.read_bytes(name)
         except Exception as exc:
-            raise ArtifactError(f"{path}: part '{name}' cannot be read: {str(exc).splitlines()[0][:200]}",
+            raise ArtifactError(f"{path}: part '{name}' cannot be read: {_first_line(exc)}",
                                 hint="the file is corrupt or truncated") from exc
     return records
 
@@ -299,7 +305,7 @@ def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.ex
         consts = _load_constants(reader, "model") if "data/constants/model_constants_config.json" in has else {}
         return ExportedProgramDeserializer().deserialize(serialized, state, consts, None)
     except Exception as exc:
-        raise ArtifactError(f"{path}: the program cannot be rebuilt: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+        raise ArtifactError(f"{path}: the program cannot be rebuilt: {_first_line(exc)}",
                             hint="written by another torch/qlower version, or corrupt; re-save it with "
                                  "this version") from exc
 

@@ -164,7 +164,8 @@ def memory_cache_entries() -> int:
         value = 0
     if value < 1:
         raise QlowerError(f"{MEMORY_ENV}={raw!r} is not a positive integer",
-                          hint=f"set it to the number of compiled clusters to keep in memory (default {DEFAULT_MEMORY_ENTRIES})")
+                          hint="set it to the number of compiled clusters to keep in memory "
+                               f"(default {DEFAULT_MEMORY_ENTRIES})")
     return value
 
 
