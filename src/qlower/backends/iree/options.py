@@ -18,7 +18,7 @@ class IreeOptions:
     target_cpu: str = "host"
     data_tiling: bool = True
     im2col_convs: bool = True
-    driver: str = "local-task"            # local-sync: single thread, no task system
+    driver: str = "local-sync"            # local-task: IREE's thread pool (see docs/iree.md)
     min_cluster_size: int = 1
     extra_flags: tuple[str, ...] = ()
 

@@ -459,3 +459,42 @@ def emit_transpose(em: TosaEmitter, node: Node) -> Val:
 @tosa_lowering(*_IDENTITIES, check=integer_input)
 def emit_identity(em: TosaEmitter, node: Node) -> Val:
     return em.value(node.args[0])
+
+
+def _getitem_check(node: Node) -> str | None:
+    """picks an output of a TOSA-lowered op"""
+    from .lowerings import kind_of
+    producer = node.args[0]
+    if not isinstance(producer, Node) or kind_of(producer) != "tosa":
+        return "getitem of an op that is not lowered to TOSA"
+    return None
+
+
+@tosa_lowering("getitem", check=_getitem_check)
+def emit_getitem(em: TosaEmitter, node: Node) -> Val:
+    return em.env[node.args[0]][node.args[1]]
+
+
+def _select(em: TosaEmitter, x: Val, dim: int, index: int) -> Val:
+    """x[..., index, ...] along `dim` (tosa.slice of width 1, then the dim reshaped away)."""
+    start = [0] * len(x.shape)
+    start[dim] = index
+    size = list(x.shape)
+    size[dim] = 1
+    b = em.b
+    out = b.tosa.slice(b.ttype(size, x.dtype), x.value, b.shape_value(start), b.shape_value(size))
+    return b.reshape(Val(out, x.dtype, size, x.offset), [s for i, s in enumerate(x.shape) if i != dim])
+
+
+@tosa_lowering("aten::unbind.int", check=integer_input)
+def emit_unbind(em: TosaEmitter, node: Node) -> list[Val]:
+    x = em.value(node.args[0])
+    dim = (node.args[1] if len(node.args) > 1 else 0) % len(x.shape)
+    return [_select(em, x, dim, i) for i in range(x.shape[dim])]
+
+
+@tosa_lowering("aten::select.int", check=integer_input)
+def emit_select(em: TosaEmitter, node: Node) -> Val:
+    x = em.value(node.args[0])
+    dim = node.args[1] % len(x.shape)
+    return _select(em, x, dim, node.args[2] % x.shape[dim])
