@@ -9,10 +9,12 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 from ..capture import capture, check_example_inputs
 from ..errors import QuantizeError
 from .calibrate import calibrate
-from .config import QuantConfig
+from .config import QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
+from .biascorrect import correct
+from .smoothquant import smooth
 
-__all__ = ["QuantConfig", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
+__all__ = ["QuantConfig", "SmoothQuant", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
 
@@ -36,10 +38,14 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     if calibration is None:
         raise QuantizeError("quantization needs calibration data",
                             hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
+    config = config or QuantConfig()
     example_inputs = check_example_inputs(example_inputs)
     ep = capture(model, example_inputs, dynamic_shapes)
     gm = ep.module()
     state_names = [name for name, _ in gm.named_buffers()]
+    calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read twice
+    with _state_restored(gm, state_names):
+        _rewrite_float(gm, calibration, config)
     observed = prepare_pt2e(gm, QlowerQuantizer(config))
     with _state_restored(observed, state_names):  # calibration must not leave caches filled
         calibrate(observed, calibration)
@@ -48,6 +54,18 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     converted = convert_pt2e(observed, fold_quantize=True)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_positional(dynamic_shapes))
+
+
+def _rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) -> None:
+    """Changes to the float constants before annotation: SmoothQuant (function-preserving),
+    then bias correction (which measures the weights SmoothQuant leaves)."""
+    if not len(calibration):
+        return
+    if config.smoothquant is not None:
+        smooth(gm, calibration, config.smoothquant, bits=config.weight_bits,
+               unsigned=config.activation_dtype == "uint8")
+    if config.bias_correction:
+        correct(gm, calibration, bits=config.weight_bits, per_channel=config.per_channel)
 
 
 @contextlib.contextmanager

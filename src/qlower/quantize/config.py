@@ -6,7 +6,22 @@ from typing import Literal
 
 from ..errors import QuantizeError
 
-Observer = Literal["minmax", "histogram", "percentile"]
+
+@dataclass(frozen=True)
+class SmoothQuant:
+    """SmoothQuant options. alphas: migration strengths tried per group (plus none); rows:
+    calibration rows kept per group for the search (the per-channel maxima use all rows)."""
+    alphas: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    rows: int = 512
+
+    def __post_init__(self):
+        if not self.alphas or not all(0.0 <= a <= 1.0 for a in self.alphas):
+            raise QuantizeError(f"SmoothQuant alphas must be in [0, 1], got {self.alphas}")
+        if self.rows < 1:
+            raise QuantizeError(f"SmoothQuant rows must be >= 1, got {self.rows}")
+
+
+Observer = Literal["minmax", "histogram", "percentile", "mse"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +34,9 @@ class QuantConfig:
         AVX2 without VNNI saturates 16-bit pair sums of u8*s8, 7-bit weights keep it exact).
     per_channel: per-output-channel weight scales (else per-tensor).
     observer: activation observer: "minmax", "histogram" (torchao's HistogramObserver, an
-        L2-error search over a histogram) or "percentile" (clips at `percentile`).
+        L2-error search over a histogram), "percentile" (clips at `percentile`) or "mse" (the
+        clipping range minimizing the measured quantization MSE of the calibration values,
+        observers.MSEObserver).
     """
     activation_dtype: Literal["uint8", "int8"] = "uint8"
     weight_bits: Literal[7, 8] = 8
@@ -44,15 +61,21 @@ class QuantConfig:
     # dequantizes it (scale sx*sw), skipping one rounding step, and the consumer quantizes
     # its own input if it needs one.
     requantize_outputs: bool = True
+    # SmoothQuant: activation outliers migrated into the following linears' weights, strength
+    # searched per layer, folded into constants (quantize/smoothquant.py). None: off.
+    smoothquant: SmoothQuant | None = None
+    # Bias correction: subtract each conv/linear's measured mean output shift caused by weight
+    # rounding from its bias (quantize/biascorrect.py).
+    bias_correction: bool = False
 
     def __post_init__(self):
         if self.activation_dtype not in ("uint8", "int8"):
             raise QuantizeError(f"activation_dtype must be 'uint8' or 'int8', got {self.activation_dtype!r}")
         if self.weight_bits not in (7, 8):
             raise QuantizeError(f"weight_bits must be 7 or 8, got {self.weight_bits!r}")
-        if self.observer not in ("minmax", "histogram", "percentile"):
+        if self.observer not in ("minmax", "histogram", "percentile", "mse"):
             raise QuantizeError(f"unknown observer {self.observer!r}",
-                                hint="use 'minmax', 'histogram' or 'percentile'")
+                                hint="use 'minmax', 'histogram', 'percentile' or 'mse'")
         if not 50.0 < self.percentile <= 100.0:
             raise QuantizeError(f"percentile must be in (50, 100], got {self.percentile}")
 

@@ -24,7 +24,7 @@ from .. import numerics
 from ..axis import SHAPE_OPS, derive
 from ..meta import QParams
 from .config import QuantConfig
-from .observers import PercentileObserver
+from .observers import MSEObserver, PercentileObserver
 
 aten = torch.ops.aten
 ANNOTATION_KEY = "quantization_annotation"
@@ -74,6 +74,8 @@ class QlowerQuantizer(Quantizer):
             ctor = HistogramObserver
         elif c.observer == "percentile":
             ctor, extra = PercentileObserver, {**extra, "percentile": c.percentile}
+        elif c.observer == "mse":
+            ctor = MSEObserver
         else:
             ctor = MinMaxObserver
         return QuantizationSpec(
