@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch.fx import GraphModule, Node
@@ -39,7 +42,7 @@ def _either(tosa_check, name: str):
     def check(node: Node) -> str | None:
         why = tosa_check(node)
         return None if why is None or float_check(node) is None else why
-    check.__doc__ = f"integer operand (TOSA) or float (torch importer): {name}"
+    check.__doc__ = "integer operand (TOSA) or float (torch importer)"
     return check
 
 
@@ -94,15 +97,17 @@ class IreeBackend:
     def compile(self, gm: GraphModule) -> Executable:
         notes = decompose_unsupported_block_ops(gm, self.capability)
         fused, kinds, dropped = self._fuse(gm)
-        infos, seconds = [], 0.0
         mutated = mutated_attributes(fused)
-        for node in list(fused.graph.nodes):
-            if node.op == "call_module" and str(node.target).startswith("cluster_"):
-                info, spent = self._compile_cluster(fused, node, len(infos), kinds[str(node.target)], mutated)
-                infos.append(info)
-                seconds += spent
+        calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
+        pending = [self._emit_cluster(fused, call, i, kinds[str(call.target)], mutated) for i, call in enumerate(calls)]
+        start = time.perf_counter()
+        self._compile_all([p for p in pending if p.emitted is not None])
+        seconds = time.perf_counter() - start
+        for p in pending:
+            self._install(fused, p)
         fused.graph.eliminate_dead_code()
         fused.recompile()
+        infos = [p.info for p in pending]
         infos += self._pytorch_infos(fused, len(infos), dropped)
         counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("tosa", "torch")}
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
@@ -145,37 +150,69 @@ class IreeBackend:
         return infos
 
     # --------------------------------------------------------------- one cluster
-    def _compile_cluster(self, fused: GraphModule, call: Node, index: int, kind: str,
-                         mutated: set[str]) -> tuple[ClusterInfo, float]:
+    def _emit_cluster(self, fused: GraphModule, call: Node, index: int, kind: str, mutated: set[str]) -> "_Pending":
+        """Bind the cluster's constants and emit its MLIR (serially: the bindings' context is
+        per thread). A cluster without runtime inputs is evaluated now instead."""
         sub: GraphModule = getattr(fused, call.target)
         runtime_args = _bind_constants(fused, sub, call, mutated)
         info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
                            op_counts(sub))
+        pending = _Pending(call, sub, info, kind, runtime_args)
         if not runtime_args:
-            with torch.no_grad():
-                setattr(fused, call.target, _Constant(sub()))
-            call.args = ()
             info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
-            return info, 0.0
-        start = time.perf_counter()
-        function, emitted = None, None
+            return pending
         try:
-            emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
-            compiled = compile_mlir(emitted.asm, _INPUT_TYPE[kind], self.options)
-            info.cache = compiled.cache
-            if compiled.note:
-                log.info("cluster #%d: %s", index, compiled.note)
-            function = load_function(compiled.vmfb, self.options.driver)
-        except Exception as exc:   # emit/compile failed: this cluster runs in PyTorch
-            info.status, info.reason = "fallback", f"{kind} compile failed: {_first_line(exc)}"
-            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
-        out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+            pending.emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
+        except Exception as exc:
+            self._failed(pending, exc)
+        return pending
+
+    def _compile_all(self, pending: list["_Pending"]) -> None:
+        """iree-compile runs as a subprocess, so clusters compile in parallel threads."""
+        def one(p: _Pending) -> None:
+            try:
+                compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], self.options)
+                p.info.cache = compiled.cache
+                if compiled.note:
+                    log.info("cluster #%d: %s", p.info.id, compiled.note)
+                p.function = load_function(compiled.vmfb, self.options.driver)
+            except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
+                self._failed(p, exc)
+        workers = max(1, min(len(pending), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one, pending))
+
+    @staticmethod
+    def _failed(p: "_Pending", exc: Exception) -> None:
+        p.info.status, p.info.reason = "fallback", f"{p.kind} compile failed: {_first_line(exc)}"
+        log.warning("cluster #%d fell back to PyTorch: %s", p.info.id, p.info.reason)
+
+    @staticmethod
+    def _install(fused: GraphModule, p: "_Pending") -> None:
+        """Replace the fused submodule by its runner (or its constant value)."""
+        if p.info.status == "constant":
+            with torch.no_grad():
+                setattr(fused, p.call.target, _Constant(p.sub()))
+            p.call.args = ()
+            return
+        out = next(n for n in p.sub.graph.nodes if n.op == "output").args[0]
         single = not isinstance(out, (tuple, list))
         dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
-        setattr(fused, call.target, IreeCluster(sub, function, dtypes, single, info, kind,
-                                                emitted.asm if isinstance(emitted, EmittedModule) else None))
-        call.args = tuple(runtime_args)
-        return info, time.perf_counter() - start
+        setattr(fused, p.call.target, IreeCluster(p.sub, p.function, dtypes, single, p.info, p.kind,
+                                                  p.emitted.asm if p.emitted is not None else None))
+        p.call.args = tuple(p.runtime_args)
+
+
+@dataclass
+class _Pending:
+    """A cluster between emission and installation."""
+    call: Node
+    sub: GraphModule
+    info: ClusterInfo
+    kind: str
+    runtime_args: list
+    emitted: EmittedModule | None = None
+    function: object = None
 
 
 def _first_line(exc: Exception) -> str:

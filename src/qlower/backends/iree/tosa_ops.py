@@ -84,6 +84,16 @@ def _accumulating_check(node: Node) -> str | None:
     return None
 
 
+def _matmul_check(node: Node) -> str | None:
+    """int8/uint8 operands (activation x activation or constant)"""
+    return _accumulating_check(node)
+
+
+def _linear_check(node: Node) -> str | None:
+    """int8/uint8, constant weight with one zero point"""
+    return _accumulating_check(node)
+
+
 def _conv_check(node: Node) -> str | None:
     """int8/uint8, groups 1 or depthwise, one weight zero point"""
     why = _accumulating_check(node)
@@ -345,7 +355,7 @@ def _matmul3(em: TosaEmitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
     return Val(out, torch.int32, shape)
 
 
-@tosa_lowering("qlower::linear", check=_accumulating_check)
+@tosa_lowering("qlower::linear", check=_linear_check)
 def emit_linear(em: TosaEmitter, node: Node) -> Val:
     """x[..., K] @ w[N, K]^T + bias as one [1, M, K] x [1, K, N] tosa.matmul."""
     x_n, x_zp, w_n, w_zp, bias_n = full_args(node)
@@ -361,7 +371,7 @@ def emit_linear(em: TosaEmitter, node: Node) -> Val:
     return b.reshape(acc, list(node.meta["val"].shape))
 
 
-@tosa_lowering("qlower::matmul", check=_accumulating_check)
+@tosa_lowering("qlower::matmul", check=_matmul_check)
 def emit_matmul(em: TosaEmitter, node: Node) -> Val:
     """a[..., M, K] @ b[..., K, N]: batch dims flattened into TOSA's one batch dimension (a 2-D
     b is shared by every row of a)."""
