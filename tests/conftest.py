@@ -72,5 +72,5 @@ def _isolated_cache(tmp_path, monkeypatch):
     """Tests never read or write the user's ~/.cache/qlower, nor share compiled sessions."""
     import qlower.backends.onnxruntime as ortb
     monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path / "qlower-cache"))
-    monkeypatch.setattr(ortb, "_SESSIONS", {})
-    monkeypatch.setattr(ortb, "_MODELS", {})
+    monkeypatch.setattr(ortb, "_SESSIONS", ortb.cache.LRUCache())
+    monkeypatch.setattr(ortb, "_MODELS", ortb.cache.LRUCache())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime import emit as emit_module
+from qlower.backends.onnxruntime.lowering import integer as emit_module
 from qlower.backends.onnxruntime import kernel_proofs as kp
 
 from conftest import calib

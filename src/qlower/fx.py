@@ -114,9 +114,14 @@ def schema_of(node: Node) -> str:
 
 def schema_name(node: Node) -> str:
     """'ns::name.overload' for an OpOverload target ('ns::name' for the default overload)."""
-    schema = getattr(node.target, "_schema", None)
+    return target_schema_name(node.target)
+
+
+def target_schema_name(target) -> str:
+    """schema_name of an op target (OpOverload, or a Python function such as operator.getitem)."""
+    schema = getattr(target, "_schema", None)
     if schema is None:
-        return str(getattr(node.target, "__name__", node.target))
+        return str(getattr(target, "__name__", target))
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
@@ -137,3 +142,23 @@ def splice(gm: GraphModule, sub: torch.fx.Graph, inputs: list, before: Node, cop
             elif node.op == "output":
                 result = torch.fx.node.map_arg(node.args[0], env.__getitem__)
     return result
+
+
+def full_args(node: Node) -> list:
+    """A call's positional arguments with everything torch.export may drop filled back in from
+    the op's schema: trailing arguments equal to their defaults, and keyword arguments. Reading
+    `node.args[8]` directly is how a dropped default became an IndexError after save/load."""
+    schema = getattr(node.target, "_schema", None)
+    args = list(node.args)
+    if schema is None:
+        return args
+    for arg in schema.arguments[len(args):]:
+        if arg.name in node.kwargs:
+            args.append(node.kwargs[arg.name])
+        elif arg.has_default_value():
+            args.append(arg.default_value)
+        elif arg.kwarg_only:
+            break
+        else:
+            raise ValueError(f"{schema.name}: argument {arg.name!r} missing on node {node.name}")
+    return args

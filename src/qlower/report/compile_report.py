@@ -15,7 +15,7 @@ class ClusterInfo:
     status: str = "compiled"
     reason: str | None = None         # why it fell back
     max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
-    cache: str | None = None           # memory | disk | miss
+    cache: str | None = None           # memory | disk | miss | rebuilt (a corrupt disk entry was replaced)
     onnx: bytes | None = field(default=None, repr=False, compare=False)  # the emitted model, if any
 
 

@@ -20,13 +20,14 @@ from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from . import cache
 from .capability import onnxruntime_capability
-from .emit import emit_cluster
+from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
+from .translate import translate_cluster
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
-_SESSIONS: dict[str, object] = {}     # in-memory session cache: cluster key -> session
-_MODELS: dict[str, bytes] = {}        # cluster key -> emitted ONNX model (for export)
+_SESSIONS = cache.LRUCache()   # cluster key -> session (bounded: QLOWER_MEMORY_CACHE_ENTRIES)
+_MODELS = cache.LRUCache()     # cluster key -> translated ONNX model (for export)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class OrtOptions:
 def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
     import onnxruntime as ort
     key = key or hashlib.sha256(model_bytes).hexdigest() + f"|{ort.__version__}|{opts}"
-    if key not in _SESSIONS:
+    session = _SESSIONS.get(key)
+    if session is None:
         so = ort.SessionOptions()
         so.intra_op_num_threads = opts.threads or torch.get_num_threads()
         so.inter_op_num_threads = 1
@@ -56,9 +58,10 @@ def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[opts.optimization]
-        _SESSIONS[key] = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
-                                              disabled_optimizers=list(opts.disabled_optimizers))
-    return _SESSIONS[key]
+        session = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=list(opts.disabled_optimizers))
+        _SESSIONS[key] = session
+    return session   # not _SESSIONS[key]: the LRU may already have evicted it
 
 
 def _as_numpy(t: torch.Tensor):
@@ -185,6 +188,13 @@ def _direct_runner(fused: GraphModule):
     return run
 
 
+def _legalize(gm: GraphModule) -> list[str]:
+    """The backend's legalization passes (fused kernels where they are proven exact)."""
+    from ...passes import PassContext, PassManager
+    ctx = PassManager([FuseRequantize()]).run(gm, PassContext())
+    return [f"{what} x{n}" for what, n in ctx.rewrites.items()]
+
+
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
@@ -206,6 +216,7 @@ class OnnxRuntimeBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = decompose_unsupported_block_ops(gm, self.capability)
+        notes += _legalize(gm)
         clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
         infos = []
@@ -229,16 +240,17 @@ class OnnxRuntimeBackend:
     def _model_for(key: str, sub: GraphModule, constants) -> tuple[bytes, list[str], str]:
         """(ONNX bytes, runtime input names, 'memory' | 'disk' | 'miss')."""
         runtime_inputs = [n.name for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
-        if key in _SESSIONS and key in _MODELS:
-            return _MODELS[key], runtime_inputs, "memory"
-        cached = cache.load_model(key)
+        model = _MODELS.get(key)
+        if model is not None and key in _SESSIONS:
+            return model, runtime_inputs, "memory"
+        cached, status = cache.load_entry(key)
         if cached is not None:
             _MODELS[key] = cached
             return cached, runtime_inputs, "disk"
-        model, input_names, _ = emit_cluster(sub, constants)
-        model_bytes = _MODELS[key] = model.SerializeToString()
+        model_bytes = translate_cluster(sub, constants).SerializeToString()
+        _MODELS[key] = model_bytes
         cache.store_model(key, model_bytes)
-        return model_bytes, input_names, "miss"
+        return model_bytes, runtime_inputs, "rebuilt" if status == "corrupt" else "miss"
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)

@@ -1,0 +1,288 @@
+"""ONNX translations of qlower's integer ops, all bit-exact against the `float` numerics profile
+(the tests compare every element with the reference backend, on both CPU formulations):
+
+- requantize:        Cast(float) -> Mul(M) -> QuantizeLinear(scale 1, zp) [-> Clip]:
+                     RNE(fp32(acc) * M) + zp, saturated — the canonical formula, M = fp32(s_acc / sy).
+- conv / linear:     ConvInteger / MatMulInteger with s8 weights where exact on this CPU (VNNI or
+                     7-bit weights), else u8 weights (w + 128, zero point 128, exact on AVX2) + bias.
+- matmul:            MatMulInteger.
+- *_requant (fused): QLinearConv; com.microsoft QGemm (with bias, 2-D view) or QLinearMatMul
+                     (without); QLinearMatMul for u8 x u8 — each with X_scale = 1 and
+                     W_scale = s_acc, so ONNX Runtime's multiplier is exactly the canonical M.
+- add:               com.microsoft QLinearAdd where kernel_proofs shows it equal to the canonical
+                     add on all 65,536 input pairs; else DequantizeLinear x2 -> Add -> QuantizeLinear.
+- mean over H, W:    com.microsoft QLinearGlobalAveragePool where proven for every possible sum;
+                     else int32 ReduceSum -> Div -> QuantizeLinear.
+- quantize / dequantize: QuantizeLinear (true fp32 division, RNE) / DequantizeLinear.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from torch.fx import Node
+
+from .... import numerics
+from ....fx import constant_value, full_args
+from ..cpu import has_vnni, s8_weights_exact
+from ..kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
+from . import lowers
+from .onnx_ops import first_output, QGemm, QLinearAdd, QLinearGlobalAveragePool, const, i64, np_dtype, np_of, op, value_of
+
+q = torch.ops.qlower
+ort = torch.ops.qlower_ort
+_FLOAT, _INT64 = 1, 7   # ONNX TensorProto data types
+
+
+# ------------------------------------------------------------------------------ capability
+def _quantize_natural_range(node: Node) -> str | None:
+    """natural dtype range"""
+    a = full_args(node)
+    return None if (a[3], a[4]) == numerics.dtype_range(a[5]) else "quantize with a narrowed range is not emitted"
+
+
+def _float_profile(node: Node) -> str | None:
+    """'float' numerics profile only"""
+    return None if full_args(node)[8] == "float" else "onnxruntime reproduces only the 'float' requantization profile"
+
+
+def _matmul_operands(node: Node) -> str | None:
+    """u8 x u8 (exact on AVX2) or VNNI"""
+    a, b = node.args[0].meta["val"].dtype, node.args[2].meta["val"].dtype
+    if a != torch.uint8:
+        return "MatMulInteger is emitted for uint8 first operands only"
+    if b == torch.int8 and not has_vnni():
+        return "u8 x full-range s8 activations saturate on AVX2 without VNNI"
+    return None
+
+
+def _constant_weights(node: Node) -> str | None:
+    """constant weights with one zero point"""
+    w, w_zp = node.args[2], node.args[3]
+    if getattr(w, "op", None) != "get_attr" or getattr(w_zp, "op", None) != "get_attr":
+        return "weights must be constants"
+    gm = w.graph.owning_module
+    zp = constant_value(gm, w_zp) if gm is not None else None
+    if zp is not None and zp.unique().numel() != 1:
+        return "per-channel weight zero points are not emitted"
+    return None
+
+
+def _mean_small(node: Node) -> str | None:
+    """reduced element count below 2^15 (keeps the fp32 quotient's rounding exact)"""
+    shape, dims = node.args[0].meta["val"].shape, node.args[2]
+    if any(not isinstance(shape[d], int) for d in dims):
+        return "mean over a symbolic dimension"
+    return None if math.prod(shape[d] for d in dims) < 2**15 else "mean over too many elements for exact fp32 rounding"
+
+
+# ------------------------------------------------------------------------------ helpers
+def _clamped(y, lo: int, hi: int, dtype) -> object:
+    """y through a Clip to [lo, hi] where that is narrower than the dtype's range (a fused
+    relu/clamp: exact, since quantize is monotone). Bounds are in y's integer type."""
+    np_t = np_of(dtype)
+    if (lo, hi) == (np.iinfo(np_t).min, np.iinfo(np_t).max):
+        return y
+    return op.Clip(y, const(lo, np_t), const(hi, np_t))
+
+
+def _per_axis(values: np.ndarray, rank: int, axis: Optional[int]) -> np.ndarray:
+    """A per-channel vector shaped to broadcast along `axis` of a rank-`rank` tensor; a scalar
+    for per-tensor values."""
+    values = values.reshape(-1)
+    if values.size == 1 or axis is None:
+        return values.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = values.size
+    return values.reshape(shape)
+
+
+def _zero_point(zp, like) -> object:
+    return const(zp, np_dtype(like))
+
+
+def _weights(w, w_zp, transpose: bool) -> tuple[object, object]:
+    """(weight, zero point) constants in the formulation that is exact on this CPU: s8 where
+    u8 x s8 kernels are exact, else u8 (w + 128, zero point + 128: exact u8 x u8 on AVX2)."""
+    wv, zp = value_of(w), int(value_of(w_zp).reshape(-1)[0])
+    wt = wv.T if transpose else wv
+    if wv.dtype == np.int8 and s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0))):
+        return const(wt, np.int8), const(zp, np.int8)
+    return const(wt.astype(np.int32) + 128, np.uint8), const(zp + 128, np.uint8)
+
+
+def _add_bias(acc, bias, channel_axis_from_end: int, rank: int):
+    if bias is None:
+        return acc
+    b = value_of(bias).astype(np.int32).reshape(-1)
+    return op.Add(acc, const(b.reshape([-1] + [1] * channel_axis_from_end) if channel_axis_from_end else b))
+
+
+# ------------------------------------------------------------------------------ Q / DQ / requantize
+@lowers(q.quantize.default, when=_quantize_natural_range)
+def quantize(x, scale, zero_point, qmin: int, qmax: int, dtype: int, axis: Optional[int] = None):
+    sc, zp = value_of(scale).reshape(-1), value_of(zero_point).reshape(-1)
+    attrs = {"axis": axis} if axis is not None and sc.size > 1 else {}
+    squeeze = (lambda v: v.reshape(())) if sc.size == 1 else (lambda v: v)
+    return op.QuantizeLinear(x, const(squeeze(sc), np.float32), const(squeeze(zp), np_of(dtype)), **attrs)
+
+
+@lowers(q.dequantize.default)
+def dequantize(x, scale, zero_point, axis: Optional[int] = None):
+    sc, zp = value_of(scale).reshape(-1), value_of(zero_point).reshape(-1)
+    per_channel = sc.size > 1
+    attrs = {"axis": axis % len(x.shape)} if axis is not None and per_channel else {}
+    squeeze = (lambda v: v) if per_channel else (lambda v: v.reshape(()))
+    return op.DequantizeLinear(x, const(squeeze(sc), np.float32), const(squeeze(zp), np_dtype(x)), **attrs)
+
+
+@lowers(q.requantize.default, when=_float_profile)
+def requantize(acc, acc_scale, out_scale: float, out_zp: int, qmin: int, qmax: int, dtype: int,
+               axis: Optional[int] = None, profile: str = "float"):
+    m = numerics.float_multiplier(torch.from_numpy(value_of(acc_scale)), out_scale).numpy()
+    v = op.Mul(op.Cast(acc, to=_FLOAT), const(_per_axis(m, len(acc.shape), axis), np.float32))
+    y = op.QuantizeLinear(v, const(1.0, np.float32), const(out_zp, np_of(dtype)))
+    return _clamped(y, qmin, qmax, dtype)
+
+
+# ------------------------------------------------------------------------------ accumulating ops
+@lowers(q.conv2d.default, q.conv1d.default, when=_constant_weights)
+def conv(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+         groups: int):
+    wn, zn = _weights(w, w_zp, transpose=False)
+    acc = op.ConvInteger(x, wn, _zero_point(x_zp, x), zn, strides=list(stride), pads=list(padding) * 2,
+                         dilations=list(dilation), group=groups)
+    return _add_bias(acc, bias, len(w.shape) - 2, len(w.shape))
+
+
+@lowers(q.linear.default, when=_constant_weights)
+def linear(x, x_zp: int, w, w_zp, bias):
+    wn, zn = _weights(w, w_zp, transpose=True)
+    return _add_bias(op.MatMulInteger(x, wn, _zero_point(x_zp, x), zn), bias, 0, 1)
+
+
+@lowers(q.matmul.default, when=_matmul_operands)
+def matmul(a, a_zp: int, b, b_zp: int):
+    return op.MatMulInteger(a, b, _zero_point(a_zp, a), _zero_point(b_zp, b))
+
+
+def _fused_scales(acc_scale, out_scale: float, out_zp: int, per_channel_len: int | None):
+    """(w_scale = s_acc, w_zp = 0, y_scale, y_zp) operands of the fused kernels."""
+    s = value_of(acc_scale).reshape(-1).astype(np.float32)
+    if s.size == 1:
+        w_scale, w_zp = const(s.reshape(()), np.float32), const(0, np.int8)
+    else:
+        w_scale, w_zp = const(s, np.float32), const(np.zeros(s.size), np.int8)
+    return w_scale, w_zp, const(out_scale, np.float32), const(out_zp, np.uint8)
+
+
+@lowers(ort.conv_requant.default)
+def conv_requant(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int], groups: int, acc_scale, out_scale: float, out_zp: int, qmin: int,
+                 qmax: int, dtype: int, axis: Optional[int] = None):
+    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp, None)
+    inputs = [x, const(1.0, np.float32), const(x_zp, np.uint8), const(value_of(w), np.int8), w_scale, w_zp0,
+              y_scale, y_zp]
+    if bias is not None:
+        inputs.append(const(value_of(bias), np.int32))
+    y = op.QLinearConv(*inputs, strides=list(stride), pads=list(padding) * 2, dilations=list(dilation),
+                       group=groups)
+    return _clamped(y, qmin, qmax, dtype)
+
+
+@lowers(ort.linear_requant.default)
+def linear_requant(x, x_zp: int, w, w_zp, bias, acc_scale, out_scale: float, out_zp: int, qmin: int, qmax: int,
+                   dtype: int, axis: Optional[int] = None):
+    """QGemm with a bias (on a 2-D view of the input); QLinearMatMul without one (N-D input)."""
+    wv = value_of(w)
+    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp, wv.shape[0])
+    x_scale, x_zp_c, w_t = const(1.0, np.float32), const(x_zp, np.uint8), const(wv.T, np.int8)
+    if bias is None:
+        return _clamped(op.QLinearMatMul(x, x_scale, x_zp_c, w_t, w_scale, w_zp0, y_scale, y_zp), qmin, qmax, dtype)
+    rank, k, n = len(x.shape), wv.shape[1], wv.shape[0]
+    rows = x if rank == 2 else op.Reshape(x, i64([-1, k]))
+    y = QGemm(rows, x_scale, x_zp_c, w_t, w_scale, w_zp0, const(value_of(bias), np.int32), y_scale, y_zp)
+    if rank != 2:
+        y = op.Reshape(y, op.Concat(op.Shape(x, end=-1), i64([n]), axis=0))
+    return _clamped(y, qmin, qmax, dtype)
+
+
+@lowers(ort.matmul_requant.default)
+def matmul_requant(a, a_zp: int, b, b_zp: int, acc_scale, out_scale: float, out_zp: int, qmin: int, qmax: int,
+                   dtype: int, axis: Optional[int] = None):
+    s = float(value_of(acc_scale).reshape(()))
+    y = op.QLinearMatMul(a, const(1.0, np.float32), const(a_zp, np.uint8), b, const(s, np.float32),
+                         const(b_zp, np.uint8), const(out_scale, np.float32), const(out_zp, np_of(dtype)))
+    return _clamped(y, qmin, qmax, dtype)
+
+
+# ------------------------------------------------------------------------------ elementwise
+def _same_shape(a, b) -> bool:
+    return len(a.shape) == len(b.shape) and all(x == y for x, y in zip(a.shape, b.shape))
+
+
+def _dq_op_q(opname: str, a, a_scale: float, a_zp: int, b, b_scale: float, b_zp: int, out_scale: float,
+            out_zp: int, qmin: int, qmax: int, dtype: int):
+    """Q(DQ(a) <op> DQ(b)): the canonical definition, in ONNX's exact Q/DQ kernels."""
+    da = op.DequantizeLinear(a, const(a_scale, np.float32), _zero_point(a_zp, a))
+    db = op.DequantizeLinear(b, const(b_scale, np.float32), _zero_point(b_zp, b))
+    s = getattr(op, opname)(da, db)
+    return _clamped(op.QuantizeLinear(s, const(out_scale, np.float32), const(out_zp, np_of(dtype))), qmin, qmax, dtype)
+
+
+@lowers(q.add.default)
+def add(a, a_scale: float, a_zp: int, b, b_scale: float, b_zp: int, out_scale: float, out_zp: int,
+        qmin: int, qmax: int, dtype: int):
+    u8 = ir.DataType.UINT8
+    if a.dtype == b.dtype == u8 and np_of(dtype) == np.uint8 and _same_shape(a, b) \
+            and qlinear_add_exact(a_scale, a_zp, b_scale, b_zp, out_scale, out_zp):
+        y = QLinearAdd(a, const(a_scale, np.float32), const(a_zp, np.uint8), b, const(b_scale, np.float32),
+                       const(b_zp, np.uint8), const(out_scale, np.float32), const(out_zp, np.uint8))
+        return _clamped(y, qmin, qmax, dtype)
+    return _dq_op_q("Add", a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype)
+
+
+@lowers(q.mul.default)
+def mul(a, a_scale: float, a_zp: int, b, b_scale: float, b_zp: int, out_scale: float, out_zp: int,
+        qmin: int, qmax: int, dtype: int):
+    return _dq_op_q("Mul", a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qmin, qmax, dtype)
+
+
+# ------------------------------------------------------------------------------ pass-through ops
+@lowers(q.max_pool2d.default)
+def max_pool2d(x, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], ceil_mode: bool):
+    y = op.MaxPool(x, kernel_shape=list(kernel_size), strides=list(stride or kernel_size),
+                   pads=list(padding) * 2, dilations=list(dilation), ceil_mode=int(ceil_mode))
+    return first_output(y)
+
+
+def _global_pool_proven(x, zero_point: int, dims: Sequence[int], qmin: int, qmax: int) -> bool:
+    shape = x.shape
+    if x.dtype != ir.DataType.UINT8 or len(shape) != 4 or {d % 4 for d in dims} != {2, 3} or (qmin, qmax) != (0, 255):
+        return False
+    if not all(isinstance(d, int) for d in (shape[2], shape[3])):
+        return False
+    return qlinear_global_average_pool_exact(int(shape[2] * shape[3]), 1.0, int(zero_point))
+
+
+@lowers(q.mean.default, when=_mean_small)
+def mean(x, zero_point: int, dims: Sequence[int], keepdim: bool, qmin: int, qmax: int):
+    """Integer mean (numerics.mean_integer): QLinearGlobalAveragePool (scale 1 in and out) where
+    proven equal for every possible sum, else sum in int32 and divide in fp32 — fp32(S / N) is
+    exact or at least 1/(2N) away from a tie while |S| < 2^23, so QuantizeLinear's RNE of it is
+    the exact half-to-even quotient."""
+    rank = len(x.shape)
+    if _global_pool_proven(x, zero_point, dims, qmin, qmax):
+        one, z = const(1.0, np.float32), const(zero_point, np.uint8)
+        pooled = QLinearGlobalAveragePool(x, one, z, one, z, channels_last=0)
+        return pooled if keepdim else op.Squeeze(pooled, i64([2, 3]))
+    axes = [d % rank for d in dims]
+    n = int(np.prod([x.shape[d] for d in axes]))
+    centered = op.Sub(op.Cast(x, to=6), const(zero_point, np.int32))
+    total = op.ReduceSum(centered, i64(axes), keepdims=int(keepdim))
+    v = op.Div(op.Cast(total, to=_FLOAT), const(float(n), np.float32))
+    return op.QuantizeLinear(v, const(1.0, np.float32), const(zero_point, np_dtype(x)))

@@ -1,0 +1,200 @@
+"""One cluster (an FX GraphModule of ATen ops and qlower ops) -> one ONNX model, through the
+ecosystem's translator: the cluster is re-captured with torch.export (its constants bound as
+buffers, its symbolic dims declared as `torch.export.Dim`s with their ranges) and handed to
+`torch.onnx.export` with qlower's own ops in the custom translation table (lowering/). torchlib
+translates every ATen op, including shape arithmetic on symbolic sizes; qlower translates only
+its integer ops and block ops.
+
+After translation: onnxscript's optimizer (constant folding, dead code; functions are NOT
+inlined, so block ops stay one node in exported files), then FlattenRows (keeps activations
+between QGemms 2-D).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import onnx
+import torch
+from torch.fx import GraphModule
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+from .flatten_rows import flatten_rows
+from .lowering import translation_table
+from .lowering.onnx_ops import OPSET, bound_constants
+
+
+class TranslateError(Exception):
+    """The cluster could not be translated to ONNX (the cluster falls back to PyTorch)."""
+
+
+class _Cluster(torch.nn.Module):
+    """The cluster with its constant inputs bound as buffers: forward takes runtime inputs only."""
+
+    def __init__(self, sub: GraphModule, constants: dict[str, torch.Tensor]):
+        super().__init__()
+        self.sub = sub
+        self.slots: list[str | None] = []
+        for node in sub.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            if node.name in constants:
+                buffer = f"c{len(self.slots)}"
+                self.register_buffer(buffer, constants[node.name])
+                self.slots.append(buffer)
+            else:
+                self.slots.append(None)
+
+    def forward(self, *runtime):
+        it = iter(runtime)
+        return self.sub(*[getattr(self, s) if s is not None else next(it) for s in self.slots])
+
+
+def _example_and_dims(runtime_vals: list[torch.Tensor], named: bool) -> tuple[tuple, tuple]:
+    """Concrete example inputs (the hints of symbolic sizes) and a dynamic_shapes spec that
+    declares every symbolic dim: one `Dim` per symbol with its range (named=True), or Dim.AUTO."""
+    dims: dict[str, torch.export.Dim] = {}
+    examples, spec = [], []
+    for val in runtime_vals:
+        shape, per_input = [], {}
+        for i, d in enumerate(val.shape):
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            shape.append(optimization_hint(d, fallback=2))
+            per_input[i] = _dim_for(d, dims) if named else torch.export.Dim.AUTO
+        examples.append(torch.zeros(shape, dtype=val.dtype))
+        spec.append(per_input or None)
+    return tuple(examples), tuple(spec)
+
+
+def _dim_for(d: torch.SymInt, dims: dict) -> object:
+    expr = d.node.expr
+    if not expr.is_Symbol:
+        return torch.export.Dim.AUTO
+    name = str(expr)
+    if name not in dims:
+        rng = d.node.shape_env.var_to_range.get(expr)
+        lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 0
+        hi = int(rng.upper) if rng is not None and rng.upper.is_finite else None
+        dims[name] = torch.export.Dim(f"d_{name}", min=lo, max=hi) if hi is not None \
+            else torch.export.Dim(f"d_{name}", min=lo)
+    return dims[name]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch.onnx logs each capture step and torchlib's skipped registrations; qlower reports
+    failures itself (as cluster fallbacks with their reason)."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _capture(sub: GraphModule, constants: dict[str, torch.Tensor]) -> torch.export.ExportedProgram:
+    module = _Cluster(sub, constants)
+    vals = [n.meta["val"] for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
+    last: Exception | None = None
+    for named in (True, False):   # declared ranges first; AUTO where export refines a relation
+        examples, spec = _example_and_dims(vals, named)
+        try:
+            return torch.export.export(module, examples, dynamic_shapes=(spec,), strict=False)  # one spec per *runtime arg
+        except Exception as exc:  # torch raises many types; each means "not capturable this way"
+            last = exc
+    raise TranslateError(f"re-capture failed: {str(last).splitlines()[0][:200]}") from last
+
+
+@functools.lru_cache(maxsize=1)
+def _registry():
+    """torchlib's registry plus qlower's translations, built once per process: building it is
+    what `torch.onnx.export(custom_translation_table=...)` does on every call (measured 2-3 s,
+    most of a zoo model's compile time), so qlower calls the exporter core with a cached one."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+    with _quiet():   # "torchvision is not installed. Skipping torchvision::nms" x4
+        registry = ONNXRegistry.from_torchlib(opset_version=OPSET)
+    for target, fn in translation_table().items():
+        registry.register_op(target, fn)
+    return registry
+
+
+def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> onnx.ModelProto:
+    """The ONNX model of a cluster: graph inputs are its runtime placeholders in order, graph
+    outputs its outputs in order; constants are initializers."""
+    import onnx_ir as ir
+    import onnxscript
+    from torch.onnx._internal.exporter import _core
+    with _quiet(), torch.no_grad():
+        ep = _capture(sub, constants)
+        try:
+            with bound_constants(_constants_by_input(ep)):
+                program = _core.export(ep, registry=_registry(), opset_version=None, optimize=False, verbose=False)
+        except Exception as exc:
+            raise TranslateError(_first_cause(exc)) from exc
+        model = program.model
+        _declare_opset(model)
+        onnxscript.optimizer.optimize_ir(model, inline=False)
+    _outputs_from_nodes(model)
+    proto = ir.serde.serialize_model(model)
+    return _flatten_rows(proto)
+
+
+def _declare_opset(model) -> None:
+    """Import the standard domain at OPSET. torchlib emits opset-18 ops, whose semantics are
+    unchanged up to 23 (later opsets only add types and attributes); qlower's block ops need 23.
+    torch.onnx's own version conversion is not used: it inlines every function first, and block
+    ops must stay one node."""
+    model.opset_imports[""] = OPSET
+    for function in model.functions.values():
+        function.opset_imports[""] = OPSET
+
+
+def _outputs_from_nodes(model) -> None:
+    """Graph outputs that constant folding turned into initializers (or that are graph inputs)
+    get an Identity node: ONNX Runtime rejects a graph output no node produces."""
+    import onnx_ir as ir
+    graph = model.graph
+    for i, value in enumerate(list(graph.outputs)):
+        if value.producer() is None:
+            node = ir.node("Identity", [value], num_outputs=1)
+            graph.append(node)
+            out = node.outputs[0]
+            out.name, out.shape, out.type = f"{value.name}__out", value.shape, value.type
+            graph.outputs[i] = out
+
+
+def _constants_by_input(ep: torch.export.ExportedProgram) -> dict:
+    """Placeholder name (= the ONNX value name during translation) -> constant contents."""
+    sig, state = ep.graph_signature, {**ep.state_dict, **ep.constants}
+    names = {**sig.inputs_to_buffers, **sig.inputs_to_parameters, **sig.inputs_to_lifted_tensor_constants}
+    return {ph: state[target].detach().numpy() for ph, target in names.items() if target in state}
+
+
+def _first_cause(exc: BaseException) -> str:
+    """The innermost exception's message: torch.onnx wraps the real cause several times."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _flatten_rows(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    shapes = {}
+    for vi in [*graph.value_info, *graph.input, *graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(d.dim_value for d in dims)
+    nodes, inits = flatten_rows(list(graph.node), list(graph.initializer), shapes, {o.name for o in graph.output})
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
+    kept = [t for t in inits if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return model
