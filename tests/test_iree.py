@@ -308,6 +308,35 @@ def test_float_model_runs_as_one_torch_dialect_cluster():
         torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-6)
 
 
+class QuantizedBlock(torch.nn.Module):
+    """Integer linears around float LayerNorm/GELU/softmax: one mixed cluster."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.norm = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(torch.softmax(self.b(torch.nn.functional.gelu(self.a(x))), -1))
+
+
+def test_float_ops_inside_an_integer_cluster_are_private_functions():
+    """Float ops between integer ops do not split the cluster: each is imported by the FX
+    importer, lowered to linalg, and called from the TOSA function (one IREE call per run)."""
+    torch.manual_seed(0)
+    model = QuantizedBlock().eval()
+    g = torch.Generator().manual_seed(0)
+    cal = [(torch.randn(2, 5, 16, generator=g),) for _ in range(4)]
+    ref, got = _compile_pair(model, cal[0][0], cal, "fixed")
+    report = got.report()
+    assert report.fallbacks == [] and len(report.compiled) == 1
+    cluster = next(m for m in got._executable.module.modules() if type(m).__name__ == "IreeCluster")
+    assert "tosa.matmul" in cluster.mlir and "func.func private @float_0" in cluster.mlir
+    assert "call @float_" in cluster.mlir
+    x = torch.randn(2, 5, 16, generator=g)
+    # LayerNorm/GELU/softmax run on IREE's float kernels, not PyTorch's: not a bit-exact contract
+    torch.testing.assert_close(got(x), ref(x))
+
+
 class WithUnsupported(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,11 +1,12 @@
 """The IREE backend: clusters of the graph become MLIR modules compiled by iree-compile for
 llvm-cpu and run by iree.runtime; the rest runs in PyTorch.
 
-Clusters are of one kind each (docs/iree.md): "tosa" clusters hold qlower's integer ops and are
-emitted by qlower (tosa_ops.py); "torch" clusters hold float ATen ops and go through torch's FX
-importer. Both are found by `partition.cluster_graph`, once per kind, and fused together.
-A cluster that fails to emit, compile or run falls back to PyTorch (reason in the report,
-logged once on `qlower.iree`) and stays there.
+Clusters come from `partition.cluster_graph` with the capability derived from the lowering
+registry (lowerings.py). A cluster holding any integer op becomes one TOSA module emitted by
+qlower (tosa_ops.py), its float ops imported one by one by torch's FX importer, lowered to
+linalg and called as private functions; an all-float cluster goes through IREE's own torch
+input pipeline whole (docs/iree.md says why). A cluster that fails to emit, compile or run falls
+back to PyTorch (reason in the report, logged once on `qlower.iree`) and stays there.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
-from .lowerings import TOSA_LOWERINGS, float_check
+from .lowerings import TOSA_LOWERINGS, float_check, kind_of
 from .options import IreeOptions
 from .runner import IreeCluster, load_function
 from .tosa_emit import EmittedModule, TosaEmitter
@@ -44,13 +45,6 @@ def _either(tosa_check, name: str):
         return None if why is None or float_check(node) is None else why
     check.__doc__ = "integer operand (TOSA) or float (torch importer)"
     return check
-
-
-def tosa_capability() -> Capability:
-    cap = Capability("iree")
-    for name, lowering in TOSA_LOWERINGS.items():
-        cap.register(name, lowering.check)
-    return cap
 
 
 def torch_capability() -> Capability:
@@ -118,22 +112,15 @@ class IreeBackend:
 
     # ------------------------------------------------------------------ clustering
     def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str], dict[str, str]]:
-        """Integer (TOSA) and float (importer) clusters, fused into call_module nodes.
-        Returns (graph, submodule name -> kind, node name -> reason it runs in PyTorch)."""
-        size = self.options.min_cluster_size
-        tosa = cluster_graph(gm.graph, tosa_capability(), size).clusters
-        floats = cluster_graph(gm.graph, torch_capability(), size).clusters
-        dropped: dict[str, str] = {}
-        if not _acyclic(gm.graph, tosa + floats):
-            # Each clustering is cycle-free alone, not always together: keep the integer one.
-            for cluster in floats:
-                for n in cluster:
-                    dropped[n.name] = "float cluster would form a cycle with an integer cluster"
-            floats = []
-        parts = tosa + floats
-        kinds = {f"cluster_{i}": ("tosa" if i < len(tosa) else "torch") for i in range(len(parts))}
-        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in parts], prefix="cluster_")
-        return fused, kinds, dropped
+        """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
+        op is a "tosa" module (its float ops become private functions in it); an all-float
+        cluster is a "torch" module for IREE's own torch input pipeline.
+        Returns (graph, submodule name -> kind, node name -> extra PyTorch reasons)."""
+        clusters = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size).clusters
+        kinds = {f"cluster_{i}": ("tosa" if any(kind_of(n) == "tosa" for n in c) else "torch")
+                 for i, c in enumerate(clusters)}
+        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clusters], prefix="cluster_")
+        return fused, kinds, {}
 
     def _pytorch_infos(self, fused: GraphModule, start: int, dropped: dict[str, str]) -> list[ClusterInfo]:
         """One ClusterInfo per computing node left in PyTorch, with the capability's reason."""
@@ -249,36 +236,6 @@ def _bind_constants(fused: GraphModule, sub: GraphModule, call: Node, mutated: s
         sub.graph.erase_node(ph)
     sub.recompile()
     return runtime
-
-
-def _acyclic(graph, clusters: list[list[Node]]) -> bool:
-    """Whether contracting every cluster to one node leaves the graph acyclic (Kahn's algorithm
-    on the quotient graph)."""
-    group: dict[Node, object] = {}
-    for i, cluster in enumerate(clusters):
-        for n in cluster:
-            group[n] = ("c", i)
-    key = lambda n: group.get(n, n)  # noqa: E731
-    succ: dict[object, set] = {}
-    indeg: dict[object, int] = {}
-    for node in graph.nodes:
-        k = key(node)
-        indeg.setdefault(k, 0)
-        for user in node.users:
-            u = key(user)
-            if u != k and u not in succ.setdefault(k, set()):
-                succ[k].add(u)
-                indeg[u] = indeg.get(u, 0) + 1
-    ready = [k for k, d in indeg.items() if d == 0]
-    seen = 0
-    while ready:
-        k = ready.pop()
-        seen += 1
-        for u in succ.get(k, ()):
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                ready.append(u)
-    return seen == len(indeg)
 
 
 def _whole_model_runner(fused: GraphModule):

@@ -16,7 +16,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, schema_name
-from .lowerings import TOSA_LOWERINGS
+from .lowerings import TOSA_LOWERINGS, kind_of
 
 U8_OFFSET = 128
 
@@ -46,8 +46,8 @@ class EmittedModule:
 class Builder:
     """Small typed helpers over the bindings; every method inserts at the current point."""
 
-    def __init__(self, ir, tosa, arith, math):
-        self.ir, self.tosa, self.arith, self.math = ir, tosa, arith, math
+    def __init__(self, ir, tosa, arith, math, func):
+        self.ir, self.tosa, self.arith, self.math, self.func = ir, tosa, arith, math, func
 
     def elem(self, dtype: torch.dtype):
         ir = self.ir
@@ -59,6 +59,8 @@ class Builder:
             return ir.F32Type.get()
         if dtype == torch.bool:
             return ir.IntegerType.get_signless(1)
+        if dtype == torch.int64:
+            return ir.IntegerType.get_signless(64)
         raise NotImplementedError(f"dtype {dtype} has no TOSA lowering")
 
     def ttype(self, shape, dtype: torch.dtype):
@@ -146,7 +148,8 @@ class TosaEmitter:
     def emit(self) -> EmittedModule:
         from iree.compiler import ir
         from iree.compiler.dialects import arith, func, math, tosa
-        self.b = Builder(ir, tosa, arith, math)
+        self.b = Builder(ir, tosa, arith, math, func)
+        self.float_functions: list[str] = []
         with ir.Context(), ir.Location.unknown():
             module = ir.Module.create()
             inputs = [n for n in self.sub.graph.nodes if n.op == "placeholder"]
@@ -155,6 +158,7 @@ class TosaEmitter:
             single = not isinstance(out_node.args[0], (tuple, list))
             outs = [out_node.args[0]] if single else list(out_node.args[0])
             arg_types = [self.b.ttype(v.shape, v.dtype) for v in in_vals]
+            self.module_ip = ir.InsertionPoint(module.body)
             with ir.InsertionPoint(module.body):
                 fn = func.FuncOp("main", (arg_types, [self.b.ttype(o.meta["val"].shape, o.meta["val"].dtype)
                                                       for o in outs]))
@@ -186,10 +190,25 @@ class TosaEmitter:
         for node in self.sub.graph.nodes:
             if node.op != "call_function":
                 continue
-            lowering = TOSA_LOWERINGS.get(schema_name(node))
-            if lowering is None:
-                raise NotImplementedError(f"{schema_name(node)} has no TOSA lowering")
-            why = lowering.check(node)
-            if why is not None:
-                raise NotImplementedError(f"{schema_name(node)}: {why}")
-            self.env[node] = lowering.emit(self, node)
+            kind = kind_of(node)
+            if kind == "tosa":
+                self.env[node] = TOSA_LOWERINGS[schema_name(node)].emit(self, node)
+            elif kind == "torch":
+                self.env[node] = self._emit_float(node)
+            else:
+                raise NotImplementedError(f"{schema_name(node)} is lowered neither to TOSA nor by the importer")
+
+    def _emit_float(self, node: Node):
+        """A float op inside an integer cluster: imported alone (FX importer), lowered to linalg
+        by torch-mlir's pipeline, moved into this module as a private function and called."""
+        from .torch_import import float_node_function
+        name = f"float_{len(self.float_functions)}"
+        fn, runtime, _ = float_node_function(self.sub, node, name)
+        self.module_ip.insert(fn.operation.detach_from_parent())
+        self.float_functions.append(name)
+        results = list(fn.type.results)
+        call = self.b.func.CallOp(results, name, [self.value(a).value for a in runtime])
+        vals = node.meta["val"]
+        many = isinstance(vals, (tuple, list))
+        outs = [Val(r, v.dtype, list(v.shape)) for r, v in zip(call.results, vals if many else [vals])]
+        return outs if many else outs[0]

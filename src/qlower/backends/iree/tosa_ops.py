@@ -472,11 +472,11 @@ def emit_identity(em: TosaEmitter, node: Node) -> Val:
 
 
 def _getitem_check(node: Node) -> str | None:
-    """picks an output of a TOSA-lowered op"""
+    """picks an output of a lowered op (TOSA or importer)"""
     from .lowerings import kind_of
     producer = node.args[0]
-    if not isinstance(producer, Node) or kind_of(producer) != "tosa":
-        return "getitem of an op that is not lowered to TOSA"
+    if not isinstance(producer, Node) or kind_of(producer) is None:
+        return "getitem of an op that is not lowered"
     return None
 
 
