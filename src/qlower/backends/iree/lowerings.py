@@ -81,6 +81,9 @@ def integer_input(node: Node) -> str | None:
 
 def kind_of(node: Node) -> str | None:
     """'tosa' or 'torch': the route a supported node takes (None when neither accepts it)."""
+    if node.target is operator.getitem:   # an output pick goes where its producer goes
+        producer = node.args[0]
+        return kind_of(producer) if isinstance(producer, Node) else None
     lowering = TOSA_LOWERINGS.get(schema_name(node))
     if lowering is not None and lowering.check(node) is None:
         return "tosa"

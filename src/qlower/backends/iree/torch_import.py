@@ -5,6 +5,8 @@ table: whatever the importer and IREE cannot handle makes the cluster fall back,
 compiler's message as the reason."""
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import GraphModule, Node
 
@@ -48,7 +50,15 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
             runtime.append(arg)
         env[arg].meta["val"] = arg.meta["val"]
     copy = graph.node_copy(node, lambda a: env[a])
-    graph.output(copy)
+    copy.meta["val"] = node.meta["val"]
+    if isinstance(node.meta["val"], (tuple, list)):   # a list result (unbind, split): a tuple of
+        picks = []                                    # tensors, which the linalg pipeline takes
+        for i, v in enumerate(node.meta["val"]):
+            picks.append(graph.call_function(operator.getitem, (copy, i)))
+            picks[-1].meta["val"] = v
+        graph.output(tuple(picks))
+    else:
+        graph.output(copy)
     return GraphModule(owner, graph), runtime
 
 

@@ -9,6 +9,7 @@ input arrives as its bytes viewed as int8 and one XOR with 0x80 turns `q` into `
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -191,7 +192,9 @@ class TosaEmitter:
             if node.op != "call_function":
                 continue
             kind = kind_of(node)
-            if kind == "tosa":
+            if node.target is operator.getitem and kind is not None:   # a pick of a multi-result op
+                self.env[node] = self.env[node.args[0]][node.args[1]]
+            elif kind == "tosa":
                 self.env[node] = TOSA_LOWERINGS[schema_name(node)].emit(self, node)
             elif kind == "torch":
                 self.env[node] = self._emit_float(node)
