@@ -85,12 +85,12 @@ def test_smoothquant_leaves_the_float_function_unchanged():
 
 def test_smoothquant_improves_sqnr_on_an_outlier_channel():
     """Outputs left float (requantize_outputs=False, as the transformer preset does; with a
-    uint8 model output that rounding caps both at ~21 dB). Measured 22.0 -> 31.7 dB; the
-    gate/up input alone 23.2 -> 31.3 dB."""
+    uint8 model output that rounding caps both at ~21 dB). Measured 22.0 -> 25.9 dB (the
+    strength chosen on held-out batches: the down-projection input is left alone there)."""
     model = OutlierBlock().eval()
     base = _quantized_sqnr(model, QuantConfig(requantize_outputs=False))
     smoothed = _quantized_sqnr(model, QuantConfig(requantize_outputs=False, smoothquant=SmoothQuant()))
-    assert smoothed > base + 6.0, (base, smoothed)
+    assert smoothed > base + 3.0, (base, smoothed)
 
 
 def test_smoothquant_search_keeps_no_smoothing_when_there_is_no_outlier():

@@ -10,7 +10,8 @@ from ..errors import QuantizeError
 @dataclass(frozen=True)
 class SmoothQuant:
     """SmoothQuant options. alphas: migration strengths tried per group (plus none); rows:
-    calibration rows kept per group for the search (the per-channel maxima use all rows)."""
+    calibration rows kept per group for the search, spread over the batches (the per-channel
+    maxima use all rows)."""
     alphas: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
     rows: int = 512
 
@@ -82,9 +83,12 @@ class QuantConfig:
     @staticmethod
     def from_name(name: str) -> "QuantConfig":
         presets = {"int8": QuantConfig(), "uint8": QuantConfig(),
-                   # transformers: histogram (MSE-searched) activation ranges; measured on the zoo
-                   # ViT 27.4 vs 26.5 dB (minmax), equal elsewhere (docs/performance.md).
-                   "transformer": QuantConfig(observer="histogram"),
+                   # transformers: histogram (MSE-searched) activation ranges (zoo ViT 27.4 vs
+                   # 26.5 dB minmax, docs/performance.md); float residual stream and float
+                   # outputs of linears that feed float ops; SmoothQuant. Real weights
+                   # (SmolLM2-135M, docs/accuracy.md): next-token top-1 vs fp32 1% -> ~80%.
+                   "transformer": QuantConfig(observer="histogram", quantize_add=False,
+                                              requantize_outputs=False, smoothquant=SmoothQuant()),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
                    "int8-7bit-weights": QuantConfig(weight_bits=7)}
         if name not in presets:

@@ -195,3 +195,84 @@ TOKEN_IDS: tuple[int, ...] = (
     4480, 30, 1550, 1041, 5087, 16196, 28, 1041, 4502, 260, 10823, 288, 874, 20556, 44586, 28, 617,
     1361, 278, 1154, 601, 1834, 281, 260, 1142, 1573, 14571, 30,
 )
+
+# The text's first paragraph (tokens [0, 203)) calibrates, the second ([203, 385)) evaluates.
+SPLIT = 203
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Quantized vs fp32 logits over the evaluation windows."""
+    config: str
+    sqnr_db: float          # logits, all windows together
+    cosine: float           # logits, all windows together
+    worst_cosine: float     # the worst window
+    top1: float             # next-token argmax agreement over every position
+    positions: int
+    seconds: float          # quantize + compile
+
+    def __str__(self) -> str:
+        return (f"{self.config:32s} SQNR {self.sqnr_db:6.2f} dB  cosine {self.cosine:.4f} "
+                f"(worst window {self.worst_cosine:.4f})  top-1 {100 * self.top1:5.1f}% of {self.positions}  "
+                f"[{self.seconds:.0f} s]")
+
+
+def calibration_windows(seq: int = 64, stride: int = 16) -> list[tuple]:
+    ids = torch.tensor(TOKEN_IDS[:SPLIT])
+    return [(ids[s:s + seq][None],) for s in range(0, SPLIT - seq + 1, stride)]
+
+
+def evaluation_windows(seq: int = 64, stride: int = 32) -> list[tuple]:
+    ids = torch.tensor(TOKEN_IDS[SPLIT:])
+    return [(ids[s:s + seq][None],) for s in range(0, len(ids) - seq + 1, stride)]
+
+
+def evaluate(config, name: str | None = None, backend: str = "reference", model=None) -> Agreement:
+    """Compile the 64-token prefill with `config` (a preset name or QuantConfig), calibrated on
+    the first paragraph, and compare its logits with fp32 on the second."""
+    import time
+
+    import qlower
+    from ..report import cosine, sqnr_db
+    model = model if model is not None else build_prefill()
+    calibration, tests = calibration_windows(), evaluation_windows()
+    start = time.perf_counter()
+    cm = qlower.compile(model, calibration[0], quantize=config, calibration=calibration, backend=backend)
+    seconds = time.perf_counter() - start
+    wants, gots = [], []
+    with torch.no_grad():
+        for x in tests:
+            wants.append(model(*x))
+            gots.append(cm(*x))
+    want, got = torch.cat(wants, 1), torch.cat(gots, 1)
+    top1 = (want.argmax(-1) == got.argmax(-1)).double().mean().item()
+    return Agreement(name or str(config), sqnr_db(want, got), cosine(want, got),
+                     min(cosine(w, g) for w, g in zip(wants, gots)), top1, want.shape[1], seconds)
+
+
+def ablations() -> dict:
+    """The configurations of docs/accuracy.md's SmolLM2 table, by name."""
+    from ..quantize import QuantConfig, SmoothQuant
+    float_residual = dict(quantize_add=False, requantize_outputs=False)
+    return {"int8": "int8",
+            "int8+float-residual": QuantConfig(**float_residual),
+            "int8+float-residual+mse": QuantConfig(observer="mse", **float_residual),
+            "int8+float-residual+smoothquant": QuantConfig(smoothquant=SmoothQuant(), **float_residual),
+            "int8+float-residual+smoothquant+mse": QuantConfig(observer="mse", smoothquant=SmoothQuant(),
+                                                               **float_residual),
+            "transformer": "transformer"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m qlower.zoo.smollm2 [name ...]` (names from `ablations()`, default all): the
+    SmolLM2 accuracy table of docs/accuracy.md."""
+    import sys
+    table = ablations()
+    names = (argv if argv is not None else sys.argv[1:]) or list(table)
+    model = build_prefill()
+    for name in names:
+        print(evaluate(table[name], name=name, model=model), flush=True)
+
+
+if __name__ == "__main__":
+    main()
