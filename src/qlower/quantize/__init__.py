@@ -8,6 +8,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 from ..capture import capture, check_example_inputs
 from ..errors import QuantizeError
+from ..shapes import dynamic_spec, user_input_values
 from .calibrate import calibrate
 from .config import QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
@@ -53,7 +54,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
         adjust_observers(observed)
     converted = convert_pt2e(observed, fold_quantize=True)
     # Re-export so callers get a self-contained program with shape metadata on every node.
-    return torch.export.export(converted, example_inputs, dynamic_shapes=_positional(dynamic_shapes))
+    return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 
 
 def _rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) -> None:
@@ -83,8 +84,12 @@ def _state_restored(module: torch.nn.Module, names: list[str]):
                     live[n].copy_(value)
 
 
-def _positional(dynamic_shapes):
-    """ep.module() takes positional args; keyed dynamic_shapes become a positional tuple."""
-    if isinstance(dynamic_shapes, dict):
-        return tuple(dynamic_shapes.values())
-    return dynamic_shapes
+def _flat_spec(ep: torch.export.ExportedProgram, example_inputs: tuple, dynamic_shapes):
+    """ep.module() takes the user inputs flattened and positional: the dims the capture made
+    symbolic (with their ranges) are declared again in that form (a user spec written for
+    `forward(*tensors)` or keyword inputs does not fit it)."""
+    if dynamic_shapes is None:
+        return None
+    if len(example_inputs) != len(ep.graph_signature.user_inputs):
+        return tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
+    return dynamic_spec(user_input_values(ep), ranges=ep.range_constraints)

@@ -26,6 +26,21 @@ class LastHidden(torch.nn.Module):
         return self.model(**kwargs).last_hidden_state
 
 
+class SentenceEncoder(torch.nn.Module):
+    """Sentence embeddings as sentence-transformers computes them: encoder hidden states,
+    mean-pooled over real tokens (attention mask), L2-normalised."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
 class CachedDecoderStep(torch.nn.Module):
     """One decoding step of a transformers causal LM with a static KV cache held in buffers
     (transformers' own export recipe, `TorchExportableModuleWithStaticCache`):
@@ -91,6 +106,9 @@ def build(name: str) -> torch.nn.Module:
             return LastHidden(model.eval(), ("input_ids", "attention_mask"))
         model = tf.LlamaModel(tf.LlamaConfig(intermediate_size=2048, num_key_value_heads=4, **wide))
         return LastHidden(model.eval(), ("input_ids", "attention_mask"), causal_lm=True)
+    if name == "sentence":
+        model = tf.BertModel(tf.BertConfig(hidden_size=128, intermediate_size=256, max_position_embeddings=64, **common))
+        return SentenceEncoder(model.eval())
     if name == "vit":
         model = tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, intermediate_size=256))
@@ -99,5 +117,6 @@ def build(name: str) -> torch.nn.Module:
 
 
 HF_MODELS = ("bert", "gpt2", "llama", "vit")
+HF_ENCODERS = ("sentence",)   # BERT + mask mean pooling + L2 norm (sentence-transformers style)
 HF_DECODERS = ("gpt2-kv", "llama-kv")
 HF_WIDE = ("bert-base", "llama-base")   # bench only (seq 128): too slow to quantize in unit tests   # step-by-step decoding with a static KV cache

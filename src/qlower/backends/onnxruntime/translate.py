@@ -18,8 +18,8 @@ import logging
 import onnx
 import torch
 from torch.fx import GraphModule
-from torch.fx.experimental.symbolic_shapes import optimization_hint
 
+from ...shapes import dynamic_spec, example_inputs
 from .flatten_rows import flatten_rows
 from .lowering import translation_table
 from .lowering.onnx_ops import OPSET, bound_constants
@@ -51,38 +51,6 @@ class _Cluster(torch.nn.Module):
         return self.sub(*[getattr(self, s) if s is not None else next(it) for s in self.slots])
 
 
-def _example_and_dims(runtime_vals: list[torch.Tensor], named: bool) -> tuple[tuple, tuple]:
-    """Concrete example inputs (the hints of symbolic sizes) and a dynamic_shapes spec that
-    declares every symbolic dim: one `Dim` per symbol with its range (named=True), or Dim.AUTO."""
-    dims: dict[str, torch.export.Dim] = {}
-    examples, spec = [], []
-    for val in runtime_vals:
-        shape, per_input = [], {}
-        for i, d in enumerate(val.shape):
-            if isinstance(d, int):
-                shape.append(d)
-                continue
-            shape.append(optimization_hint(d, fallback=2))
-            per_input[i] = _dim_for(d, dims) if named else torch.export.Dim.AUTO
-        examples.append(torch.zeros(shape, dtype=val.dtype))
-        spec.append(per_input or None)
-    return tuple(examples), tuple(spec)
-
-
-def _dim_for(d: torch.SymInt, dims: dict) -> object:
-    expr = d.node.expr
-    if not expr.is_Symbol:
-        return torch.export.Dim.AUTO
-    name = str(expr)
-    if name not in dims:
-        rng = d.node.shape_env.var_to_range.get(expr)
-        lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 0
-        hi = int(rng.upper) if rng is not None and rng.upper.is_finite else None
-        dims[name] = torch.export.Dim(f"d_{name}", min=lo, max=hi) if hi is not None \
-            else torch.export.Dim(f"d_{name}", min=lo)
-    return dims[name]
-
-
 @contextlib.contextmanager
 def _quiet():
     """torch.onnx logs each capture step and torchlib's skipped registrations; qlower reports
@@ -103,9 +71,9 @@ def _capture(sub: GraphModule, constants: dict[str, torch.Tensor]) -> torch.expo
     vals = [n.meta["val"] for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
     last: Exception | None = None
     for named in (True, False):   # declared ranges first; AUTO where export refines a relation
-        examples, spec = _example_and_dims(vals, named)
         try:
-            return torch.export.export(module, examples, dynamic_shapes=(spec,), strict=False)  # one spec per *runtime arg
+            return torch.export.export(module, example_inputs(vals), dynamic_shapes=(dynamic_spec(vals, named),),
+                                       strict=False)  # one spec per *runtime arg
         except Exception as exc:  # torch raises many types; each means "not capturable this way"
             last = exc
     raise TranslateError(f"re-capture failed: {str(last).splitlines()[0][:200]}") from last

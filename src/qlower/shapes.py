@@ -1,0 +1,50 @@
+"""Symbolic shapes: turn the symbolic dims recorded on an FX graph (FakeTensor values in
+node.meta["val"]) back into concrete example inputs and a `torch.export` dynamic_shapes spec, so
+a graph that qlower rewrote can be captured again with the same dims still dynamic."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+
+def dynamic_spec(vals: list[torch.Tensor], named: bool = True, ranges: dict | None = None) -> tuple:
+    """One dynamic_shapes entry per value: {dim index: Dim} for its symbolic dims (None when all
+    are static). named=True gives one `Dim` per symbol, with the symbol's recorded range, shared
+    by every value that uses it (export then proves the same equalities); named=False gives
+    Dim.AUTO everywhere (export infers relations itself). `ranges` (sympy symbol -> ValueRanges,
+    an ExportedProgram's range_constraints) overrides the shape environment's ranges, whose
+    lower bound is 2 for sizes the user declared from 1 (export's 0/1 specialisation)."""
+    dims: dict[str, object] = {}
+    spec = []
+    for val in vals:
+        per_input = {i: (_dim_for(d, dims, ranges or {}) if named else torch.export.Dim.AUTO)
+                     for i, d in enumerate(val.shape) if not isinstance(d, int)}
+        spec.append(per_input or None)
+    return tuple(spec)
+
+
+def example_inputs(vals: list[torch.Tensor]) -> tuple:
+    """Zero tensors with the vals' dtypes and shapes, symbolic sizes at their hints."""
+    return tuple(torch.zeros([d if isinstance(d, int) else optimization_hint(d, fallback=2) for d in v.shape],
+                             dtype=v.dtype) for v in vals)
+
+
+def _dim_for(d: torch.SymInt, dims: dict, ranges: dict) -> object:
+    expr = d.node.expr
+    if not expr.is_Symbol:
+        return torch.export.Dim.AUTO
+    name = str(expr)
+    if name not in dims:
+        rng = ranges.get(expr) or d.node.shape_env.var_to_range.get(expr)
+        lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 0
+        lo = min(lo, 1) if expr not in ranges else lo
+        hi = int(rng.upper) if rng is not None and rng.upper.is_finite else None
+        dims[name] = torch.export.Dim(f"d_{name}", min=lo, max=hi) if hi is not None \
+            else torch.export.Dim(f"d_{name}", min=lo)
+    return dims[name]
+
+
+def user_input_values(ep: torch.export.ExportedProgram) -> list:
+    """meta["val"] of the program's user inputs, in order."""
+    names = set(ep.graph_signature.user_inputs)
+    return [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
