@@ -394,3 +394,39 @@ def test_float_pool_variants_match_pytorch(shape):
     assert not cm.report().fallbacks
     for got, want in zip(cm(x), PoolVariants()(x)):
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+class AlphaOps(torch.nn.Module):
+    """add/sub/rsub with alpha: the hand-written emitter dropped alpha (eager 5.0, ORT 2.0)."""
+    def forward(self, x, y):
+        return torch.relu(torch.add(x, y, alpha=3)) - torch.sub(x, y, alpha=2) + torch.rsub(x, y, alpha=0.5)
+
+
+def test_alpha_of_add_sub_rsub_is_kept():
+    x, y = torch.randn(2, 5), torch.randn(2, 5)
+    cm = qlower.compile(AlphaOps().eval(), (x, y), backend="onnxruntime")
+    assert not cm.report().fallbacks
+    assert torch.allclose(cm(x, y), AlphaOps()(x, y), atol=1e-6)
+
+
+class ConvPoolRelu(torch.nn.Module):
+    """The classic conv -> max_pool -> relu -> clamp ordering: the relu and clamp act on uint8
+    values (once emitted as a float-bounded Clip on uint8: session failure, silent fallback)."""
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        y = torch.relu(torch.nn.functional.max_pool2d(self.conv(x), 2))
+        return torch.clamp(y, max=0.5) * 2
+
+
+def test_relu_and_clamp_on_quantized_values_stay_in_onnxruntime_and_exact():
+    torch.manual_seed(0)
+    x = (torch.randn(1, 3, 10, 10),)
+    ep = qlower.quantize(ConvPoolRelu().eval(), x, calib((1, 3, 10, 10)), backend="onnxruntime")
+    cm, ref = qlower.compile(ep, x, backend="onnxruntime"), qlower.compile(ep, x, backend="reference")
+    assert not cm.report().fallbacks and cm.report().op_counts.get("aten::clamp")
+    for _ in range(3):
+        xi = (torch.randn(1, 3, 10, 10),)
+        assert torch.equal(cm(*xi), ref(*xi))
