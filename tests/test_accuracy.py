@@ -265,19 +265,25 @@ def test_smollm2_cached_weights_equal_the_gguf_weights(monkeypatch, tmp_path):
 @pytest.mark.slow
 @needs_smollm2
 def test_smollm2_transformer_preset_keeps_next_token_predictions():
-    """Real weights, reference backend (the canonical numerics). Measured in docs/accuracy.md:
-    int8 preset -3.4 dB / top-1 1.6%; transformer preset (see there) ~80% top-1."""
-    entry = qlower.zoo.get("hf-smollm2")
-    model = entry.model()
-    cm = qlower.compile(model, entry.inputs(1), quantize="transformer", calibration=entry.calibration(4),
-                        backend="reference")
-    agree, total, cos = 0, 0, []
-    for seed in (11, 12):
-        x = entry.inputs(1, seed=seed)
-        with torch.no_grad():
-            want = model(*x)
-        got = cm(*x)
-        agree += int((want.argmax(-1) == got.argmax(-1)).sum())
-        total += want.shape[1]
-        cos.append(cosine(want, got))
-    assert agree / total >= 0.70 and min(cos) >= 0.95, (agree / total, cos)
+    """Real weights, reference backend (the canonical numerics), calibrated on the bundled
+    text's first paragraph, measured on the second (256 positions). Measured: int8 preset
+    -7.8 dB / top-1 0%; transformer preset 9.2 dB, cosine 0.942, top-1 68.4%."""
+    model = smollm2.build_prefill()
+    got = smollm2.evaluate("transformer", model=model)
+    assert got.top1 >= 0.60 and got.cosine >= 0.92, got
+    assert got.positions == 256
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smoothquant_on_smollm2_leaves_the_logits_unchanged():
+    """90 groups folded into 30 layers of real weights: logits equal up to fp32 rounding."""
+    model = smollm2.build_prefill()
+    x = smollm2.evaluation_windows()[0]
+    gm = capture(model, x).module()
+    before = copy.deepcopy(gm)
+    results = smooth(gm, smollm2.calibration_windows()[:4], SmoothQuant())
+    assert len(results) == 90 and sum(r.alpha is not None for r in results) > 30
+    with torch.no_grad():
+        want = before(*x)
+        assert (gm(*x) - want).abs().max() <= 1e-5 * want.abs().max()
