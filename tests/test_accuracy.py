@@ -287,3 +287,16 @@ def test_smoothquant_on_smollm2_leaves_the_logits_unchanged():
     with torch.no_grad():
         want = before(*x)
         assert (gm(*x) - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_sensitivity_applies_smoothquant_like_quantize():
+    """report.sensitivity quantizes as quantize() does: with SmoothQuant the outlier block's
+    gate/up layers measure better than without (they take the smoothed input). Measured gate
+    27.1 -> 40.7 dB; before sensitivity applied it, both runs measured the same."""
+    model = OutlierBlock().eval()
+    calibration = _batches(8, 0)
+    plain = {s.module: s.sqnr_db for s in qlower.report.sensitivity(model, calibration[0], calibration,
+                                                                      QuantConfig(requantize_outputs=False))}
+    smoothed = {s.module: s.sqnr_db for s in qlower.report.sensitivity(
+        model, calibration[0], calibration, QuantConfig(requantize_outputs=False, smoothquant=SmoothQuant()))}
+    assert smoothed["gate"] > plain["gate"] + 3.0, (plain, smoothed)

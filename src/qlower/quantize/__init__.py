@@ -15,7 +15,7 @@ from .quantizer import QlowerQuantizer
 from .biascorrect import correct
 from .smoothquant import smooth
 
-__all__ = ["QuantConfig", "SmoothQuant", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
+__all__ = ["QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
 
@@ -46,7 +46,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     state_names = [name for name, _ in gm.named_buffers()]
     calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read twice
     with _state_restored(gm, state_names):
-        _rewrite_float(gm, calibration, config)
+        rewrite_float(gm, calibration, config)
     observed = prepare_pt2e(gm, QlowerQuantizer(config))
     with _state_restored(observed, state_names):  # calibration must not leave caches filled
         calibrate(observed, calibration)
@@ -57,7 +57,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 
 
-def _rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) -> None:
+def rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) -> None:
     """Changes to the float constants before annotation: SmoothQuant (function-preserving),
     then bias correction (which measures the weights SmoothQuant leaves)."""
     if not len(calibration):

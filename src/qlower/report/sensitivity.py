@@ -32,14 +32,16 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from ..capture import capture
-    from ..quantize import QlowerQuantizer, QuantConfig, calibrate
+    from ..quantize import QlowerQuantizer, QuantConfig, calibrate, rewrite_float
 
-    config = QuantConfig.from_name(config) if isinstance(config, str) else config
+    config = QuantConfig.from_name(config) if isinstance(config, str) else (config or QuantConfig())
     inputs = inputs or example_inputs
     ep = capture(model, example_inputs)
     generate_numeric_debug_handle(ep)
     float_gm = ep.module()
     reference = prepare_for_propagation_comparison(copy.deepcopy(float_gm))
+    calibration = calibration if hasattr(calibration, "__len__") else list(calibration)
+    rewrite_float(float_gm, calibration, config)  # SmoothQuant / bias correction, as quantize() does
     observed = prepare_pt2e(float_gm, QlowerQuantizer(config))
     calibrate(observed, calibration)
     quantized = prepare_for_propagation_comparison(convert_pt2e(observed))
