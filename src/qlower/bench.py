@@ -27,15 +27,15 @@ from .quantize import QuantConfig
 from .report import cosine, max_abs, sqnr_db
 
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
-          "qlower-onnxruntime", "qlower-onnxruntime-w8", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused",
+          "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-w8", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused",
           "qlower-reference")
 # The Q/DQ-form stacks answer "integer ops, or Q/DQ form and let the engine fuse?": the same
 # quantized program without LowerQDQ, with ONNX Runtime's own QDQ fusions on (-qdq) or off
 # (-qdq-unfused: float kernels between Q/DQ). Both are measured against the canonical numerics.
 FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
-                  "qlower-onnxruntime")
-QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime")
+                  "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
+QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
 
 
 @dataclass
@@ -143,6 +143,9 @@ def build_stack(stack: str, entry, model, inputs, calibration, workdir: str) -> 
         _export_fp32_onnx(model, inputs, src)
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True)
         return _ort_runner(_ort_session(dst))
+    if stack == "qlower-onnxruntime-fp32":   # the float model, lowered through torch.onnx by qlower
+        cm = qcompile(model, inputs, backend="onnxruntime")
+        return lambda *xs: cm(*xs)
     if stack.startswith("qlower-"):
         return _qlower_stack(stack, entry, model, inputs, calibration)
     raise ValueError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
