@@ -30,7 +30,7 @@ from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .lowerings import TOSA_LOWERINGS, float_check, kind_of
 from .options import IreeOptions
-from .runner import IreeCluster, load_function
+from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
 from .torch_import import import_float_cluster
 
@@ -90,7 +90,7 @@ class IreeBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = decompose_unsupported_block_ops(gm, self.capability)
-        fused, kinds, dropped = self._fuse(gm)
+        fused, kinds = self._fuse(gm)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
         pending = [self._emit_cluster(fused, call, i, kinds[str(call.target)], mutated) for i, call in enumerate(calls)]
@@ -102,7 +102,7 @@ class IreeBackend:
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos = [p.info for p in pending]
-        infos += self._pytorch_infos(fused, len(infos), dropped)
+        infos += self._pytorch_infos(fused, len(infos))
         counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("tosa", "torch")}
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
                      f"iree-compile {seconds:.2f} s")
@@ -111,24 +111,24 @@ class IreeBackend:
                           needs_no_grad=direct is None)
 
     # ------------------------------------------------------------------ clustering
-    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str], dict[str, str]]:
+    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str]]:
         """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
         op is a "tosa" module (its float ops become private functions in it); an all-float
         cluster is a "torch" module for IREE's own torch input pipeline.
-        Returns (graph, submodule name -> kind, node name -> extra PyTorch reasons)."""
+        Returns (graph, submodule name -> kind)."""
         clusters = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size).clusters
         kinds = {f"cluster_{i}": ("tosa" if any(kind_of(n) == "tosa" for n in c) else "torch")
                  for i, c in enumerate(clusters)}
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clusters], prefix="cluster_")
-        return fused, kinds, {}
+        return fused, kinds
 
-    def _pytorch_infos(self, fused: GraphModule, start: int, dropped: dict[str, str]) -> list[ClusterInfo]:
+    def _pytorch_infos(self, fused: GraphModule, start: int) -> list[ClusterInfo]:
         """One ClusterInfo per computing node left in PyTorch, with the capability's reason."""
         infos = []
         for node in fused.graph.nodes:
             if node.op != "call_function" or not _computes(node):
                 continue
-            reason = dropped.get(node.name) or self.capability.why_not(node)
+            reason = self.capability.why_not(node)
             if reason is None:
                 continue   # supported, but a lone shape op between clusters: PyTorch by design
             status = "state" if node.meta.get(WRITE_BACK) else "fallback"
@@ -165,6 +165,8 @@ class IreeBackend:
                 p.function = load_function(compiled.vmfb, self.options.driver)
             except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
                 self._failed(p, exc)
+        if pending:
+            runtime_config(self.options.driver)   # created once, before the threads share it
         workers = max(1, min(len(pending), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, pending))

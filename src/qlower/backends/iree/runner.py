@@ -15,12 +15,18 @@ CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, re
 _CONFIGS: dict[str, object] = {}      # driver -> iree.runtime.Config (one device per driver)
 
 
-def load_function(vmfb: bytes, driver: str):
-    """The `main` function of a compiled module, in its own VM context on the shared device."""
+def runtime_config(driver: str):
+    """The one iree.runtime.Config (instance + device) per driver in this process."""
     import iree.runtime as rt
     if driver not in _CONFIGS:
         _CONFIGS[driver] = rt.Config(driver)
-    config = _CONFIGS[driver]
+    return _CONFIGS[driver]
+
+
+def load_function(vmfb: bytes, driver: str):
+    """The `main` function of a compiled module, in its own VM context on the shared device."""
+    import iree.runtime as rt
+    config = runtime_config(driver)
     module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
     context = rt.SystemContext(vm_modules=[module], config=config)
     return getattr(context.modules, module.name)["main"]
