@@ -90,10 +90,12 @@ def test_requantize_per_channel_on_axis_1_with_relu_clamp(profile):
 
 # ------------------------------------------------------------------ accumulating ops
 class ConvRequant(torch.nn.Module):
-    def __init__(self, cin, cout, k, stride, padding, groups, x_zp, x_dtype, w_zp, profile, seed=0):
+    def __init__(self, cin, cout, k, stride, padding, groups, x_zp, x_dtype, w_zp, profile, seed=0,
+                 w_dtype=torch.int8):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.register_buffer("w", torch.randint(-128, 128, (cout, cin // groups, k, k), generator=g, dtype=torch.int8))
+        lo, hi = (0, 256) if w_dtype == torch.uint8 else (-128, 128)
+        self.register_buffer("w", torch.randint(lo, hi, (cout, cin // groups, k, k), generator=g, dtype=w_dtype))
         self.register_buffer("w_zp", torch.full((cout,), w_zp, dtype=torch.int32))
         self.register_buffer("bias", torch.randint(-3000, 3000, (cout,), generator=g, dtype=torch.int32))
         self.register_buffer("acc_scale", torch.rand(cout, generator=g) * 1e-4 + 1e-6)
@@ -118,7 +120,10 @@ def random_q(shape, dtype, seed=0):
     dict(cin=8, cout=6, k=1, stride=2, padding=0, groups=1, x_zp=0, x_dtype=torch.uint8, w_zp=0),
     dict(cin=4, cout=4, k=3, stride=2, padding=1, groups=1, x_zp=-7, x_dtype=torch.int8, w_zp=3),
     dict(cin=6, cout=6, k=3, stride=1, padding=1, groups=6, x_zp=255, x_dtype=torch.uint8, w_zp=0),
-], ids=["3x3-u8", "1x1-stride2-crop", "s8-wzp", "depthwise"])
+    dict(cin=4, cout=8, k=3, stride=2, padding=1, groups=4, x_zp=9, x_dtype=torch.uint8, w_zp=0),
+    dict(cin=3, cout=5, k=3, stride=1, padding=0, groups=1, x_zp=77, x_dtype=torch.uint8, w_zp=128,
+         w_dtype=torch.uint8),
+], ids=["3x3-u8", "1x1-stride2-crop", "s8-wzp", "depthwise", "depthwise-multiplier2", "u8-weights-zp128"])
 def test_conv2d_requantize_bit_exact(profile, cfg):
     x = random_q((2, cfg["cin"], 9, 9), cfg["x_dtype"])
     (ref_y, ref_acc), (got_y, got_acc), exe = compile_both(ConvRequant(profile=profile, **cfg), x)
