@@ -1,7 +1,6 @@
 """The public face: compile(), quantize(), capture(), export(), load()."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import get_backend, op_counts
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .errors import InputError, QlowerError, QuantizeError
+from .fx import copy_graph_module
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import QuantConfig, is_quantized
@@ -81,7 +81,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     ctx = PassManager(default_pipeline() if passes is None else list(passes)).run(gm, PassContext(profile=profile))
     chosen = get_backend(backend, backend_options)
     counts = op_counts(gm)
-    executable = chosen.compile(copy.deepcopy(gm))  # backends may restructure their copy
+    executable = chosen.compile(copy_graph_module(gm))  # backends may restructure their copy
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
                            refusals=[str(r) for r in ctx.refusals], op_counts=counts)

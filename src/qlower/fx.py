@@ -1,6 +1,10 @@
 """Small FX helpers shared by passes and backends: constants, shape metadata, Q/DQ recognition."""
 from __future__ import annotations
 
+import contextlib
+import copy
+import warnings
+
 import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
@@ -162,3 +166,18 @@ def full_args(node: Node) -> list:
         else:
             raise ValueError(f"{schema.name}: argument {arg.name!r} missing on node {node.name}")
     return args
+
+
+@contextlib.contextmanager
+def torch_deprecation_silenced():
+    """torch 2.13 prints a FutureWarning ("isinstance(treespec, LeafSpec) is deprecated") from
+    its own pytree code on every copy / re-export of an exported module: not the user's to fix."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        yield
+
+
+def copy_graph_module(gm: GraphModule) -> GraphModule:
+    """A deep copy of gm (without torch's own deprecation noise)."""
+    with torch_deprecation_silenced():
+        return copy.deepcopy(gm)

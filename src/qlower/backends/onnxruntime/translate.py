@@ -19,6 +19,7 @@ import onnx
 import torch
 from torch.fx import GraphModule
 
+from ...fx import torch_deprecation_silenced
 from ...shapes import dynamic_spec, example_inputs
 from .flatten_rows import flatten_rows
 from .lowering import translation_table
@@ -98,7 +99,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
     import onnx_ir as ir
     import onnxscript
     from torch.onnx._internal.exporter import _core
-    with _quiet(), torch.no_grad():
+    with _quiet(), torch.no_grad(), torch_deprecation_silenced():
         ep = _capture(sub, constants)
         try:
             with bound_constants(_constants_by_input(ep)):

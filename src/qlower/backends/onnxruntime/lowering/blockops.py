@@ -6,8 +6,9 @@
 - Otherwise a node in the custom domain `qlower` whose FunctionProto body (an onnxscript
   function, variants as attributes) is the op's decomposition in standard ONNX, so any ONNX
   runtime can run it (ONNX Runtime inlines it when the session loads): skip_layer_norm,
-  group_norm + SiLU (`group_norm_silu`), masked_softmax (`masked_softmax_lengths` in lengths
-  mode), rotary_embedding (`rotary_embedding_interleaved`), kv_cache_update, stream_buffer.
+  group_norm + SiLU (`group_norm`), masked_softmax (`masked_softmax_lengths` in lengths
+  mode), rotary_embedding (`rotary_embedding_interleaved`), kv_cache_update, stream_buffer
+  (bodies in functions.py).
 - lstm / gru: ONNX LSTM / GRU nodes, one per layer, gates reordered from PyTorch's (i, f, g, o) /
   (r, z, n) to ONNX's (i, o, f, c) / (z, r, h), with `reset` zeroing the incoming state.
 """
@@ -22,7 +23,7 @@ from torch.fx import Node
 from ....fx import full_args
 from . import functions as fn
 from . import lowers
-from .onnx_ops import QLOWER, const, first_output, i64, op
+from .onnx_ops import const, first_output, i64, op
 
 q = torch.ops.qlower
 _INT64_MAX = np.iinfo(np.int64).max

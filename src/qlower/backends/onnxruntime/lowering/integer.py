@@ -34,7 +34,7 @@ from .onnx_ops import first_output, QGemm, QLinearAdd, QLinearGlobalAveragePool,
 
 q = torch.ops.qlower
 ort = torch.ops.qlower_ort
-_FLOAT, _INT64 = 1, 7   # ONNX TensorProto data types
+_FLOAT, _INT32 = 1, 6   # ONNX TensorProto data types
 
 
 # ------------------------------------------------------------------------------ capability
@@ -114,11 +114,12 @@ def _weights(w, w_zp, transpose: bool) -> tuple[object, object]:
     return const(wt.astype(np.int32) + 128, np.uint8), const(zp + 128, np.uint8)
 
 
-def _add_bias(acc, bias, channel_axis_from_end: int, rank: int):
+def _add_bias(acc, bias, spatial_dims: int):
+    """acc + int32 bias along the channel axis (followed by `spatial_dims` dims)."""
     if bias is None:
         return acc
     b = value_of(bias).astype(np.int32).reshape(-1)
-    return op.Add(acc, const(b.reshape([-1] + [1] * channel_axis_from_end) if channel_axis_from_end else b))
+    return op.Add(acc, const(b.reshape([-1] + [1] * spatial_dims)))
 
 
 # ------------------------------------------------------------------------------ Q / DQ / requantize
@@ -155,13 +156,13 @@ def conv(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[i
     wn, zn = _weights(w, w_zp, transpose=False)
     acc = op.ConvInteger(x, wn, _zero_point(x_zp, x), zn, strides=list(stride), pads=list(padding) * 2,
                          dilations=list(dilation), group=groups)
-    return _add_bias(acc, bias, len(w.shape) - 2, len(w.shape))
+    return _add_bias(acc, bias, len(w.shape) - 2)
 
 
 @lowers(q.linear.default, when=_constant_weights)
 def linear(x, x_zp: int, w, w_zp, bias):
     wn, zn = _weights(w, w_zp, transpose=True)
-    return _add_bias(op.MatMulInteger(x, wn, _zero_point(x_zp, x), zn), bias, 0, 1)
+    return _add_bias(op.MatMulInteger(x, wn, _zero_point(x_zp, x), zn), bias, 0)
 
 
 @lowers(q.matmul.default, when=_matmul_operands)
@@ -169,7 +170,7 @@ def matmul(a, a_zp: int, b, b_zp: int):
     return op.MatMulInteger(a, b, _zero_point(a_zp, a), _zero_point(b_zp, b))
 
 
-def _fused_scales(acc_scale, out_scale: float, out_zp: int, per_channel_len: int | None):
+def _fused_scales(acc_scale, out_scale: float, out_zp: int):
     """(w_scale = s_acc, w_zp = 0, y_scale, y_zp) operands of the fused kernels."""
     s = value_of(acc_scale).reshape(-1).astype(np.float32)
     if s.size == 1:
@@ -183,7 +184,7 @@ def _fused_scales(acc_scale, out_scale: float, out_zp: int, per_channel_len: int
 def conv_requant(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int], groups: int, acc_scale, out_scale: float, out_zp: int, qmin: int,
                  qmax: int, dtype: int, axis: Optional[int] = None):
-    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp, None)
+    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp)
     inputs = [x, const(1.0, np.float32), const(x_zp, np.uint8), const(value_of(w), np.int8), w_scale, w_zp0,
               y_scale, y_zp]
     if bias is not None:
@@ -198,7 +199,7 @@ def linear_requant(x, x_zp: int, w, w_zp, bias, acc_scale, out_scale: float, out
                    dtype: int, axis: Optional[int] = None):
     """QGemm with a bias (on a 2-D view of the input); QLinearMatMul without one (N-D input)."""
     wv = value_of(w)
-    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp, wv.shape[0])
+    w_scale, w_zp0, y_scale, y_zp = _fused_scales(acc_scale, out_scale, out_zp)
     x_scale, x_zp_c, w_t = const(1.0, np.float32), const(x_zp, np.uint8), const(wv.T, np.int8)
     if bias is None:
         return _clamped(op.QLinearMatMul(x, x_scale, x_zp_c, w_t, w_scale, w_zp0, y_scale, y_zp), qmin, qmax, dtype)
@@ -282,7 +283,7 @@ def mean(x, zero_point: int, dims: Sequence[int], keepdim: bool, qmin: int, qmax
         return pooled if keepdim else op.Squeeze(pooled, i64([2, 3]))
     axes = [d % rank for d in dims]
     n = int(np.prod([x.shape[d] for d in axes]))
-    centered = op.Sub(op.Cast(x, to=6), const(zero_point, np.int32))
+    centered = op.Sub(op.Cast(x, to=_INT32), const(zero_point, np.int32))
     total = op.ReduceSum(centered, i64(axes), keepdims=int(keepdim))
     v = op.Div(op.Cast(total, to=_FLOAT), const(float(n), np.float32))
     return op.QuantizeLinear(v, const(1.0, np.float32), const(zero_point, np_dtype(x)))
