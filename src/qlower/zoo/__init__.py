@@ -101,8 +101,9 @@ def _hf_tokens_128(b: int, gen: torch.Generator) -> tuple:
 
 
 def default_bench_models() -> list[str]:
-    """Every zoo model except the wide HF configs (minutes each on a 2-core machine)."""
-    return [name for name in ZOO if not name.endswith("-base")]
+    """Every zoo model except the wide HF configs and the real-weight SmolLM2 entries (minutes
+    each on a 2-core machine; ask for them with --models)."""
+    return [name for name in ZOO if not name.endswith("-base") and "smollm2" not in name]
 
 
 def _hf_decode_step(b: int, gen: torch.Generator) -> tuple:
