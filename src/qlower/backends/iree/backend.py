@@ -26,6 +26,7 @@ from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from ..clusters import ConstantCluster
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .lowerings import TOSA_LOWERINGS, float_check, kind_of
@@ -60,17 +61,6 @@ def iree_capability() -> Capability:
     for name, lowering in TOSA_LOWERINGS.items():
         cap.register(name, lowering.check if name.startswith("qlower::") else _either(lowering.check, name))
     return cap
-
-
-class _Constant(torch.nn.Module):
-    """A cluster with no runtime inputs: its value, computed once at compile time."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
-
-    def forward(self):
-        return self.value
 
 
 class IreeBackend:
@@ -181,7 +171,7 @@ class IreeBackend:
         """Replace the fused submodule by its runner (or its constant value)."""
         if p.info.status == "constant":
             with torch.no_grad():
-                setattr(fused, p.call.target, _Constant(p.sub()))
+                setattr(fused, p.call.target, ConstantCluster(p.sub()))
             p.call.args = ()
             return
         out = next(n for n in p.sub.graph.nodes if n.op == "output").args[0]

@@ -14,10 +14,10 @@ from torch.fx import GraphModule
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from ...fx import constant_value, mutated_attributes
-from ...passes.functionalize_state import WRITE_BACK
 from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from ..clusters import ConstantCluster, pytorch_infos
 from . import cache
 from .capability import onnxruntime_capability
 from .fuse_requantize import FuseRequantize
@@ -132,17 +132,6 @@ class OrtCluster(torch.nn.Module):
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
 
 
-class _Constant(torch.nn.Module):
-    """A cluster whose inputs are all constants: its value, computed at compile time."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
-
-    def forward(self):
-        return self.value
-
-
 def _direct_runner(fused: GraphModule):
     """When one cluster takes the graph inputs in order and produces every output (directly or
     through getitems), skip the FX interpreter: flatten inputs, call the cluster, pick and
@@ -226,12 +215,7 @@ class OnnxRuntimeBackend:
                 infos.append(self._compile_cluster(fused, node, len(infos), mutated))
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
-        write_backs = {n.name for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
-        for name, reason in clustering.unsupported.items():
-            if name in write_backs:  # the state write of FunctionalizeState: PyTorch by design
-                infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "state", "module state write-back"))
-            else:
-                infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, "fallback", reason))
+        infos += pytorch_infos(clustering.unsupported, fused, len(infos))
         direct = _direct_runner(fused)
         return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
                           needs_no_grad=direct is None)
@@ -269,7 +253,7 @@ class OnnxRuntimeBackend:
         if not runtime_args:  # constants only (e.g. arange -> unsqueeze): evaluate once, no session
             with torch.no_grad():
                 value = sub(*[by_position[i] for i in range(len(placeholders))])
-            setattr(fused, call.target, _Constant(value))
+            setattr(fused, call.target, ConstantCluster(value))
             call.args = ()
             info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
             return info
