@@ -80,6 +80,13 @@ def _capture(sub: GraphModule, constants: dict[str, torch.Tensor]) -> torch.expo
     raise TranslateError(f"re-capture failed: {str(last).splitlines()[0][:200]}") from last
 
 
+# torchlib's opset-18 variants: the graph `torch.onnx.export` produces by default for the float
+# ops (so qlower fp32 runs the very model the torch.onnx + ONNX Runtime peer runs: zoo cnn,
+# transformer and bert gave node-for-node identical graphs), and opset-18 nodes keep their
+# meaning under the model's opset-23 import (qlower's block ops need 23).
+TORCHLIB_OPSET = 18
+
+
 @functools.lru_cache(maxsize=1)
 def _registry():
     """torchlib's registry plus qlower's translations, built once per process: building it is
@@ -87,7 +94,7 @@ def _registry():
     most of a zoo model's compile time), so qlower calls the exporter core with a cached one."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry
     with _quiet():   # "torchvision is not installed. Skipping torchvision::nms" x4
-        registry = ONNXRegistry.from_torchlib(opset_version=OPSET)
+        registry = ONNXRegistry.from_torchlib(opset_version=TORCHLIB_OPSET)
     for target, fn in translation_table().items():
         registry.register_op(target, fn)
     return registry
