@@ -267,3 +267,36 @@ def test_stateless_model_runs_concurrently_and_stays_correct():
 
 def test_artifact_errors_are_qlower_errors():
     assert issubclass(ArtifactError, qlower.QlowerError) and issubclass(NonFiniteInputError, InputError)
+
+
+class _KZero(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b) + 1
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_empty_reduction_matmul_gives_eager_zeros(backend):
+    """K = 0: the product is all zeros in eager (was uninitialized memory, different per run)."""
+    a, b = torch.randn(2, 0), torch.randn(0, 3)
+    cm = qlower.compile(_KZero(), (a, b), backend=backend)
+    for _ in range(3):
+        assert torch.equal(cm(a, b), torch.ones(2, 3))
+
+
+class _MatVec(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_int8_linear_on_a_1d_input_compiles_and_runs():
+    """A 1-D linear (mat-vec) raised a raw IndexError at int8 compile."""
+    torch.manual_seed(0)
+    model, x = _MatVec().eval(), torch.randn(8)
+    ep = qlower.quantize(model, (x,), [(torch.randn(8),) for _ in range(4)], backend="onnxruntime")
+    cm, ref = qlower.compile(ep, (x,), backend="onnxruntime"), qlower.compile(ep, (x,), backend="reference")
+    assert not cm.report().fallbacks
+    assert torch.equal(cm(x), ref(x)) and cm(x).shape == (4,)
