@@ -105,4 +105,29 @@ def float_check(node: Node) -> str | None:
         return "reads or produces a quantized integer tensor outside qlower's integer ops"
     if not any(t.dtype.is_floating_point for t in vals):
         return "no float tensor: an integer-only ATen op is not lowered"
+    pool = _unit_window_ceil_pool(node, schema.name)
+    if pool is not None:
+        return pool
     return static_shapes(node)
+
+
+def _unit_window_ceil_pool(node: Node, name: str) -> str | None:
+    """max/avg pool with ceil_mode and a 1-wide window at stride 1 (a no-op ceil): torch-mlir's
+    linalg lowering computes the wrong output size and iree-compile rejects the module
+    ("'linalg.generic' op inferred input/output operand #2 has shape's dimension #2 to be 4,
+    but found 3"). Measured on a [1, 2, 5, 9] input over kernel 1-3, stride 1-3, padding
+    0..k//2, dilation 1-2, ceil_mode=True: only kernel 1 / stride 1 failed, for both pools
+    (tests/test_fuzz.py::test_regression_iree_pool_ceil_mode_unit_window)."""
+    from ...fx import full_args
+    if name not in ("aten::max_pool2d", "aten::max_pool2d_with_indices", "aten::avg_pool2d"):
+        return None
+    a = full_args(node)
+    ceil = a[5] if name != "aten::avg_pool2d" else a[4]
+    if not ceil:
+        return None
+    kernel = list(a[1]) * (2 // len(a[1]))
+    stride = list(a[2] or a[1])
+    stride = stride * (2 // len(stride))
+    if any(k == 1 and s == 1 for k, s in zip(kernel, stride)):
+        return "ceil_mode with a 1-wide window at stride 1 is mis-lowered by torch-mlir (iree-compile rejects it)"
+    return None

@@ -87,6 +87,11 @@ def translate_group_norm(x, num_groups: int, weight=None, bias=None, eps: float 
 @lowers(q.masked_softmax.default)
 def translate_masked_softmax(scores, mask=None, lengths=None, dim: int = -1):
     if lengths is None:
+        if mask is None:
+            # neither mask nor lengths: the function's Add needs an operand (an omitted one was
+            # an empty input name, rejected by ONNX Runtime: tests/test_fuzz.py::
+            # test_regression_masked_softmax_without_mask); + 0.0 leaves softmax's result unchanged
+            mask = const(0.0, np.float32)
         return fn.masked_softmax(scores, mask, axis=dim)
     rank, lrank = len(scores.shape), len(lengths.shape)
     lens = op.Unsqueeze(lengths, i64(list(range(lrank, rank)))) if rank > lrank else lengths

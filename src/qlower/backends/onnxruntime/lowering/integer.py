@@ -109,6 +109,11 @@ def _weights(w, w_zp, transpose: bool) -> tuple[object, object]:
     u8 x s8 kernels are exact, else u8 (w + 128, zero point + 128: exact u8 x u8 on AVX2)."""
     wv, zp = value_of(w), int(value_of(w_zp).reshape(-1)[0])
     wt = wv.T if transpose else wv
+    if wv.dtype == np.uint8:
+        # already u8 (a matmul's constant operand quantized as an activation, asymmetric):
+        # u8 x u8 is exact as is; the +128 re-encoding below is for s8 values only (it wrapped
+        # these mod 256: tests/test_fuzz.py::test_regression_matmul_constant_uint8_operand)
+        return const(wt, np.uint8), const(zp, np.uint8)
     if wv.dtype == np.int8 and s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0))):
         return const(wt, np.int8), const(zp, np.int8)
     return const(wt.astype(np.int32) + 128, np.uint8), const(zp + 128, np.uint8)

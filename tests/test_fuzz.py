@@ -1,0 +1,645 @@
+"""Differential fuzzing across backends (issue 17, item 8).
+
+Hypothesis draws small random models from a grammar: a DAG of 2-6 ops (conv2d with random
+stride/padding/dilation/groups, linear, matmul (weight and activation x activation), add, mul,
+relu, clamp, max/avg pool, global mean, reshape/flatten, permute, cat, slice, layer_norm,
+softmax, and the block ops RMSNorm/LayerNorm/GroupNorm/MaskedSoftmax/Attention), random small
+shapes, optionally a dynamic batch dim, random weights with edge ranges (tiny, huge, constant,
+zero, per-channel spread over 6 decades), random inputs (tiny, huge, constant), per-tensor and
+per-channel, uint8/int8 activations, 7/8-bit weights. For each model:
+
+- fp32 on onnxruntime (and iree for static shapes) within float tolerance of eager; the
+  tolerance is derived from eager's own fp32-vs-fp64 error, so ill-conditioned programs
+  (a layer_norm of nearly constant rows) do not false-alarm;
+- int8: the program is quantized ONCE (`qlower.quantize(..., backend="onnxruntime")`) and the
+  same program is compiled on reference and onnxruntime (profile "float"), and on reference and
+  iree (profile "fixed"); outputs are compared BIT-EXACTLY where the lowered program computes
+  only integer ops and exact float data movement (relu/clamp/max-pool/shape ops) — float
+  kernels (softmax, layer_norm, float add...) are not a bit-exact contract between engines
+  (docs/architecture.md), so programs with such ops are compared with a float tolerance plus
+  a few output quanta of headroom for rounding flips, and by SQNR;
+- no exception other than a `qlower.QlowerError` subclass (typed errors are counted as events);
+- no fallback whose reason starts with "compile failed"/"run failed": the capability accepted a
+  cluster the engine rejected.
+
+Default run (CI): derandomized, `_DEFAULT_ORT` examples on onnxruntime and `_DEFAULT_IREE`
+on iree (iree-compile costs ~1-2 s per cluster). `QLOWER_FUZZ_EXAMPLES=N` runs N examples per
+backend test, randomized. `QLOWER_FUZZ_LOG=path` records failures as JSON lines instead of
+stopping at the first one (for long runs).
+
+Every bug found has a minimized, named regression test at the end of this file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+import hypothesis
+import hypothesis.errors
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import qlower
+from qlower import blockops
+
+_ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
+_LOG = os.environ.get("QLOWER_FUZZ_LOG")
+_DEFAULT_ORT = 40
+_DEFAULT_IREE = 10
+
+
+def _settings(default_n: int):
+    n = int(_ENV_N) if _ENV_N else default_n
+    return settings(max_examples=n, deadline=None, derandomize=not _ENV_N, database=None,
+                    suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def _iree_available() -> bool:
+    try:
+        import iree.compiler  # noqa: F401
+        import iree.runtime  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# ================================================================== the grammar (pure data)
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    srcs: tuple            # indices of input values (0 = the model input)
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class Program:
+    in_shape: tuple        # example shape; dim 0 is the batch
+    ops: tuple
+    dynamic: bool = False
+    weights: str = "normal"   # normal | tiny | huge | const | zero | spread
+    inputs: str = "normal"    # normal | tiny | huge | const | positive
+    seed: int = 0
+    act: str = "uint8"
+    per_channel: bool = True
+    weight_bits: int = 8
+    quantize_mul: bool = False
+
+    def module(self) -> "FuzzNet":
+        return FuzzNet(self).eval()
+
+    def config(self) -> qlower.QuantConfig:
+        return qlower.QuantConfig(activation_dtype=self.act, per_channel=self.per_channel,
+                                  weight_bits=self.weight_bits, quantize_mul=self.quantize_mul)
+
+    def sample(self, seed: int, batch: int | None = None) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1000 + seed)
+        shape = (batch or self.in_shape[0], *self.in_shape[1:])
+        if self.inputs == "const":
+            return torch.full(shape, 0.75)
+        x = torch.randn(shape, generator=g)
+        return {"normal": x, "tiny": x * 1e-4, "huge": x * 1e3, "positive": x.abs()}[self.inputs]
+
+    def dynamic_shapes(self):
+        return ({0: torch.export.Dim("batch", min=1, max=16)},) if self.dynamic else None
+
+
+_WEIGHTED = {"conv", "linear", "matmul_w", "add_c", "mul_c", "layer_norm", "ln_block", "rms", "group_norm"}
+
+
+def _params(op: Op, shapes: list, gen: torch.Generator, mode: str) -> dict:
+    """Parameters of one op, drawn from `gen`; `mode` shapes weight ranges."""
+    shp = shapes[op.srcs[0]]
+
+    def w(*size, fan_in=1, channel_axis=0):
+        t = torch.randn(*size, generator=gen) / math.sqrt(max(fan_in, 1))
+        if mode == "tiny":
+            t = t * 1e-5
+        elif mode == "huge":
+            t = t * 1e3
+        elif mode == "const":
+            t = torch.full(size, 0.3)
+        elif mode == "zero":
+            t = torch.zeros(size)
+        elif mode == "spread" and t.dim() > 0 and t.shape[channel_axis] > 1:
+            f = torch.logspace(-3, 3, t.shape[channel_axis])
+            t = t * f.reshape([-1 if i == channel_axis else 1 for i in range(t.dim())])
+        return t
+
+    k = op.kind
+    if k == "conv":
+        out_c, ks, stride, pad, dil, groups, bias = op.args
+        p = {"weight": w(out_c, shp[1] // groups, ks, ks, fan_in=shp[1] // groups * ks * ks)}
+        if bias:
+            p["bias"] = w(out_c)
+        return p
+    if k == "linear":
+        out_f, bias = op.args
+        p = {"weight": w(out_f, shp[-1], fan_in=shp[-1])}
+        if bias:
+            p["bias"] = w(out_f)
+        return p
+    if k == "matmul_w":
+        return {"weight": w(shp[-1], op.args[0], fan_in=shp[-1], channel_axis=1)}
+    if k in ("add_c", "mul_c"):
+        return {"c": w(shp[-1]) + (1.0 if k == "mul_c" and mode == "zero" else 0.0)}
+    if k in ("layer_norm", "ln_block", "rms"):
+        return {"weight": 1 + w(shp[-1]), "bias": w(shp[-1])}
+    if k == "group_norm":
+        return {"weight": 1 + w(shp[1]), "bias": w(shp[1])}
+    return {}
+
+
+def _apply(op: Op, vals: list, p: dict) -> torch.Tensor:
+    k, a = op.kind, op.args
+    x = vals[op.srcs[0]]
+    y = vals[op.srcs[1]] if len(op.srcs) > 1 else None
+    if k == "conv":
+        _, ks, stride, pad, dil, groups, _ = a
+        return F.conv2d(x, p["weight"], p.get("bias"), stride, pad, dil, groups)
+    if k == "linear":
+        return F.linear(x, p["weight"], p.get("bias"))
+    if k == "matmul_w":
+        return torch.matmul(x, p["weight"])
+    if k == "matmul_a":
+        return torch.matmul(x, y.transpose(-1, -2))
+    if k == "add":
+        return x + y
+    if k == "mul":
+        return x * y
+    if k == "add_c":
+        return x + p["c"]
+    if k == "mul_c":
+        return x * p["c"]
+    if k == "add_s":
+        return x + a[0]
+    if k == "mul_s":
+        return x * a[0]
+    if k == "relu":
+        return torch.relu(x)
+    if k == "clamp":
+        return torch.clamp(x, a[0], a[1])
+    if k == "maxpool":
+        ks, stride, pad, dil, ceil = a
+        return F.max_pool2d(x, ks, stride, pad, dil, ceil_mode=ceil)
+    if k == "avgpool":
+        ks, stride, pad, ceil, cip, div = a
+        return F.avg_pool2d(x, ks, stride, pad, ceil_mode=ceil, count_include_pad=cip, divisor_override=div)
+    if k == "gap":
+        return x.mean((2, 3), keepdim=a[0])
+    if k == "flatten":
+        return torch.flatten(x, 1)
+    if k == "reshape":
+        return x.reshape(-1, *a)
+    if k == "permute":
+        return x.permute(0, *a)
+    if k == "cat":
+        return torch.cat([x, y], dim=a[0])
+    if k == "slice":
+        dim, start, end, step = a
+        idx = [slice(None)] * x.dim()
+        idx[dim] = slice(start, end, step)
+        return x[tuple(idx)]
+    if k == "softmax":
+        return torch.softmax(x, a[0])
+    if k == "layer_norm":
+        return F.layer_norm(x, (x.shape[-1],), p["weight"], p["bias"])
+    if k == "ln_block":
+        return blockops.ops.layer_norm(x, [x.shape[-1]], p["weight"], p["bias"], 1e-5)
+    if k == "rms":
+        return blockops.ops.rms_norm(x, [x.shape[-1]], p["weight"], 1e-6)
+    if k == "group_norm":
+        return blockops.ops.group_norm(x, a[0], p["weight"], p["bias"], 1e-5, a[1])
+    if k == "masked_softmax":
+        mask = p.get("mask")
+        lengths = p.get("lengths")
+        return blockops.ops.masked_softmax(x, mask, lengths, -1)
+    if k == "attention":
+        causal, scale = a
+        return blockops.ops.attention(x, y, y, None, causal, scale)
+    raise AssertionError(k)
+
+
+class FuzzNet(torch.nn.Module):
+    def __init__(self, prog: Program):
+        super().__init__()
+        self.prog = prog
+        gen = torch.Generator().manual_seed(prog.seed)
+        shapes = [prog.in_shape]
+        self.params = torch.nn.ModuleList()
+        for op in prog.ops:
+            holder = torch.nn.Module()
+            for name, t in _params(op, shapes, gen, prog.weights).items():
+                holder.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+            if op.kind == "masked_softmax":
+                masked, lengths = op.args
+                n = shapes[op.srcs[0]][-1]
+                if masked:
+                    m = torch.zeros(n)
+                    m[::2] = -1e4 if masked == 1 else float("-inf")
+                    holder.register_buffer("mask", m)
+                if lengths is not None:
+                    holder.register_buffer("lengths", torch.tensor([lengths]))
+            self.params.append(holder)
+            with torch.no_grad():
+                vals = [torch.zeros(s) for s in shapes]
+                shapes.append(tuple(_apply(op, vals, self._p(len(shapes) - 1)).shape))
+        self.shapes = shapes
+
+    def _p(self, i):
+        h = self.params[i]
+        return {**dict(h.named_parameters()), **dict(h.named_buffers())}
+
+    def forward(self, x):
+        vals = [x]
+        for i, op in enumerate(self.prog.ops):
+            vals.append(_apply(op, vals, self._p(i)))
+        return vals[-1]
+
+
+# ---------------------------------------------------------------------------- strategies
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _try_shape(op: Op, shapes: list):
+    """Output shape of `op` on `shapes`, or None where the op is invalid there."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        params = _params(op, shapes, gen, "normal")
+        if op.kind == "masked_softmax":
+            if op.args[0]:
+                params["mask"] = torch.zeros(shapes[op.srcs[0]][-1])
+            if op.args[1] is not None:
+                params["lengths"] = torch.tensor([op.args[1]])
+        vals = [torch.zeros(s) for s in shapes]
+        out = _apply(op, vals, params)
+    except (RuntimeError, ValueError, IndexError):
+        return None
+    if out.numel() == 0 or out.dim() < 2 or out.numel() > 4096 or out.shape[0] != shapes[0][0]:
+        return None
+    return tuple(out.shape)
+
+
+def _draw_op(draw, shapes: list, dynamic: bool) -> Op | None:
+    n_vals = len(shapes)
+    src = draw(st.one_of(st.just(n_vals - 1), st.integers(0, n_vals - 1)))
+    s = shapes[src]
+    r = len(s)
+    same = [i for i, t in enumerate(shapes) if t == s]
+    kinds = ["linear", "matmul_w", "add", "mul", "add_c", "mul_c", "add_s", "mul_s", "relu", "clamp",
+             "cat", "slice", "softmax", "layer_norm", "ln_block", "rms", "masked_softmax"]
+    if r == 4:
+        kinds += ["conv"] * 8 + ["maxpool"] * 3 + ["avgpool", "avgpool", "gap", "group_norm", "flatten", "attention",
+                  "reshape", "permute"]
+    if r == 3:
+        kinds += ["matmul_a", "flatten", "permute", "attention", "reshape"]
+    if r == 2:
+        kinds += ["reshape"]
+    kind = draw(st.sampled_from(kinds))
+    dims = st.integers(1, r - 1)
+    if kind == "conv":
+        c = s[1]
+        groups = draw(st.sampled_from(_divisors(c)))
+        args = (groups * draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
+                draw(st.integers(0, 2)), draw(st.integers(1, 2)), groups, draw(st.booleans()))
+        return Op(kind, (src,), args)
+    if kind == "linear":
+        return Op(kind, (src,), (draw(st.integers(1, 8)), draw(st.booleans())))
+    if kind == "matmul_w":
+        return Op(kind, (src,), (draw(st.integers(1, 8)),))
+    if kind in ("add", "mul", "matmul_a", "attention"):
+        other = draw(st.sampled_from(same))
+        if kind == "attention":
+            if r == 3:
+                return None
+            return Op(kind, (src, other), (draw(st.booleans()), draw(st.sampled_from([None, 0.5, 2.0]))))
+        return Op(kind, (src, other))
+    if kind == "cat":
+        return Op(kind, (src, draw(st.sampled_from(same))), (draw(dims),))
+    if kind in ("add_s", "mul_s"):
+        return Op(kind, (src,), (draw(st.sampled_from([0.5, -2.0, 1e-3, 100.0, 0.0])),))
+    if kind == "clamp":
+        lo = draw(st.sampled_from([None, -1.0, 0.0, 0.25]))
+        hi = draw(st.sampled_from([None, 0.5, 1.0, 6.0]))
+        if lo is None and hi is None:
+            lo = 0.0
+        return Op(kind, (src,), (lo, hi))
+    if kind == "maxpool":
+        ks = draw(st.integers(1, 3))
+        return Op(kind, (src,), (ks, draw(st.integers(1, 3)), draw(st.integers(0, ks // 2)),
+                                 draw(st.integers(1, 2)), draw(st.booleans())))
+    if kind == "avgpool":
+        ks = draw(st.integers(1, 3))
+        return Op(kind, (src,), (ks, draw(st.integers(1, 3)), draw(st.integers(0, ks // 2)), draw(st.booleans()),
+                                 draw(st.booleans()), draw(st.sampled_from([None, None, None, 3]))))
+    if kind == "gap":
+        return Op(kind, (src,), (draw(st.booleans()),))
+    if kind == "group_norm":
+        return Op(kind, (src,), (draw(st.sampled_from(_divisors(s[1]))), draw(st.booleans())))
+    if kind == "flatten":
+        return Op(kind, (src,))
+    if kind == "reshape":
+        if r == 2:
+            a = draw(st.sampled_from(_divisors(s[1])))
+            return Op(kind, (src,), (a, s[1] // a))
+        if r == 4:
+            return Op(kind, (src,), (s[1], s[2] * s[3]))
+        return Op(kind, (src,), (s[1] * s[2],))
+    if kind == "permute":
+        return Op(kind, (src,), tuple(1 + i for i in draw(st.permutations(range(r - 1)))))
+    if kind == "slice":
+        d = draw(dims)
+        n = s[d]
+        start = draw(st.integers(0, n - 1))
+        end = draw(st.integers(start + 1, n))
+        return Op(kind, (src,), (d, start, end, draw(st.integers(1, 2))))
+    if kind == "softmax":
+        return Op(kind, (src,), (draw(dims),))
+    if kind == "masked_softmax":
+        return Op(kind, (src,), (draw(st.integers(0, 2)), draw(st.sampled_from([None, None, 1, 3]))))
+    return Op(kind, (src,))
+
+
+@st.composite
+def programs(draw, static_only: bool = False):
+    dynamic = False if static_only else draw(st.integers(0, 3)) == 0
+    batch = 2 if dynamic else draw(st.integers(1, 2))
+    rank = draw(st.sampled_from([4, 4, 3, 2]))
+    if rank == 4:
+        shape = (batch, draw(st.integers(1, 6)), draw(st.integers(3, 9)), draw(st.integers(3, 9)))
+    elif rank == 3:
+        shape = (batch, draw(st.integers(1, 6)), draw(st.integers(1, 12)))
+    else:
+        shape = (batch, draw(st.integers(1, 12)))
+    shapes, ops = [shape], []
+    n = draw(st.integers(2, 6))
+    for _ in range(3 * n):
+        if len(ops) == n:
+            break
+        op = _draw_op(draw, shapes, dynamic)
+        out = None if op is None else _try_shape(op, shapes)
+        if out is not None:
+            ops.append(op)
+            shapes.append(out)
+    if not ops:
+        ops.append(Op("relu", (0,)))
+    return Program(
+        in_shape=shape, ops=tuple(ops), dynamic=dynamic,
+        weights=draw(st.sampled_from(["normal", "normal", "tiny", "huge", "const", "zero", "spread"])),
+        inputs=draw(st.sampled_from(["normal", "normal", "tiny", "huge", "const", "positive"])),
+        seed=draw(st.integers(0, 2 ** 16)), act=draw(st.sampled_from(["uint8", "uint8", "int8"])),
+        per_channel=draw(st.booleans()), weight_bits=draw(st.sampled_from([8, 7])),
+        quantize_mul=draw(st.booleans()))
+
+
+# ============================================================================ the checks
+class FuzzFailure(AssertionError):
+    pass
+
+
+def event(text: str) -> None:
+    """hypothesis.event inside a test (statistics), a no-op when a regression test calls the checks."""
+    try:
+        hypothesis.event(text)
+    except hypothesis.errors.InvalidArgument:
+        pass
+
+
+def _typed(exc: BaseException) -> bool:
+    return isinstance(exc, qlower.QlowerError)
+
+
+def _check_fallbacks(cm, what: str):
+    for c in cm.report().fallbacks:
+        reason = c.reason or ""
+        # onnxruntime: "compile failed: ...", iree: "torch compile failed: ..." / "tosa compile failed: ..."
+        if re.match(r"(\w+ )?(compile|run) failed", reason):
+            raise FuzzFailure(f"{what}: capability accepted a cluster the engine rejected: {reason[:600]}")
+        event(f"{cm.report().backend} refused: {reason.split(':')[0][:60]}")
+
+
+def _float_tol(ref32: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    cond = (ref32.double() - ref64).abs().max().item() if ref32.numel() else 0.0
+    mag = ref64.abs().max().item() if ref64.numel() else 0.0
+    return 1e-5 * mag + 20 * cond + 1e-6
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    eq = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    return bool(eq.all())
+
+
+def _test_inputs(prog: Program):
+    xs = [prog.sample(100), prog.sample(101)]
+    if prog.dynamic:
+        xs.append(prog.sample(102, batch=3))
+    return xs
+
+
+# float ops whose result is exactly determined by their inputs (no rounding): after the
+# integer ops these keep an int8 program bit-exact on every engine
+_EXACT = ("view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "cat", "clone", "expand",
+          "squeeze", "unsqueeze", "flatten", "relu", "clamp", "max_pool2d", "max_pool2d_with_indices",
+          "getitem", "alias", "detach", "contiguous", "select", "split", "unbind", "chunk", "hardtanh",
+          "_to_copy", "sym_size", "clamp_min", "clamp_max")
+
+
+def _integer_only(gm) -> bool:
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        t = str(node.target)
+        if t.startswith("qlower.") or "qlower::" in t or name in ("getitem",):
+            if "qlower." in t and not any(q in t for q in ("quantize", "dequantize", "requantize", "conv2d",
+                                                           "linear", "matmul", "max_pool", "add", "mul",
+                                                           "mean", "relu", "clamp")):
+                return False
+            continue
+        base = name.split(".")[0]
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point:
+            continue
+        if base not in _EXACT:
+            return False
+    return True
+
+
+def _compare_int8(ref_cm, got_cm, xs, what: str):
+    exact = _integer_only(ref_cm.graph_module)
+    event(f"{what}: {'bit-exact' if exact else 'float ops: tolerance'}")
+    scales = [max(n.meta["qlower.qparams"].scale) for n in ref_cm.graph_module.graph.nodes
+              if "qlower.qparams" in n.meta]
+    for x in xs:
+        r = ref_cm(x)
+        g = got_cm(x)
+        if exact:
+            if not _same(r, g):
+                diff = (r - g).abs()
+                n_bad = int((~((r == g) | (torch.isnan(r) & torch.isnan(g)))).sum())
+                raise FuzzFailure(f"{what}: int8 not bit-exact vs reference: {n_bad}/{r.numel()} elements "
+                                  f"differ, max {diff.nan_to_num(0).max().item():.3g} (shape {tuple(r.shape)})")
+        else:
+            if r.shape != g.shape or r.dtype != g.dtype:
+                raise FuzzFailure(f"{what}: int8 output {tuple(g.shape)}/{g.dtype} vs reference "
+                                  f"{tuple(r.shape)}/{r.dtype}")
+            diff = (r.double() - g.double()).abs().nan_to_num(0)
+            mag = r.double().abs().nan_to_num(0)
+            norm_r = float(mag.norm()) + 1e-30
+            # float kernels may flip a later rounding: allow SQNR >= 20 dB, or a few quanta
+            q = max(scales) if scales else 0.0
+            if float(diff.norm()) > 0.1 * norm_r and float(diff.max()) > 4 * q + 1e-5 * float(mag.max()) + 1e-6:
+                raise FuzzFailure(f"{what}: int8 far from reference: max diff {float(diff.max()):.3g}, "
+                                  f"|diff|/|ref| {float(diff.norm()) / norm_r:.3g}, largest scale {q:.3g}")
+        if torch.isnan(g).any() != torch.isnan(r).any():
+            raise FuzzFailure(f"{what}: NaN in one output only")
+
+
+def check_program(prog: Program, backends: tuple[str, ...]):
+    """Run every check on one program; raise FuzzFailure (or the untyped exception) on a bug."""
+    torch.manual_seed(0)
+    model = prog.module()
+    x0 = prog.sample(0)
+    ds = prog.dynamic_shapes()
+    xs = _test_inputs(prog)
+    with torch.no_grad():
+        eager = [model(x) for x in xs]
+        m64 = copy.deepcopy(model).double()
+        eager64 = [m64(x.double()) for x in xs]
+
+    # ---------------------------------------------------------------- fp32
+    for b in backends:
+        if b == "iree" and prog.dynamic:
+            continue
+        try:
+            cm = qlower.compile(model, (x0,), backend=b, dynamic_shapes=ds)
+            outs = [cm(x) for x in xs]
+        except Exception as e:  # noqa: BLE001
+            if not _typed(e):
+                raise
+            event(f"fp32 {b}: {type(e).__name__}")
+            continue
+        for x, o, e32, e64 in zip(xs, outs, eager, eager64):
+            if o.shape != e32.shape:
+                raise FuzzFailure(f"fp32 {b}: shape {tuple(o.shape)} vs eager {tuple(e32.shape)}")
+            tol = _float_tol(e32, e64)
+            d = (o.double() - e64).abs()
+            bad = d > tol
+            bad &= ~(torch.isnan(o) & torch.isnan(e64))
+            if bool(bad.any()):
+                raise FuzzFailure(f"fp32 {b}: {int(bad.sum())}/{o.numel()} elements beyond tolerance "
+                                  f"{tol:.3g}: max diff {float(d.nan_to_num(float('inf')).max()):.3g}")
+        _check_fallbacks(cm, f"fp32 {b}")
+
+    # ---------------------------------------------------------------- int8
+    cal = [(prog.sample(10 + i),) for i in range(3)]
+    try:
+        ep = qlower.quantize(model, (x0,), cal, config=prog.config(), dynamic_shapes=ds, backend="onnxruntime")
+    except Exception as e:  # noqa: BLE001
+        if not _typed(e):
+            raise
+        event(f"quantize: {type(e).__name__}")
+        return
+    pairs = []
+    if "onnxruntime" in backends:
+        pairs.append(("float", "onnxruntime"))
+    if "iree" in backends and not prog.dynamic:
+        pairs.append(("fixed", "iree"))
+    for profile, b in pairs:
+        try:
+            ref = qlower.compile(ep, (x0,), backend="reference", profile=profile, dynamic_shapes=ds)
+        except Exception as e:  # noqa: BLE001
+            if not _typed(e):
+                raise
+            event(f"int8 reference {profile}: {type(e).__name__}")
+            continue
+        try:
+            cm = qlower.compile(ep, (x0,), backend=b, profile=profile, dynamic_shapes=ds)
+        except Exception as e:  # noqa: BLE001
+            if not _typed(e):
+                raise
+            event(f"int8 {b}: {type(e).__name__}")
+            continue
+        _compare_int8(ref, cm, xs, f"int8 {b} ({profile})")
+        _check_fallbacks(cm, f"int8 {b} ({profile})")
+
+
+def _run(prog: Program, backends):
+    if not _LOG:
+        check_program(prog, backends)
+        return
+    try:
+        check_program(prog, backends)
+        with open(_LOG + ".progress", "a") as f:   # one line per passing example (long runs)
+            f.write(f"{backends[0]} pass\n")
+    except Exception as e:  # noqa: BLE001
+        with open(_LOG, "a") as f:
+            f.write(json.dumps({"backends": backends, "program": repr(prog), "error": type(e).__name__,
+                                "message": str(e)[:2000],
+                                "where": traceback.format_exc().splitlines()[-3:]}) + "\n")
+
+
+# ============================================================================ fuzz tests
+@_settings(_DEFAULT_ORT)
+@given(prog=programs())
+def test_fuzz_onnxruntime(prog):
+    _run(prog, ("onnxruntime",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@_settings(_DEFAULT_IREE)
+@given(prog=programs(static_only=True))
+def test_fuzz_iree(prog):
+    _run(prog, ("iree",))
+
+
+# ================================================================ regression tests (found)
+def _check(prog: Program, backends=("onnxruntime",)):
+    check_program(prog, backends)
+
+
+def test_regression_matmul_constant_uint8_operand():
+    """x @ W with a constant W: the quantizer treats W as an activation (uint8, asymmetric),
+    lower_qdq turns it into qlower.linear with uint8 weights; the ONNX translation re-encoded
+    them as if they were int8 (w + 128, zp + 128, wrapping mod 256): 45 of 54 outputs wrong.
+    Fixed in backends/onnxruntime/lowering/integer.py (_weights keeps u8 weights as they are)."""
+    _check(Program(in_shape=(2, 6), ops=(Op("matmul_w", (0,), (2,)), Op("relu", (1,))), per_channel=False, seed=1))
+
+
+def test_regression_masked_softmax_without_mask():
+    """MaskedSoftmax called with neither mask nor lengths: the ONNX function's Add got an empty
+    operand and ONNX Runtime rejected the cluster (INVALID_GRAPH), which then fell back.
+    Fixed in backends/onnxruntime/lowering/blockops.py (a 0.0 mask)."""
+    _check(Program(in_shape=(2, 4, 10), ops=(Op("masked_softmax", (0,), (0, None)),)))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.parametrize("kind", ["maxpool", "avgpool"])
+def test_regression_iree_pool_ceil_mode_unit_window(kind):
+    """max/avg pool with kernel 1, stride 1, ceil_mode=True: the iree capability accepted it,
+    torch-mlir's lowering got the output size wrong and iree-compile failed ("torch compile
+    failed: 'linalg.generic' op inferred input/output operand ... dimension"). The iree float
+    capability now refuses that pool (backends/iree/lowerings.py), so it runs in PyTorch."""
+    args = (1, 1, 0, 2, True) if kind == "maxpool" else (1, 1, 0, True, True, None)
+    prog = Program(in_shape=(1, 2, 5, 9), ops=(Op(kind, (0,), args), Op("relu", (1,))))
+    _check(prog, ("iree",))
+
+
+@pytest.mark.xfail(strict=True, reason="ONNX Runtime's GroupNormalization (what qlower.group_norm is translated to) "
+                   "loses the variance to cancellation on rows with a large mean and a tiny spread "
+                   "(100 + 1e-4·randn): all 84 outputs NaN where eager (and LayerNormalization on the same "
+                   "rows) is finite. Value-dependent, so no capability predicate can refuse it; a fix is a "
+                   "translation choice (e.g. LayerNormalization over a [N, G, -1] view + per-channel affine)")
+def test_regression_group_norm_large_mean_nan_on_onnxruntime():
+    _check(Program(in_shape=(2, 1, 6, 7), ops=(Op("add_s", (0,), (100.0,)), Op("group_norm", (1,), (1, False))),
+                   inputs="tiny", seed=1))
