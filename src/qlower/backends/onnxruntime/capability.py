@@ -24,10 +24,91 @@ def _divisor_override(node: Node) -> str | None:
     return "avg_pool2d with divisor_override is not translated correctly" if args[6] is not None else None
 
 
+# As avg_pool2d (measured: avg_pool3d(divisor_override=2) off by 35, OpInfo samples).
+def _divisor_override_3d(node: Node) -> str | None:
+    return "avg_pool3d with divisor_override is not translated correctly" if full_args(node)[6] is not None else None
+
+
+def _shape(node) -> tuple | None:
+    v = node.meta.get("val") if isinstance(node, Node) else None
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+# ORT Gemm with an empty contraction dim returns C unscaled (measured: addmm(c, [5,0], [0,10], beta=0.2) == c).
+def _addmm_empty_k(node: Node) -> str | None:
+    args = full_args(node)
+    k = (_shape(args[1]) or (None,))[-1]
+    return "addmm with an empty contraction dim and beta != 1 (ORT Gemm drops beta)" \
+        if isinstance(k, int) and k == 0 and args[3] != 1 else None
+
+
+# training=True with running stats: output off by up to 64, stats by 2 (OpInfo samples, also via
+# torch.onnx.export; without running stats it matches); training=False: save_mean/save_invstd
+# come back shape (C,), eager (0,).
+def _batch_norm(node: Node) -> str | None:
+    args, name = full_args(node), node.target._schema.name.removeprefix("aten::")
+    if args[5] and args[3] is not None:
+        return f"{name} in training mode with running stats is not translated correctly"
+    if not args[5] and any(u.target is operator.getitem and u.args[1] in (1, 2) for u in node.users):
+        return f"{name}'s eval-mode saved statistics have the wrong shape"
+    return None
+
+
+# align_corners=True (.vec, scale_factors [0.8, 1.0]) off by 1.9; explicit scales_h/scales_w
+# with output_size (1.7, 0.9 -> [3, 3]) off by 8.1 (OpInfo samples).
+def _upsample_aa(node: Node) -> str | None:
+    args = full_args(node)
+    if args[2]:
+        return "antialiased upsampling with align_corners=True is not translated correctly"
+    if len(args) > 3 and not isinstance(args[3], (list, tuple)) and any(a is not None for a in args[3:5]):
+        return "antialiased upsampling with explicit scales is not translated correctly"
+    return None
+
+
+# n=0 on a batch of matrices comes back one identity matrix (measured: (3, 2, 2) -> (2, 2)).
+def _matrix_power_zero(node: Node) -> str | None:
+    args = full_args(node)
+    return "linalg_matrix_power with n=0 on a batch is not translated correctly" \
+        if args[1] == 0 and len(_shape(args[0]) or ()) > 2 else None
+
+
+# Empty inputs keep the reduced dim (measured: vecdot of (0, 1) and (0, 1) -> shape (0, 1), eager (0,)).
+def _vecdot_empty(node: Node) -> str | None:
+    shapes = [_shape(a) for a in full_args(node)[:2]]
+    return "linalg_vecdot of an empty input has the wrong shape" \
+        if any(s is not None and 0 in s for s in shapes) else None
+
+
+# An empty reduction gives -0, eager NaN (measured: std/var/var_mean/std_mean of a (0, 5) input).
+def _empty_moments(node: Node) -> str | None:
+    shape = _shape(full_args(node)[0])
+    return f"{node.target._schema.name.removeprefix('aten::')} of an empty input gives 0, eager NaN" \
+        if shape is not None and 0 in shape else None
+
+
+# Value-dependent: torchlib's formula overflows or underflows (measured: erfcx(randn * 9) off by
+# 0.13, relative 1.0; log_ndtr(-9) = -inf, eager -39.0).
+def _inaccurate(node: Node) -> str | None:
+    return f"{node.target._schema.name.removeprefix('aten::')} is translated by a formula that overflows"
+
+
 # Measured gaps of the translator or of ONNX Runtime 1.31 (the op translates, but the result
 # is wrong or the session rejects it): schema name -> predicate naming the failing variant.
 GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::avg_pool2d": _divisor_override,
+    "aten::addmm": _addmm_empty_k,
+    "aten::_native_batch_norm_legit": _batch_norm,
+    "aten::native_batch_norm": _batch_norm,
+    "aten::batch_norm": _batch_norm,
+    "aten::_upsample_bilinear2d_aa": _upsample_aa,
+    "aten::_upsample_bilinear2d_aa.vec": _upsample_aa,
+    "aten::avg_pool3d": _divisor_override_3d,
+    "aten::linalg_matrix_power": _matrix_power_zero,
+    "aten::linalg_vecdot": _vecdot_empty,
+    **{f"aten::{op}{overload}": _empty_moments for op in ("std", "var", "std_mean", "var_mean")
+       for overload in ("", ".dim", ".correction")},
+    "aten::special_erfcx": _inaccurate,
+    "aten::special_log_ndtr": _inaccurate,
 }
 _SUPPORTED_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
 
