@@ -5,9 +5,11 @@ from ..errors import BackendError
 from .base import Backend, Executable, op_counts
 from .iree import IreeBackend
 from .onnxruntime import OnnxRuntimeBackend
+from .openvino import OpenVinoBackend
 from .reference import ReferenceBackend
 
-_BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend, "iree": IreeBackend}
+_BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend, "iree": IreeBackend,
+             "openvino": OpenVinoBackend}
 # Preference order for backend="auto": the first available wins.
 AUTO_ORDER = ("onnxruntime", "reference")
 
@@ -23,6 +25,11 @@ def _make(name: str, options):
         if options is not None and not isinstance(options, IreeOptions):
             raise BackendError(f"backend_options for iree must be IreeOptions, got {type(options).__name__}")
         return IreeBackend(options)
+    if name == "openvino":
+        from .openvino import OvOptions
+        if options is not None and not isinstance(options, OvOptions):
+            raise BackendError(f"backend_options for openvino must be OvOptions, got {type(options).__name__}")
+        return OpenVinoBackend(options)
     return _BACKENDS[name]()
 
 
@@ -42,7 +49,8 @@ def get_backend(name: str, options=None) -> Backend:
         raise BackendError(f"unknown backend {name!r}", hint=f"use 'auto' or one of {backend_names()}")
     backend = _make(name, options)
     if not backend.available():
-        raise BackendError(f"backend {name!r} is not available on this machine")
+        raise BackendError(f"backend {name!r} is not available on this machine",
+                           hint=getattr(backend, "install_hint", None))
     return backend
 
 

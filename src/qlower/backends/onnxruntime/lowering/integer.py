@@ -31,6 +31,7 @@ from ..cpu import has_vnni, s8_weights_exact
 from ..kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
 from . import lowers
 from .onnx_ops import first_output, QGemm, QLinearAdd, QLinearGlobalAveragePool, const, i64, np_dtype, np_of, op, value_of
+from .onnx_ops import contrib_ops_allowed
 
 q = torch.ops.qlower
 ort = torch.ops.qlower_ort
@@ -243,7 +244,7 @@ def _dq_op_q(opname: str, a, a_scale: float, a_zp: int, b, b_scale: float, b_zp:
 def add(a, a_scale: float, a_zp: int, b, b_scale: float, b_zp: int, out_scale: float, out_zp: int,
         qmin: int, qmax: int, dtype: int):
     u8 = ir.DataType.UINT8
-    if a.dtype == b.dtype == u8 and np_of(dtype) == np.uint8 and _same_shape(a, b) \
+    if contrib_ops_allowed() and a.dtype == b.dtype == u8 and np_of(dtype) == np.uint8 and _same_shape(a, b) \
             and qlinear_add_exact(a_scale, a_zp, b_scale, b_zp, out_scale, out_zp):
         y = QLinearAdd(a, const(a_scale, np.float32), const(a_zp, np.uint8), b, const(b_scale, np.float32),
                        const(b_zp, np.uint8), const(out_scale, np.float32), const(out_zp, np.uint8))
@@ -268,6 +269,8 @@ def max_pool2d(x, kernel_size: Sequence[int], stride: Sequence[int], padding: Se
 
 def _global_pool_proven(x, zero_point: int, dims: Sequence[int], qmin: int, qmax: int) -> bool:
     shape = x.shape
+    if not contrib_ops_allowed():   # standard ONNX only (the openvino backend)
+        return False
     if x.dtype != ir.DataType.UINT8 or len(shape) != 4 or {d % 4 for d in dims} != {2, 3} or (qmin, qmax) != (0, 255):
         return False
     if not all(isinstance(d, int) for d in (shape[2], shape[3])):

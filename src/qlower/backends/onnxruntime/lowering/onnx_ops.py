@@ -87,6 +87,27 @@ def bound_constants(values: dict[str, np.ndarray]):
         _BOUND.reset(token)
 
 
+# Engines other than ONNX Runtime (OpenVINO) read standard ONNX only: within this block the
+# translations emit no com.microsoft kernels (QLinearAdd, QLinearGlobalAveragePool), only their
+# standard-op formulations. (QLinearConv/QGemm/QLinearMatMul come only from FuseRequantize's
+# fused ops, which such a backend does not run.)
+_STANDARD_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("qlower_onnx_standard_only", default=False)
+
+
+@contextlib.contextmanager
+def standard_onnx_only():
+    """Translate without ONNX Runtime contrib ops within the block."""
+    token = _STANDARD_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _STANDARD_ONLY.reset(token)
+
+
+def contrib_ops_allowed() -> bool:
+    return not _STANDARD_ONLY.get()
+
+
 def value_of(v) -> np.ndarray | None:
     """The constant behind an ONNX value (a constant input of the cluster), else None."""
     if v is None:

@@ -1,0 +1,159 @@
+"""The openvino backend: clusters of supported nodes are translated to ONNX by qlower's
+translator (`onnxruntime.translate.translate_cluster`, standard ONNX ops only: no ONNX Runtime
+contrib kernels, no FuseRequantize) and compiled by OpenVINO's CPU plugin; everything else runs
+in PyTorch. A cluster that fails to translate/compile, or raises at run time, falls back to
+PyTorch with the reason in the report (logged once on `qlower.openvino`).
+
+Numerics: every integer op OpenVINO runs was measured against the reference backend
+(docs/openvino.md); ops it does not reproduce bit for bit are refused in the capability
+(capability.REFUSED), so what runs here is canonical."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from torch.fx import GraphModule
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from ...errors import BackendError
+from ...fx import constant_value, mutated_attributes
+from ...partition import cluster_graph
+from ...passes.functionalize_state import WRITE_BACK
+from ...report import ClusterInfo
+from ..onnxruntime.cache import LRUCache
+from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from .capability import NUMERICS, QUANTIZE_DEVIATION, openvino_capability
+from .legalize import legalize
+from .runner import INSTALL_HINT, OvCluster, compile_onnx, log
+
+_COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
+
+
+@dataclass(frozen=True)
+class OvOptions:
+    """How clusters are compiled by the CPU plugin.
+
+    inference_precision "f32": OpenVINO's CPU plugin otherwise picks bf16 on CPUs with bf16
+    support, which is not fp32 numerics. performance_hint LATENCY with one stream: batch-1
+    latency is what qlower measures."""
+    threads: int = 0                       # 0: torch.get_num_threads()
+    inference_precision: str = "f32"
+    performance_hint: str = "LATENCY"
+    min_cluster_size: int = 1
+    # "canonical": only ops measured bit-exact against the reference kernels run in OpenVINO
+    # (quantize with a non-power-of-two scale runs in PyTorch). "openvino": the engine-native
+    # profile: quantize runs in OpenVINO with its own rounding; the report says so with the
+    # measured deviation (capability.QUANTIZE_DEVIATION).
+    numerics: str = "canonical"
+
+    def config(self) -> dict:
+        return {"INFERENCE_PRECISION_HINT": self.inference_precision,
+                "PERFORMANCE_HINT": self.performance_hint,
+                "INFERENCE_NUM_THREADS": self.threads or torch.get_num_threads(),
+                "NUM_STREAMS": 1}
+
+
+class _Constant(torch.nn.Module):
+    """A cluster whose inputs are all constants: its value, computed at compile time."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self):
+        return self.value
+
+
+def translate(sub: GraphModule, constants: dict[str, torch.Tensor]) -> bytes:
+    """The cluster as ONNX bytes: standard ONNX ops only (qlower's translator), then rewritten
+    into the formulations OpenVINO computes exactly (legalize.py)."""
+    from ..onnxruntime.lowering.onnx_ops import standard_onnx_only
+    from ..onnxruntime.translate import translate_cluster
+    with standard_onnx_only():
+        model = translate_cluster(sub, constants)
+    legalize(model)
+    return model.SerializeToString()
+
+
+class OpenVinoBackend:
+    name = "openvino"
+    install_hint = INSTALL_HINT
+
+    def __init__(self, options: OvOptions | None = None):
+        self.options = options or OvOptions()
+        if self.options.numerics not in NUMERICS:
+            raise BackendError(f"unknown OvOptions.numerics {self.options.numerics!r}", hint=f"use one of {NUMERICS}")
+        self.capability = openvino_capability(self.options.numerics)
+
+    def available(self) -> bool:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def compile(self, gm: GraphModule) -> Executable:
+        from .runner import core
+        core()   # BackendError with the install hint when openvino is missing
+        notes = decompose_unsupported_block_ops(gm, self.capability)
+        clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
+        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
+        infos = []
+        mutated = mutated_attributes(fused)
+        for node in list(fused.graph.nodes):
+            if node.op == "call_module" and str(node.target).startswith("cluster_"):
+                infos.append(self._compile_cluster(fused, node, len(infos), mutated))
+        fused.graph.eliminate_dead_code()
+        fused.recompile()
+        write_backs = {n.name for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
+        for name, reason in clustering.unsupported.items():
+            status = "state" if name in write_backs else "fallback"
+            infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, status,
+                                     "module state write-back" if status == "state" else reason))
+        import openvino as ov
+        notes.append(f"openvino {ov.__version__}: CPU plugin, inference precision {self.options.inference_precision}, "
+                     f"numerics {self.options.numerics!r}")
+        on_ov = sum(c.ops.get("qlower::quantize", 0) for c in infos if c.backend == self.name and c.status == "compiled")
+        if self.options.numerics == "openvino" and on_ov:
+            notes.append(f"engine-native numerics (not canonical): {on_ov} {QUANTIZE_DEVIATION}")
+        return Executable(run=fused, clusters=infos, module=fused, notes=notes)
+
+    def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
+        sub: GraphModule = getattr(fused, call.target)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        constants, by_position, runtime_args = {}, {}, []
+        for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
+            value = None if getattr(outer, "op", None) == "get_attr" and outer.target in mutated \
+                else constant_value(fused, outer)
+            if value is not None:
+                constants[ph.name] = by_position[pos] = value
+            else:
+                runtime_args.append(outer)
+        info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
+                           op_counts(sub))
+        out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+        single = not isinstance(out, (tuple, list))
+        if not runtime_args:  # constants only: evaluate once, no engine call
+            with torch.no_grad():
+                value = sub(*[by_position[i] for i in range(len(placeholders))])
+            setattr(fused, call.target, _Constant(value))
+            call.args = ()
+            info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
+            return info
+        dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
+        try:
+            model_bytes = translate(sub, constants)
+            config = self.options.config()
+            key = hashlib.sha256(model_bytes).hexdigest() + repr(sorted(config.items()))
+            compiled = _COMPILED.get(key)
+            if compiled is None:
+                compiled = _COMPILED[key] = compile_onnx(model_bytes, config)
+            info.onnx = model_bytes
+        except Exception as exc:  # translate or compile failed: this cluster runs in PyTorch
+            info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
+            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
+            compiled = None
+        setattr(fused, call.target, OvCluster(sub, compiled, by_position, len(placeholders), dtypes, single, info))
+        call.args = tuple(runtime_args)
+        return info

@@ -1,0 +1,155 @@
+"""What the openvino backend accepts: the onnxruntime backend's capability (qlower's ONNX
+translation table + torchlib), minus ONNX Runtime's own fused ops (qlower_ort::*: QLinearConv /
+QGemm / QLinearMatMul, not emitted here) and minus what OpenVINO's CPU plugin was measured NOT
+to compute canonically (docs/openvino.md). Refused nodes run in PyTorch (exact).
+
+Measured (one-op graphs against the reference backend), with legalize.py's formulations:
+- requantize, add, mul, dequantize, max_pool2d: bit-exact;
+- conv1d/conv2d, linear, matmul: OpenVINO accumulates ConvInteger/MatMulInteger in fp32
+  (measured: 1-LSB errors once |accumulator| > 2^24), so they are accepted where a bound on
+  every partial sum, sum|w - zw| * max|x - zx| + |bias|, stays below 2^24;
+- mean: the division by the element count n is a multiply by fp32(1/n); exact when n is a
+  power of two, or odd and < 4096 (the quotient is then >= 1/(2n) from a tie), else refused;
+- quantize: OpenVINO divides by a constant as a multiply by its fp32 reciprocal, so RNE(x *
+  fp32(1/s)) differs from the canonical RNE(fp32(x / s)) by 1 LSB on a few elements per
+  million; accepted only where s is a power of two (the reciprocal is exact). The "openvino"
+  engine-native profile accepts it always and says so in the report.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.fx import Node
+
+from ...fx import constant_value, full_args
+from ...partition import Capability
+from ..onnxruntime.capability import onnxruntime_capability
+
+NUMERICS = ("canonical", "openvino")
+QUANTIZE_DEVIATION = ("quantize op(s) run with OpenVINO's own rounding (x * fp32(1/s), zero point added "
+                      "before rounding), not the canonical RNE(x / s) + zp: measured per op at most 1 LSB "
+                      "(3.2% of elements on tie-heavy inputs); end to end the zoo transformer differed on every "
+                      "output, by up to 0.055 (docs/openvino.md)")
+
+
+def _power_of_two(values) -> bool:
+    for v in values.reshape(-1).tolist():
+        m, e = math.frexp(v)
+        if m != 0.5 or not -125 <= e - 1 <= 125:   # exact reciprocal, normal fp32 both ways
+            return False
+    return True
+
+
+def _canonical_quantize(base):
+    def predicate(node: Node) -> str | None:
+        why = base(node)
+        if why is not None:
+            return why
+        scale = full_args(node)[1]
+        gm = node.graph.owning_module
+        value = constant_value(gm, scale) if gm is not None else None
+        if value is None or value.numel() != 1 or not _power_of_two(value):
+            return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for power-of-two scales " \
+                   "(use OvOptions(numerics='openvino') to accept its rounding)"
+        return None
+    predicate.__doc__ = "one power-of-two scale only (canonical); any scale with numerics='openvino'"
+    return predicate
+
+
+EXACT_SUM = 2**24   # every integer below it is an fp32 value: fp32 accumulation is exact
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def _max_centered(dtype, zp: int) -> int:
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    return max(abs(lo - zp), abs(hi - zp))
+
+
+def _bounded_accumulator(base):
+    """conv / linear: sum|w - zw| * max|x - zx| + |bias| < 2^24 for every output channel."""
+    def predicate(node: Node) -> str | None:
+        why = base(node)
+        if why is not None:
+            return why
+        args = full_args(node)
+        gm = node.graph.owning_module
+        w, w_zp = constant_value(gm, args[2]), constant_value(gm, args[3])
+        bias = constant_value(gm, args[4]) if isinstance(args[4], Node) else None
+        x = _val(args[0])
+        if w is None or w_zp is None or x is None:
+            return "weights must be constants"
+        centered = (w.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, *([1] * (w.dim() - 1)))).abs()
+        per_channel = centered.reshape(w.shape[0], -1).sum(1) * _max_centered(x.dtype, int(args[1]))
+        if bias is not None:
+            per_channel = per_channel + bias.to(torch.int64).abs()
+        worst = int(per_channel.max()) if per_channel.numel() else 0
+        if worst >= EXACT_SUM:
+            return f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
+        return None
+    predicate.__doc__ = "sum|w - zw| * max|x - zx| + |bias| < 2^24 (OpenVINO accumulates in fp32)"
+    return predicate
+
+
+def _bounded_matmul(base):
+    def predicate(node: Node) -> str | None:
+        why = base(node)
+        if why is not None:
+            return why
+        a, a_zp, b, b_zp = full_args(node)[:4]
+        av, bv = _val(a), _val(b)
+        k = av.shape[-1] if av is not None else None
+        if not isinstance(k, int):
+            return "matmul over a symbolic inner dimension"
+        worst = k * _max_centered(av.dtype, int(a_zp)) * _max_centered(bv.dtype, int(b_zp))
+        return None if worst < EXACT_SUM else \
+            f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
+    predicate.__doc__ = "K * max|a - za| * max|b - zb| < 2^24 (OpenVINO accumulates in fp32)"
+    return predicate
+
+
+def _exact_mean(base):
+    def predicate(node: Node) -> str | None:
+        why = base(node)
+        if why is not None:
+            return why
+        shape, dims = node.args[0].meta["val"].shape, node.args[2]
+        n = math.prod(shape[d] for d in dims)
+        if n & (n - 1) == 0 or (n % 2 == 1 and n < 4096):
+            return None
+        return f"OpenVINO divides by {n} as a multiply by fp32(1/{n}): ties are not exact"
+    predicate.__doc__ = "element count a power of two, or odd and < 4096"
+    return predicate
+
+
+def _eight_bit(base):
+    def predicate(node: Node) -> str | None:
+        why = base(node) if base is not None else None
+        if why is not None:
+            return why
+        args = full_args(node)
+        dtypes = {getattr(_val(args[0]), "dtype", None), getattr(_val(args[3]), "dtype", None), args[10]}
+        return None if dtypes <= {torch.uint8, torch.int8} else "only 8-bit operands become an exact lookup table"
+    predicate.__doc__ = "8-bit operands (a 65,536-entry table of canonical results)"
+    return predicate
+
+
+def openvino_capability(numerics: str = "canonical") -> Capability:
+    base = onnxruntime_capability()
+    cap = Capability("openvino")
+    for name, predicate in base.ops.items():
+        if name.startswith("qlower_ort::"):
+            continue
+        cap.register(name, predicate)
+    for name in ("qlower::conv2d", "qlower::conv1d", "qlower::linear"):
+        cap.register(name, _bounded_accumulator(base.ops[name]))
+    cap.register("qlower::matmul", _bounded_matmul(base.ops["qlower::matmul"]))
+    cap.register("qlower::mean", _exact_mean(base.ops["qlower::mean"]))
+    for name in ("qlower::add", "qlower::mul"):
+        cap.register(name, _eight_bit(base.ops.get(name)))
+    if numerics == "canonical":
+        cap.register("qlower::quantize", _canonical_quantize(base.ops["qlower::quantize"]))
+    return cap

@@ -1,0 +1,92 @@
+"""Compiling one ONNX model with OpenVINO's CPU plugin and running it, falling back to PyTorch
+when a run fails. openvino is imported lazily (it is an optional extra)."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import numpy as np
+import torch
+from torch.fx import GraphModule
+
+from ...errors import BackendError
+from ...report import ClusterInfo
+
+log = logging.getLogger("qlower.openvino")
+CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
+INSTALL_HINT = "pip install -e .[openvino]  (or: pip install openvino==2026.4.1)"
+
+
+@functools.lru_cache(maxsize=1)
+def core():
+    """The process's one openvino.Core (plugins load once)."""
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise BackendError("the openvino backend needs the openvino package", hint=INSTALL_HINT) from exc
+    return ov.Core()
+
+
+def compile_onnx(model_bytes: bytes, config: dict):
+    """ONNX bytes -> an OpenVINO CompiledModel on the CPU plugin. The model is read from memory
+    by the ONNX frontend (`read_model(model=bytes, weights=b"")`): measured against
+    `ov.convert_model` on a file (docs/openvino.md), same graph, no temporary file."""
+    c = core()
+    model = c.read_model(model=model_bytes, weights=b"")
+    return c.compile_model(model, "CPU", config)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
+
+
+class OvCluster(torch.nn.Module):
+    """One cluster: its OpenVINO infer request, and its FX subgraph as the PyTorch fallback.
+    Called with the cluster's runtime inputs only (constants are bound as in the ORT backend)."""
+
+    def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
+                 output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo):
+        super().__init__()
+        self.fallback = fallback
+        self.constants = constants
+        self.arity = arity
+        self.output_dtypes = output_dtypes
+        self.single_output = single
+        self.info = info
+        self.check = os.environ.get(CHECK_ENV) == "1"
+        self.compiled = compiled
+        self.request = compiled.create_infer_request() if compiled is not None else None
+
+    def _pytorch(self, runtime_args):
+        it = iter(runtime_args)
+        full = [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
+        with torch.no_grad():
+            return self.fallback(*full)
+
+    def forward(self, *args):
+        request = self.request
+        if request is None:
+            return self._pytorch(args)
+        try:
+            request.infer([_as_numpy(a) for a in args], share_inputs=True)
+            outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
+        except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
+            self.request = None
+            self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
+            log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
+            return self._pytorch(args)
+        # copies: the request's output buffers are reused by the next call
+        result = tuple(torch.from_numpy(np.array(o, copy=True)).to(d) for o, d in zip(outs, self.output_dtypes))
+        result = result[0] if self.single_output else result
+        if self.check:
+            self._compare(result, self._pytorch(args))
+        return result
+
+    def _compare(self, got, want) -> None:
+        leaves = torch.utils._pytree.tree_leaves
+        worst = max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
+                    for g, w in zip(leaves(got), leaves(want)))
+        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)

@@ -1,0 +1,406 @@
+"""openvino backend: every integer op it runs is bit-exact against the reference kernels (one-op
+graphs, exhaustive where the domain is small), quantize with a non-power-of-two scale is refused
+under the canonical profile (and declared under the engine-native one), no ONNX Runtime contrib
+op reaches OpenVINO, fp32 zoo models are one cluster within float tolerance, fallbacks work.
+Skipped without the `openvino` extra."""
+import copy
+import sys
+
+import onnx
+import pytest
+import torch
+
+pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install -e .[openvino])")
+
+import qlower  # noqa: E402
+from qlower.backends import AUTO_ORDER, get_backend  # noqa: E402
+from qlower.backends.openvino import OpenVinoBackend, OvOptions, openvino_capability  # noqa: E402
+from qlower.errors import BackendError  # noqa: E402
+from qlower.zoo import ZOO  # noqa: E402
+
+ops = torch.ops.qlower
+U8, S8 = torch.uint8, torch.int8
+
+
+def rng(dtype):
+    return (0, 255) if dtype == U8 else (-128, 127)
+
+
+def compile_both(module, *inputs, options=None):
+    """(reference outputs, openvino outputs, executable) for a module of qlower ops, captured as
+    the pipeline captures models (constants become get_attr nodes)."""
+    gm = torch.export.export(module, inputs).module()
+    exe = OpenVinoBackend(options).compile(copy.deepcopy(gm))
+    with torch.no_grad():
+        return gm(*inputs), exe.run(*inputs), exe
+
+
+def assert_all_on_openvino(exe):
+    bad = [(c.id, c.backend, c.status, c.reason) for c in exe.clusters
+           if c.backend != "openvino" or c.status != "compiled"]
+    assert not bad, bad
+
+
+def assert_equal(ref, got):
+    """Every element equal (floats bit for bit, NaN == NaN)."""
+    for r, g in zip(torch.utils._pytree.tree_leaves(ref), torch.utils._pytree.tree_leaves(got)):
+        assert r.dtype == g.dtype and r.shape == g.shape
+        if r.dtype.is_floating_point:
+            diff = (r.view(torch.int32) != g.view(torch.int32)) & ~(r.isnan() & g.isnan())
+        else:
+            diff = r.to(torch.int64) != g.to(torch.int64)
+        assert int(diff.sum()) == 0, f"{int(diff.sum())} of {r.numel()} elements differ"
+
+
+def random_q(shape, dtype, g):
+    lo, hi = rng(dtype)
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------ registration
+def test_registered_not_in_auto_order_and_options_typed():
+    assert isinstance(get_backend("openvino"), OpenVinoBackend)
+    assert "openvino" not in AUTO_ORDER
+    assert get_backend("openvino", OvOptions(threads=1)).options.threads == 1
+    with pytest.raises(BackendError, match="OvOptions"):
+        get_backend("openvino", object())
+    with pytest.raises(BackendError, match="numerics"):
+        OpenVinoBackend(OvOptions(numerics="bogus"))
+
+
+def test_missing_openvino_is_a_typed_error_with_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)   # import openvino -> ImportError
+    assert not OpenVinoBackend().available()
+    with pytest.raises(BackendError) as err:
+        get_backend("openvino")
+    assert "pip install" in str(err.value) and "openvino" in str(err.value)
+
+
+def test_capability_has_no_onnxruntime_fused_ops():
+    cap = openvino_capability()
+    assert not [n for n in cap.ops if n.startswith("qlower_ort::")]
+    assert "qlower::conv2d" in cap.ops and "qlower::requantize" in cap.ops
+
+
+# ------------------------------------------------------------------------------ requantize
+class Requant(torch.nn.Module):
+    def __init__(self, acc_scale, out_scale, zp, qmin, qmax, dtype, axis):
+        super().__init__()
+        self.register_buffer("acc_scale", torch.tensor(acc_scale, dtype=torch.float32))
+        self.args = (out_scale, zp, qmin, qmax, dtype, axis, "float")
+
+    def forward(self, acc):
+        return ops.requantize(acc, self.acc_scale, *self.args)
+
+
+def tie_vector(channels: int) -> torch.Tensor:
+    edges = [0, 1, -1, 3, -3, 5, -5, 5279, -5279, 2**24 + 1, -(2**24 + 1), 2**31 - 1, -(2**31 - 1),
+             1023, 1024, 1025, -1023, -1024, -1025, 127, 128, 129, -129]
+    g = torch.Generator().manual_seed(0)
+    vals = torch.cat([torch.tensor(edges), torch.randint(-(2**31) + 1, 2**31 - 1, (64,), generator=g),
+                      torch.randint(-50000, 50000, (2000,), generator=g)]).to(torch.int32)
+    return vals[:, None].expand(-1, channels).contiguous()
+
+
+# exact halves (ties), 2^-k, tiny multipliers, a mantissa rounding edge, random scales
+EDGE_SCALES = [0.5, 0.25, 2.0**-25, 0.0050196624, 0.999, 2.0**-40, 0.1, (1 - 2.0**-33) * 0.5, 3.7e-5, 1.3e-3]
+
+
+@pytest.mark.parametrize("dtype,zp,relu", [(U8, 0, False), (U8, 131, True), (S8, -3, False), (S8, 10, True)])
+def test_requantize_bit_exact_on_ties_and_extremes(dtype, zp, relu):
+    lo, hi = rng(dtype)
+    ref, got, exe = compile_both(Requant(EDGE_SCALES, 1.0, zp, zp if relu else lo, hi, dtype, 1),
+                                 tie_vector(len(EDGE_SCALES)))
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+    qmin = zp if relu else lo
+    assert int((ref == qmin).sum()) > 0 and int((ref == hi).sum()) > 0   # both saturations exercised
+
+
+# ------------------------------------------------------------------------------ accumulating ops
+class Conv(torch.nn.Module):
+    def __init__(self, w, bias, x_zp, conv, one_d=False):
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("w_zp", torch.zeros(w.shape[0], dtype=torch.int32))
+        self.register_buffer("bias", bias)
+        self.x_zp, self.conv, self.one_d = x_zp, conv, one_d
+
+    def forward(self, x):
+        return (ops.conv1d if self.one_d else ops.conv2d)(x, self.x_zp, self.w, self.w_zp, self.bias, *self.conv)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("cfg", ["3x3", "64ch", "depthwise-stride2", "extreme"])
+def test_conv2d_accumulator_bit_exact(dtype, cfg):
+    """The int32 accumulator itself. "extreme": every product at its maximum, |sum| = 576*255*128
+    > 2^24: OpenVINO accumulates in fp32 and would round it, so the capability refuses it (the
+    conv runs in PyTorch, exact)."""
+    g = torch.Generator().manual_seed(hash((str(dtype), cfg)) % 1000)
+    lo, hi = rng(dtype)
+    cin, cout, k, stride, groups = {"3x3": (3, 8, 3, 1, 1), "64ch": (64, 16, 3, 1, 1),
+                                    "depthwise-stride2": (8, 8, 3, 2, 8), "extreme": (64, 4, 3, 1, 1)}[cfg]
+    w = random_q((cout, cin // groups, k, k), S8, g)
+    x = random_q((1, cin, 10, 10), dtype, g)
+    x_zp = int(torch.randint(lo, hi + 1, (), generator=g))
+    if cfg == "extreme":
+        x, w, x_zp = torch.full_like(x, hi), torch.full_like(w, -128), lo
+    bias = torch.randint(-3000, 3000, (cout,), generator=g, dtype=torch.int32)
+    ref, got, exe = compile_both(Conv(w, bias, x_zp, ([stride] * 2, [1, 1], [1, 1], groups)), x)
+    if cfg == "extreme":
+        assert int(ref.abs().max()) > 2**24
+        assert [c.backend for c in exe.clusters] == ["pytorch"] and "2^24" in exe.clusters[0].reason
+    else:
+        assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+
+
+def test_conv1d_accumulator_bit_exact():
+    g = torch.Generator().manual_seed(4)
+    w, x = random_q((8, 16, 3), S8, g), random_q((2, 16, 20), U8, g)
+    ref, got, exe = compile_both(Conv(w, torch.randint(-99, 99, (8,), dtype=torch.int32), 77,
+                                      ([1], [1], [1], 1), one_d=True), x)
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, w, bias, x_zp):
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("w_zp", torch.zeros(w.shape[0], dtype=torch.int32))
+        self.register_buffer("bias", bias)
+        self.x_zp = x_zp
+
+    def forward(self, x):
+        return ops.linear(x, self.x_zp, self.w, self.w_zp, self.bias)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("k,extreme", [(24, False), (768, False), (3072, True)])
+def test_linear_accumulator_bit_exact(dtype, k, extreme):
+    g = torch.Generator().manual_seed(k)
+    lo, hi = rng(dtype)
+    w, x, x_zp = random_q((16, k), S8, g), random_q((3, 4, k), dtype, g), int(torch.randint(lo, hi + 1, (), generator=g))
+    if extreme:
+        x, w, x_zp = torch.full_like(x, hi), torch.full_like(w, -128), lo
+    ref, got, exe = compile_both(Linear(w, torch.randint(-3000, 3000, (16,), generator=g, dtype=torch.int32), x_zp), x)
+    if extreme:   # |accumulator| > 2^24: refused (fp32 accumulation in OpenVINO), PyTorch runs it
+        assert [c.backend for c in exe.clusters] == ["pytorch"] and "2^24" in exe.clusters[0].reason
+    else:
+        assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+
+
+class Matmul(torch.nn.Module):
+    def __init__(self, a_zp, b_zp):
+        super().__init__()
+        self.zps = (a_zp, b_zp)
+
+    def forward(self, a, b):
+        return ops.matmul(a, self.zps[0], b, self.zps[1])
+
+
+@pytest.mark.parametrize("b_dtype", [U8, S8])
+def test_activation_matmul_bit_exact(b_dtype):
+    """K = 256 with worst-case bound 256 * 131 * 200 < 2^24: on OpenVINO, exact; K = 768: refused."""
+    g = torch.Generator().manual_seed(9)
+    a, b = random_q((2, 3, 5, 256), U8, g), random_q((2, 3, 256, 7), b_dtype, g)
+    ref, got, exe = compile_both(Matmul(131, 5 if b_dtype == S8 else 200), a, b)
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+    a, b = torch.full((1, 1, 768), 255, dtype=U8), torch.full((1, 768, 3), 0 if b_dtype == U8 else -128, dtype=b_dtype)
+    ref, got, exe = compile_both(Matmul(0, 255 if b_dtype == U8 else 127), a, b)
+    assert [c.backend for c in exe.clusters] == ["pytorch"] and "2^24" in exe.clusters[0].reason
+    assert_equal(ref, got)
+
+
+# ------------------------------------------------------------------------------ elementwise: exhaustive
+class Binary(torch.nn.Module):
+    def __init__(self, fn, args):
+        super().__init__()
+        self.fn, self.args = fn, args
+
+    def forward(self, a, b):
+        a_s, a_z, b_s, b_z, o_s, o_z, lo, hi, dt = self.args
+        return self.fn(a, a_s, a_z, b, b_s, b_z, o_s, o_z, lo, hi, dt)
+
+
+@pytest.mark.parametrize("name", ["add", "mul"])
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_add_mul_bit_exact_on_all_65536_pairs(name, dtype, seed):
+    """Every (a, b) pair of the 8-bit domain, random log-uniform qparams. No QLinearAdd here:
+    DequantizeLinear x2 -> Add/Mul -> QuantizeLinear, the canonical definition."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = rng(dtype)
+
+    def scale():
+        return float(torch.exp(torch.empty(()).uniform_(-9, 0, generator=g)))
+
+    def zp():
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+    out_scale = scale() * (2 if name == "add" else scale())
+    args = (scale(), zp(), scale(), zp(), out_scale, zp(), lo, hi, dtype)
+    domain = torch.arange(lo, hi + 1).to(dtype)
+    a, b = domain[:, None].expand(-1, 256).contiguous(), domain[None, :].expand(256, -1).contiguous()
+    ref, got, exe = compile_both(Binary(getattr(ops, name), args), a, b)
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+    onnx_model = onnx.load_from_string(exe.clusters[0].onnx)
+    assert {n.domain for n in onnx_model.graph.node} <= {""}, "a non-standard op reached OpenVINO"
+
+
+# ------------------------------------------------------------------------------ pass-through ops
+class Pool(torch.nn.Module):
+    def forward(self, x):
+        return ops.max_pool2d(x, [3, 3], [2, 2], [1, 1], [1, 1], False)
+
+
+class Mean(torch.nn.Module):
+    def __init__(self, zp, keepdim, lo, hi):
+        super().__init__()
+        self.args = (zp, [2, 3], keepdim, lo, hi)
+
+    def forward(self, x):
+        return ops.mean(x, *self.args)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_max_pool_and_mean_bit_exact(dtype):
+    g = torch.Generator().manual_seed(3)
+    lo, hi = rng(dtype)
+    x = random_q((2, 16, 15, 15), dtype, g)
+    ref, got, exe = compile_both(Pool(), x)
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+    for keepdim, hw in ((True, 7), (False, 8), (True, 14)):   # n = 49 (odd), 64 (2^6): exact; 196: refused
+        x = random_q((2, 64, hw, hw), dtype, g)
+        x[0, 0] = torch.tensor([lo, hi], dtype=dtype).repeat(hw * hw // 2 + 1)[:hw * hw].reshape(hw, hw)  # a tie if n even
+        ref, got, exe = compile_both(Mean(int(torch.randint(lo, hi + 1, (), generator=g)), keepdim, lo, hi), x)
+        if hw == 14:
+            assert [c.backend for c in exe.clusters] == ["pytorch"] and "fp32(1/196)" in exe.clusters[0].reason
+        else:
+            assert_all_on_openvino(exe)
+        assert_equal(ref, got)
+
+
+# ------------------------------------------------------------------------------ quantize / dequantize
+class Q(torch.nn.Module):
+    def __init__(self, scale, zp, dtype):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
+        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
+        self.dtype = dtype
+
+    def forward(self, x):
+        lo, hi = rng(self.dtype)
+        return ops.quantize(x, self.scale, self.zp, lo, hi, self.dtype, None)
+
+
+class DQ(Q):
+    def forward(self, q):
+        return ops.dequantize(q, self.scale, self.zp, None)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dequantize_bit_exact_on_every_value(dtype, seed):
+    """All 256 inputs. OpenVINO's own DequantizeLinear folds to q*s - zp*s (ulps off, DQ(zp) != 0);
+    legalize.exact_dequantize's int32 subtraction is what runs, and must be exact."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = rng(dtype)
+    scale, zp = float(torch.exp(torch.empty(()).uniform_(-9, 0, generator=g))), int(torch.randint(lo, hi + 1, (), generator=g))
+    ref, got, exe = compile_both(DQ(scale, zp, dtype), torch.arange(lo, hi + 1).to(dtype))
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+
+
+QUANTIZE_EDGES = [0.5, -0.5, 1.5, 2.5, -2.5, 3.5, 127.5, 128.5, float("inf"), float("-inf"), float("nan"),
+                  1e9, -1e9, 0.0, -0.0, 0.49999997]
+
+
+@pytest.mark.parametrize("dtype,zp", [(U8, 0), (U8, 128), (S8, -5)])
+@pytest.mark.parametrize("scale", [1.0, 2.0**-7, 2.0**3])
+def test_quantize_power_of_two_scale_bit_exact(dtype, zp, scale):
+    """Ties to even, +-inf saturation, NaN -> qmin, zero point after rounding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.tensor(QUANTIZE_EDGES) * scale, torch.randn(5000, generator=g) * scale * 100,
+                   (torch.arange(-300, 300) + 0.5) * scale])
+    ref, got, exe = compile_both(Q(scale, zp, dtype), x)
+    assert_all_on_openvino(exe)
+    assert_equal(ref, got)
+
+
+def test_quantize_non_power_of_two_refused_canonical_and_declared_native():
+    """Canonical profile: quantize with a scale whose reciprocal is inexact runs in PyTorch (exact).
+    numerics='openvino': it runs in OpenVINO and the report declares the engine-native rounding;
+    its deviation from canonical is at most 1 LSB."""
+    g = torch.Generator().manual_seed(0)
+    scale = 0.0123457
+    x = torch.cat([(torch.arange(-300, 300) + 0.5) * scale, torch.randn(20000, generator=g) * scale * 60])
+    ref, got, exe = compile_both(Q(scale, 11, U8), x)
+    assert [c.backend for c in exe.clusters] == ["pytorch"] and "power-of-two" in exe.clusters[0].reason
+    assert_equal(ref, got)
+    ref, got, exe = compile_both(Q(scale, 11, U8), x, options=OvOptions(numerics="openvino"))
+    assert_all_on_openvino(exe)
+    assert any("engine-native" in n and "quantize" in n for n in exe.notes)
+    assert int((ref.to(torch.int64) - got.to(torch.int64)).abs().max()) <= 1
+
+
+# ------------------------------------------------------------------------------ zoo models
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_zoo_fp32_one_cluster_within_float_tolerance(name):
+    entry = ZOO[name]
+    model, x = entry.model().eval(), entry.inputs(1)
+    cm = qlower.compile(model, x, backend="openvino")
+    clusters = cm.report().clusters
+    assert [(c.backend, c.status) for c in clusters] == [("openvino", "compiled")]
+    with torch.no_grad():
+        for seed in (1, 2):
+            xs = entry.inputs(1, seed=seed)
+            torch.testing.assert_close(cm(*xs), model(*xs), rtol=1e-4, atol=1e-5)
+
+
+def test_zoo_cnn_int8_bit_exact_and_standard_onnx(quantized_zoo):
+    """Every op of the lowered CNN is an integer op: OpenVINO equals the reference on every
+    element; no com.microsoft op, no fused QLinearConv reaches OpenVINO."""
+    entry, model, ep = quantized_zoo["cnn"]
+    ref = qlower.compile(ep, entry.inputs(1), backend="reference")
+    cm = qlower.compile(ep, entry.inputs(1), backend="openvino")
+    clusters = cm.report().clusters
+    assert [c.backend for c in clusters if c.status == "compiled"] == ["openvino"]
+    onnx_model = onnx.load_from_string(next(c for c in clusters if c.backend == "openvino").onnx)
+    types = {n.op_type for n in onnx_model.graph.node}
+    assert {n.domain for n in onnx_model.graph.node} <= {""} and "ConvInteger" in types and "QLinearConv" not in types
+    for seed in range(1, 9):
+        xs = entry.inputs(1, seed=seed)
+        assert torch.equal(cm(*xs), ref(*xs))
+
+
+def test_zoo_transformer_int8_matches_reference(quantized_zoo):
+    """Integer ops exact; the float ops between them (softmax, layer norm, gelu) are OpenVINO's
+    float kernels, so outputs agree with the reference within float rounding."""
+    entry, model, ep = quantized_zoo["transformer"]
+    x = entry.inputs(1)
+    ref = qlower.compile(ep, x, backend="reference")
+    cm = qlower.compile(ep, x, backend="openvino")
+    assert [c.backend for c in cm.report().clusters if c.status == "compiled"].count("openvino") >= 1
+    torch.testing.assert_close(cm(*x), ref(*x), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ fallback
+def test_compile_failure_falls_back_per_cluster(monkeypatch, small_net):
+    from qlower.backends.openvino import backend as ov_backend
+
+    def broken(model_bytes, config):
+        raise RuntimeError("synthetic OpenVINO compile failure")
+    monkeypatch.setattr(ov_backend, "compile_onnx", broken)
+    ov_backend._COMPILED.clear()
+    x = (torch.randn(1, 3, 16, 16),)
+    cm = qlower.compile(small_net, x, backend="openvino")
+    clusters = cm.report().clusters
+    assert clusters and all(c.status == "fallback" for c in clusters if c.backend == "openvino")
+    assert "synthetic OpenVINO compile failure" in clusters[0].reason
+    with torch.no_grad():
+        torch.testing.assert_close(cm(*x), small_net(*x))
