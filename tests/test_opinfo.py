@@ -54,13 +54,8 @@ CLASSES = ("onnxruntime", "fallback", "not capturable", "error", "mismatch")
 # Wrong answers and raw exceptions in qlower itself (not in torchlib or ONNX Runtime, so not a GAP):
 # reported, expected (xfail) until fixed. Every other op must match and raise only QlowerErrors.
 QLOWER_BUGS = {
-    "item": "a Python number output comes back as a 0-d tensor",
     "nn.functional.embedding": "max_norm: the in-place embedding_renorm_ on detach(weight) runs in PyTorch "
                                "after the ORT cluster already read the weight (torch.onnx alone is correct)",
-    "argwhere": "raw RuntimeError at run time: aten::_assert_scalar gets a tensor (the size check's "
-                "comparison is computed in the ORT cluster)",
-    **{op: "raw RuntimeError at run time: aten::_assert_scalar gets a tensor (as argwhere)"
-       for op in ("masked_select", "nonzero", "tensor_split", "unique")},
 }
 
 

@@ -2,6 +2,7 @@
 QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST (';'-separated schema names, e.g. 'aten::gelu')."""
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -17,7 +18,14 @@ DENY_ENV = "QLOWER_OP_DENYLIST"
 Predicate = Callable[[Node], Optional[str]]
 # Ops that move values around without computing; they never justify a cluster on their own.
 STRUCTURAL = {"getitem", "aten::reshape", "aten::view", "aten::flatten.using_ints", "aten::permute",
-              "aten::transpose.int", "aten::unsqueeze", "aten::squeeze.dim", "aten::contiguous"}
+              "aten::transpose.int", "aten::unsqueeze", "aten::squeeze.dim", "aten::contiguous",
+              # arithmetic on sizes (export's runtime size checks): a cluster of only these is
+              # not worth an engine call, and measured wrong in ONNX Runtime on data-dependent
+              # sizes (masked_select's `u0 <= 100` check came back False)
+              "aten::sym_size.int", *(f.__name__ for f in (operator.add, operator.sub, operator.mul,
+                                                            operator.floordiv, operator.mod, operator.ge,
+                                                            operator.gt, operator.le, operator.lt,
+                                                            operator.eq, operator.ne))}
 
 
 def _env_list(name: str) -> set[str]:

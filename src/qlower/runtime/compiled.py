@@ -65,10 +65,19 @@ class CompiledModule:
             return self._run(args)
 
     def _run(self, args: tuple):
-        if not self._executable.needs_no_grad:
-            return self._executable.run(*args)
-        with torch.no_grad():
-            return self._executable.run(*args)
+        try:
+            if not self._executable.needs_no_grad:
+                return self._executable.run(*args)
+            with torch.no_grad():
+                return self._executable.run(*args)
+        except RuntimeError as exc:
+            if not str(exc).startswith("Runtime assertion failed"):
+                raise
+            # A size relation torch.export assumed while capturing (e.g. masked_select's output
+            # no larger than its input, false when the mask broadcasts) does not hold here.
+            raise InputError(f"these inputs break an assumption the captured program was built on: {exc}",
+                             hint="capture with example inputs like these (or declare the dims dynamic "
+                                  "with dynamic_shapes=)") from exc
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """Keyword arguments in the model's parameter order (checked like positional ones)."""

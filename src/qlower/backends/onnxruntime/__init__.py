@@ -71,6 +71,25 @@ def _as_numpy(t: torch.Tensor):
     return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
+_SCALAR_KIND = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float, int: int, bool: bool, float: float}
+
+
+def _scalar_kinds(sub: GraphModule) -> tuple | None:
+    """Per cluster output, the Python type it has in PyTorch where that is a scalar (a size, a
+    size check, `item()`): ONNX returns 0-d tensors, and the PyTorch code after the cluster
+    (export's `_assert_scalar` on a size) needs the scalar. None when every output is a tensor."""
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    kinds = tuple(_SCALAR_KIND.get(type(o.meta.get("val"))) if hasattr(o, "meta") else None for o in outs)
+    return kinds if any(kinds) else None
+
+
+def _as_scalars(result, kinds: tuple, single: bool):
+    items = (result,) if single else result
+    items = tuple(kind(t.item()) if kind is not None else t for t, kind in zip(items, kinds))
+    return items[0] if single else items
+
+
 class OrtCluster(torch.nn.Module):
     """Runs one cluster in ONNX Runtime; falls back to its PyTorch graph if a run fails.
     Called with the cluster's runtime inputs only: its constants are bound here (in the ONNX
@@ -89,6 +108,7 @@ class OrtCluster(torch.nn.Module):
         self.info = info
         self.check = os.environ.get(CHECK_ENV) == "1"
         self.output_names = [o.name for o in session.get_outputs()] if session is not None else None
+        self.scalar_kinds = _scalar_kinds(fallback)
 
     @property
     def session(self):
@@ -121,6 +141,8 @@ class OrtCluster(torch.nn.Module):
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             return self._pytorch(args)
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
+        if self.scalar_kinds is not None:
+            result = _as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:
             self._compare(result, self._pytorch(args))
         return result

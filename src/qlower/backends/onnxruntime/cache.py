@@ -59,8 +59,8 @@ def cluster_key(sub: GraphModule, constants: dict[str, torch.Tensor], options) -
             if node.name in constants:
                 t = constants[node.name].detach().contiguous()
                 h.update(f"const:{t.dtype}:{tuple(t.shape)}:".encode())
-                h.update(hashlib.sha256(t.view(torch.uint8).numpy().tobytes()
-                                        if t.numel() else b"").digest())
+                h.update(hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()
+                                        if t.numel() else b"").digest())   # reshape: view() refuses 0-d
             else:
                 v = node.meta.get("val")
                 h.update(f"input:{getattr(v, 'dtype', None)}:{tuple(getattr(v, 'shape', ()))}".encode())
