@@ -643,3 +643,23 @@ def test_regression_iree_pool_ceil_mode_unit_window(kind):
 def test_regression_group_norm_large_mean_nan_on_onnxruntime():
     _check(Program(in_shape=(2, 1, 6, 7), ops=(Op("add_s", (0,), (100.0,)), Op("group_norm", (1,), (1, False))),
                    inputs="tiny", seed=1))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_int8_linear_single_row_k1():
+    """int8 linear with M = K = 1 and N > 1 (a [1, 1] input, Linear(1, 2)): the iree capability
+    accepted it and iree-compile failed ("tosa compile failed: tiling factors must be less than or
+    equal to the input rank for pack or output rank for unpack"). Now refused in
+    backends/iree/tosa_ops.py (_linear_check); it runs in PyTorch."""
+    _check(Program(in_shape=(1, 1), ops=(Op("linear", (0,), (2, False)),), seed=2), ("iree",))
+
+
+@pytest.mark.xfail(strict=True, reason="dead code after a refused op: export keeps an unused node "
+                   "(num_users=0) after avg_pool2d(divisor_override) (refused by GAPS); it becomes an "
+                   "onnxruntime cluster with no outputs, an ONNX graph ORT rejects ('OrtValue indexes "
+                   "should have been populated') -> 'compile failed' fallback. Needs dead-code elimination "
+                   "before partitioning (or skipping output-less clusters) — not a capability predicate")
+def test_regression_dead_node_after_refused_op_onnxruntime():
+    _check(Program(in_shape=(2, 5, 9, 7), seed=4,
+                   ops=(Op("avgpool", (0,), (2, 3, 1, True, False, 3)), Op("relu", (1,)),
+                        Op("slice", (0,), (1, 3, 4, 2)))))

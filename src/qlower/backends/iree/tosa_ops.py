@@ -90,8 +90,21 @@ def _matmul_check(node: Node) -> str | None:
 
 
 def _linear_check(node: Node) -> str | None:
-    """int8/uint8, constant weight with one zero point"""
-    return _accumulating_check(node)
+    """int8/uint8, constant weight with one zero point; not a 1x1 row times a [1, N>1] weight"""
+    why = _accumulating_check(node)
+    if why is not None:
+        return why
+    # [1, 1, 1] x [1, 1, N] tosa.matmul: iree-compile (data tiling) fails with "tiling factors
+    # must be less than or equal to the input rank for pack or output rank for unpack".
+    # Measured (M, K, N): (1,1,2), (1,1,3), (1,1,2)+bias fail; (1,1,1), (2,1,2), (4,1,5),
+    # (1,2,2), (1,3,1) compile (tests/test_fuzz.py::test_regression_iree_int8_linear_single_row_k1)
+    x_shape, w_shape = node.args[0].meta["val"].shape, node.args[2].meta["val"].shape
+    rows = 1
+    for d in x_shape[:-1]:
+        rows *= d
+    if rows == 1 and w_shape[-1] == 1 and w_shape[0] > 1:
+        return "a single row with one input feature (M = K = 1, N > 1) fails in iree-compile's data tiling"
+    return None
 
 
 def _conv_check(node: Node) -> str | None:
