@@ -663,3 +663,13 @@ def test_regression_dead_node_after_refused_op_onnxruntime():
     _check(Program(in_shape=(2, 5, 9, 7), seed=4,
                    ops=(Op("avgpool", (0,), (2, 3, 1, True, False, 3)), Op("relu", (1,)),
                         Op("slice", (0,), (1, 3, 4, 2)))))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.parametrize("conv", [(6, 1, 1, 1, 2, 2, True), (2, 1, 1, 1, 1, 2, False), (2, 1, 1, 0, 1, 2, True)])
+def test_regression_iree_depthwise_1x1_padded(conv):
+    """int8 depthwise conv with a 1x1 kernel and padding (Conv2d(2, 6, 1, padding=1, groups=2)):
+    the iree capability accepted it and iree-compile failed ("tosa compile failed: 'tosa.pad' op
+    expect input and output to have same element type, got 'i32' and 'i8'"). Now refused in
+    backends/iree/tosa_ops.py (_conv_check); unpadded 1x1 depthwise still compiles."""
+    _check(Program(in_shape=(2, 2, 9, 4), ops=(Op("conv", (0,), conv),), seed=0), ("iree",))
