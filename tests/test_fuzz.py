@@ -654,11 +654,6 @@ def test_regression_iree_int8_linear_single_row_k1():
     _check(Program(in_shape=(1, 1), ops=(Op("linear", (0,), (2, False)),), seed=2), ("iree",))
 
 
-@pytest.mark.xfail(strict=True, reason="dead code after a refused op: export keeps an unused node "
-                   "(num_users=0) after avg_pool2d(divisor_override) (refused by GAPS); it becomes an "
-                   "onnxruntime cluster with no outputs, an ONNX graph ORT rejects ('OrtValue indexes "
-                   "should have been populated') -> 'compile failed' fallback. Needs dead-code elimination "
-                   "before partitioning (or skipping output-less clusters) — not a capability predicate")
 def test_regression_dead_node_after_refused_op_onnxruntime():
     _check(Program(in_shape=(2, 5, 9, 7), seed=4,
                    ops=(Op("avgpool", (0,), (2, 3, 1, True, False, 3)), Op("relu", (1,)),

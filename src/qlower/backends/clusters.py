@@ -2,11 +2,51 @@
 the report lines for the nodes left in PyTorch."""
 from __future__ import annotations
 
-import torch
-from torch.fx import GraphModule
+from dataclasses import dataclass
 
+import torch
+from torch.fx import GraphModule, Node
+
+from ..fx import constant_value
 from ..passes.functionalize_state import WRITE_BACK
 from ..report import ClusterInfo
+
+
+@dataclass
+class ClusterInputs:
+    """A fused cluster's placeholders split into constants (bound into the engine's model and kept
+    for the PyTorch fallback) and the runtime arguments the outer graph still passes."""
+    constants: dict[str, torch.Tensor]      # placeholder name -> value
+    by_position: dict[int, torch.Tensor]    # placeholder position -> value
+    runtime_args: list                      # outer nodes, in placeholder order
+    arity: int                              # placeholders in all
+
+    def evaluate(self, sub: GraphModule):
+        """The cluster's value when it has no runtime inputs."""
+        with torch.no_grad():
+            return sub(*[self.by_position[i] for i in range(self.arity)])
+
+
+def split_inputs(fused: GraphModule, call: Node, mutated: set[str]) -> ClusterInputs:
+    """Constants are get_attr values the graph never writes (module state stays a runtime input)."""
+    sub: GraphModule = getattr(fused, call.target)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    constants, by_position, runtime_args = {}, {}, []
+    for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
+        value = None if getattr(outer, "op", None) == "get_attr" and outer.target in mutated \
+            else constant_value(fused, outer)
+        if value is not None:
+            constants[ph.name] = by_position[pos] = value
+        else:
+            runtime_args.append(outer)
+    return ClusterInputs(constants, by_position, runtime_args, len(placeholders))
+
+
+def install_constant(fused: GraphModule, call: Node, inputs: ClusterInputs, info: ClusterInfo) -> None:
+    """Replace a cluster without runtime inputs by its value, computed now."""
+    setattr(fused, call.target, ConstantCluster(inputs.evaluate(getattr(fused, call.target))))
+    call.args = ()
+    info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
 
 
 class ConstantCluster(torch.nn.Module):

@@ -13,11 +13,11 @@ import torch
 from torch.fx import GraphModule
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value, mutated_attributes
+from ...fx import mutated_attributes
 from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import ConstantCluster, pytorch_infos
+from ..clusters import install_constant, pytorch_infos, split_inputs
 from . import cache
 from .capability import onnxruntime_capability
 from .fuse_requantize import FuseRequantize
@@ -228,6 +228,7 @@ class OnnxRuntimeBackend:
     def compile(self, gm: GraphModule) -> Executable:
         notes = decompose_unsupported_block_ops(gm, self.capability)
         notes += _legalize(gm)
+        gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
         clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
         infos = []
@@ -260,24 +261,13 @@ class OnnxRuntimeBackend:
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)
-        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        constants, by_position, runtime_args = {}, {}, []
-        for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
-            value = None if getattr(outer, "op", None) == "get_attr" and outer.target in mutated \
-                else constant_value(fused, outer)
-            if value is not None:
-                constants[ph.name] = by_position[pos] = value
-            else:
-                runtime_args.append(outer)
+        inputs = split_inputs(fused, call, mutated)
+        constants = inputs.constants
         info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
                            op_counts(sub))
         single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
-        if not runtime_args:  # constants only (e.g. arange -> unsqueeze): evaluate once, no session
-            with torch.no_grad():
-                value = sub(*[by_position[i] for i in range(len(placeholders))])
-            setattr(fused, call.target, ConstantCluster(value))
-            call.args = ()
-            info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
+        if not inputs.runtime_args:  # constants only (e.g. arange -> unsqueeze): no session
+            install_constant(fused, call, inputs, info)
             return info
         try:
             key = cache.cluster_key(sub, constants, self.options)
@@ -291,7 +281,7 @@ class OnnxRuntimeBackend:
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
             session, input_names = None, []
-        setattr(fused, call.target, OrtCluster(sub, session, input_names, by_position, len(placeholders),
+        setattr(fused, call.target, OrtCluster(sub, session, input_names, inputs.by_position, inputs.arity,
                                                single, info))
-        call.args = tuple(runtime_args)
+        call.args = tuple(inputs.runtime_args)
         return info

@@ -17,12 +17,12 @@ from torch.fx import GraphModule
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from ...errors import BackendError
-from ...fx import constant_value, mutated_attributes
+from ...fx import mutated_attributes
 from ...partition import cluster_graph
-from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..onnxruntime.cache import LRUCache
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from ..clusters import install_constant, pytorch_infos, split_inputs
 from .capability import NUMERICS, QUANTIZE_DEVIATION, openvino_capability
 from .legalize import legalize
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, log
@@ -52,17 +52,6 @@ class OvOptions:
                 "PERFORMANCE_HINT": self.performance_hint,
                 "INFERENCE_NUM_THREADS": self.threads or torch.get_num_threads(),
                 "NUM_STREAMS": 1}
-
-
-class _Constant(torch.nn.Module):
-    """A cluster whose inputs are all constants: its value, computed at compile time."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
-
-    def forward(self):
-        return self.value
 
 
 def translate(sub: GraphModule, constants: dict[str, torch.Tensor]) -> bytes:
@@ -106,11 +95,7 @@ class OpenVinoBackend:
                 infos.append(self._compile_cluster(fused, node, len(infos), mutated))
         fused.graph.eliminate_dead_code()
         fused.recompile()
-        write_backs = {n.name for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
-        for name, reason in clustering.unsupported.items():
-            status = "state" if name in write_backs else "fallback"
-            infos.append(ClusterInfo(len(infos), "pytorch", 1, {name: 1}, status,
-                                     "module state write-back" if status == "state" else reason))
+        infos += pytorch_infos(clustering.unsupported, fused, len(infos))
         import openvino as ov
         notes.append(f"openvino {ov.__version__}: CPU plugin, inference precision {self.options.inference_precision}, "
                      f"numerics {self.options.numerics!r}")
@@ -121,25 +106,14 @@ class OpenVinoBackend:
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)
-        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        constants, by_position, runtime_args = {}, {}, []
-        for pos, (ph, outer) in enumerate(zip(placeholders, call.args)):
-            value = None if getattr(outer, "op", None) == "get_attr" and outer.target in mutated \
-                else constant_value(fused, outer)
-            if value is not None:
-                constants[ph.name] = by_position[pos] = value
-            else:
-                runtime_args.append(outer)
+        inputs = split_inputs(fused, call, mutated)
+        constants = inputs.constants
         info = ClusterInfo(index, self.name, sum(1 for n in sub.graph.nodes if n.op == "call_function"),
                            op_counts(sub))
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         single = not isinstance(out, (tuple, list))
-        if not runtime_args:  # constants only: evaluate once, no engine call
-            with torch.no_grad():
-                value = sub(*[by_position[i] for i in range(len(placeholders))])
-            setattr(fused, call.target, _Constant(value))
-            call.args = ()
-            info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
+        if not inputs.runtime_args:  # constants only: evaluate once, no engine call
+            install_constant(fused, call, inputs, info)
             return info
         dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
         try:
@@ -154,6 +128,6 @@ class OpenVinoBackend:
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
             compiled = None
-        setattr(fused, call.target, OvCluster(sub, compiled, by_position, len(placeholders), dtypes, single, info))
-        call.args = tuple(runtime_args)
+        setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info))
+        call.args = tuple(inputs.runtime_args)
         return info
