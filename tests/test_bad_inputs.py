@@ -180,10 +180,8 @@ def test_float_models_keep_their_dtype(dtype, backend):
     x = torch.randn(2, 8, dtype=dtype)
     out = qlower.compile(model, (x,), backend=backend)(x)
     assert out.dtype == dtype
-    if backend == "reference":
-        assert torch.equal(out, model(x))
-    else:
-        assert torch.allclose(out.double(), model(x).double(), atol=1e-2)
+    # onnxruntime: these dtypes are outside its capability, so the ops run in PyTorch: identical
+    assert torch.equal(out, model(x))
 
 
 # ---------------------------------------------------------------- NaN/inf policy

@@ -71,3 +71,10 @@ def pytorch_infos(unsupported: dict[str, str], fused: GraphModule, start: int) -
         infos.append(ClusterInfo(start + len(infos), "pytorch", 1, {name: 1}, "state" if state else "fallback",
                                  "module state write-back" if state else reason))
     return infos
+
+
+def worst_abs_diff(got, want) -> float:
+    """Largest |engine - PyTorch| over every output element (QLOWER_CHECK_CLUSTERS=1)."""
+    leaves = torch.utils._pytree.tree_leaves
+    return max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
+               for g, w in zip(leaves(got), leaves(want)))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule
 
+from ..clusters import worst_abs_diff
 from ...report import ClusterInfo
 
 log = logging.getLogger("qlower.iree")
@@ -89,7 +90,4 @@ class IreeCluster(torch.nn.Module):
         return result
 
     def _compare(self, got, want) -> None:
-        leaves = torch.utils._pytree.tree_leaves
-        worst = max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
-                    for g, w in zip(leaves(got), leaves(want)))
-        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
+        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))

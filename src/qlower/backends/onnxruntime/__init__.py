@@ -17,7 +17,7 @@ from ...fx import mutated_attributes
 from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import install_constant, pytorch_infos, split_inputs
+from ..clusters import install_constant, pytorch_infos, split_inputs, worst_abs_diff
 from . import cache
 from .capability import onnxruntime_capability
 from .fuse_requantize import FuseRequantize
@@ -148,10 +148,7 @@ class OrtCluster(torch.nn.Module):
         return result
 
     def _compare(self, got, want) -> None:
-        got_l, want_l = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
-        worst = max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
-                    for g, w in zip(got_l, want_l))
-        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst)
+        self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))
 
 
 def _direct_runner(fused: GraphModule):
