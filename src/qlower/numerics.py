@@ -13,6 +13,11 @@ Contract (all tensors on CPU):
                                     fp32(fp32(sx*sw)/sy));  y = clamp(RNE(fp32(acc) * M) + zy)
   * "fixed": TOSA RESCALE, SINGLE_ROUND: (m, shift) from fp64(s_acc)/fp64(sy) as TOSA's
              reference utilities derive it; y = clamp(((int64(acc) * m + 2^(shift-1)) >> shift) + zy)
+- per-token dynamic quantization (linear inputs, scale computed at run time per row):
+  s_t = fp32(max_k |x[t, k]|) / 127 (IEEE fp32 division; s_t = 1 where the row is all zero),
+  q = clamp(RNE(x / s_t), -127, 127) + 128 stored as uint8 with zero point 128 (symmetric
+  values, so no zero-point row sums; uint8 storage so the u8 x s8 GEMM kernels apply),
+  and the int32 accumulator is dequantized as y = fp32(acc) * fp32(s_t * s_w).
 """
 from __future__ import annotations
 
@@ -199,3 +204,35 @@ def clamp_range_for_activation(kind: str, scale: float, zero_point: int, qmin: i
         return max(qmin, zero_point), qmax
     q = lambda v: int(quantize(torch.tensor([v]), scale, zero_point, qmin, qmax, torch.int32)[0])
     return (q(lo) if lo is not None else qmin), (q(hi) if hi is not None else qmax)
+
+
+# ---------------------------------------------------------------- per-token dynamic quantization
+PER_TOKEN_BOUND = 127       # |RNE(x / s_t)| <= 127: symmetric, like the int8 weights
+PER_TOKEN_ZERO_POINT = 128  # stored as uint8 q + 128: one value of [1, 255] per int8 level
+
+
+def per_token_scale(x: torch.Tensor) -> torch.Tensor:
+    """s_t = fp32(max |x| over the last dim) / 127, shaped [..., 1]; 1 for an all-zero row (its
+    values quantize to 0 whatever the scale). A row holding inf gets s_t = inf, one holding NaN
+    gets NaN: such inputs are covered by the compiled model's nan_policy, not by this contract."""
+    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True)
+    s = amax / torch.tensor(float(PER_TOKEN_BOUND), dtype=torch.float32)
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def quantize_per_token(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q = clamp(RNE(x / s_t), -127, 127) + 128 as uint8 (scale broadcast along the last dim)."""
+    r = torch.round(x.to(torch.float32) / scale.to(torch.float32))
+    r = torch.clamp(r, -float(PER_TOKEN_BOUND), float(PER_TOKEN_BOUND))
+    return (r + PER_TOKEN_ZERO_POINT).to(torch.uint8)
+
+
+def dequantize_per_token(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x = fp32(int32(q) - 128) * s_t."""
+    return (q.to(torch.int32) - PER_TOKEN_ZERO_POINT).to(torch.float32) * scale.to(torch.float32)
+
+
+def dequantize_per_token_accumulator(acc: torch.Tensor, token_scale: torch.Tensor, weight_scale) -> torch.Tensor:
+    """y = fp32(acc) * fp32(s_t * s_w): the accumulator scale is formed first, in fp32, as
+    `accumulator_scale` forms fp32(sx * sw) for static activations."""
+    return acc.to(torch.float32) * (token_scale.to(torch.float32) * _as_f32(weight_scale))

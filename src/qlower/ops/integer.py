@@ -183,3 +183,46 @@ def mean(q: torch.Tensor, zero_point: int, dims: list[int], keepdim: bool, qmin:
 @mean.register_fake
 def _(q, zero_point, dims, keepdim, qmin, qmax):
     return torch.sum(q.to(torch.float32), dim=[d % q.dim() for d in dims], keepdim=keepdim).to(q.dtype)
+
+
+# ------------------------------------------------------ per-token dynamic quantization
+@torch.library.custom_op(f"{_NS}::token_scale", mutates_args=())
+def token_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-row scale of a per-token quantized activation, [..., 1] (numerics.per_token_scale)."""
+    return numerics.per_token_scale(x)
+
+
+@token_scale.register_fake
+def _(x):
+    return x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::quantize_per_token", mutates_args=())
+def quantize_per_token(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return numerics.quantize_per_token(x, scale)
+
+
+@quantize_per_token.register_fake
+def _(x, scale):
+    return x.new_empty(x.shape, dtype=torch.uint8)
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_per_token", mutates_args=())
+def dequantize_per_token(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return numerics.dequantize_per_token(q, scale)
+
+
+@dequantize_per_token.register_fake
+def _(q, scale):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_per_token_acc", mutates_args=())
+def dequantize_per_token_acc(acc: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """int32 accumulator of a per-token linear -> fp32 (numerics.dequantize_per_token_accumulator)."""
+    return numerics.dequantize_per_token_accumulator(acc, scale, weight_scale)
+
+
+@dequantize_per_token_acc.register_fake
+def _(acc, scale, weight_scale):
+    return acc.new_empty(acc.shape, dtype=torch.float32)

@@ -8,6 +8,7 @@ from .fold_quantized_constants import FoldQuantizedConstants
 from .fold_scale_into_dequantize import FoldScaleIntoDequantize
 from .functionalize_state import FunctionalizeState
 from .inline_grad_mode_regions import InlineGradModeRegions
+from .lower_per_token import LowerPerTokenLinear
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
 from .propagate_dequantize import PropagateDequantize
@@ -15,10 +16,10 @@ from .rnn_seq_first import RnnSeqFirst
 
 
 def default_pipeline() -> list[Pass]:
-    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerQDQ(), CanonicalizeQDQ(),
+    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize"]

@@ -111,7 +111,7 @@ class LowerQDQ(Pass):
             if node.op != "call_function" or node.graph is not gm.graph:
                 continue
             if node.target in (aten.matmul.default, aten.mm.default, aten.addmm.default):
-                node = self._matmul_with_constant_as_linear(gm, node)
+                node = self.matmul_with_constant_as_linear(gm, node)
             if node.target in ACCUMULATING:
                 changed |= self._lower_accumulating(gm, node, ctx)
             elif node.target in BINARY:
@@ -126,7 +126,7 @@ class LowerQDQ(Pass):
 
     # ------------------------------------------------------------------ conv/linear/matmul
     @staticmethod
-    def _matmul_with_constant_as_linear(gm: GraphModule, node: Node) -> Node:
+    def matmul_with_constant_as_linear(gm: GraphModule, node: Node) -> Node:
         """x @ DQ(B) (or addmm(bias, x, DQ(B))) with B a constant 2-D integer tensor quantized
         per-tensor or per output column is linear(x, DQ(B.T)[, bias]) with the channel on axis 0:
         one lowering path for all three."""

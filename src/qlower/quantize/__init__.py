@@ -13,6 +13,7 @@ from .calibrate import calibrate
 from .config import QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
 from .biascorrect import correct
+from .per_token import insert_per_token_qdq
 from .smoothquant import smooth
 
 __all__ = ["QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
@@ -53,6 +54,8 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     if adjust_observers is not None:
         adjust_observers(observed)
     converted = convert_pt2e(observed, fold_quantize=True)
+    if config.activations == "per-token":
+        insert_per_token_qdq(converted)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 

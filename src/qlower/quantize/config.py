@@ -68,6 +68,14 @@ class QuantConfig:
     # Bias correction: subtract each conv/linear's measured mean output shift caused by weight
     # rounding from its bias (quantize/biascorrect.py).
     bias_correction: bool = False
+    # Activations of linear layers: "static" (calibrated per-tensor qparams) or "per-token"
+    # (a scale per row computed at run time, numerics.per_token_scale: outliers that move with
+    # the token no longer clip or flatten the other tokens; costs a max-reduction per row).
+    # Other ops (conv, attention matmuls, adds) keep static qparams.
+    activations: Literal["static", "per-token"] = "static"
+    # Quantize matmuls of two activations (attention's Q @ K^T and P @ V). Off keeps them float:
+    # softmax probabilities span many decades that one uint8 scale cannot hold (docs/accuracy.md).
+    quantize_activation_matmul: bool = True
 
     def __post_init__(self):
         if self.activation_dtype not in ("uint8", "int8"):
@@ -77,6 +85,8 @@ class QuantConfig:
         if self.observer not in ("minmax", "histogram", "percentile", "mse"):
             raise QuantizeError(f"unknown observer {self.observer!r}",
                                 hint="use 'minmax', 'histogram', 'percentile' or 'mse'")
+        if self.activations not in ("static", "per-token"):
+            raise QuantizeError(f"activations must be 'static' or 'per-token', got {self.activations!r}")
         if not 50.0 < self.percentile <= 100.0:
             raise QuantizeError(f"percentile must be in (50, 100], got {self.percentile}")
 

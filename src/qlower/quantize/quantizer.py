@@ -181,13 +181,31 @@ class QlowerQuantizer(Quantizer):
             return self.config.quantize_add
         if user.target is aten.mul.Tensor:
             return self.config.quantize_mul
+        if self._per_token(user):
+            return False
+        if user.target in (aten.matmul.default, aten.bmm.default) and not self.config.quantize_activation_matmul:
+            return False
         return user.target in WEIGHTED_OPS or user.target in BINARY_OPS or \
             user.target in BLOCK_OP_ACTIVATION_INPUTS or user.target is aten.addmm.default
+
+    def _per_token(self, node: Node) -> bool:
+        """Linear layers whose activation is quantized per token at run time."""
+        return self.config.activations == "per-token" and node.target in (aten.linear.default, aten.addmm.default)
+
+    def _annotate_per_token(self, node: Node, w: Node, out_axis: int) -> None:
+        """Only the weight is annotated: the activation stays float here and is quantized per
+        token after convert (quantize/per_token.py); the output is float (the accumulator
+        dequantized with the run-time scale), so consumers quantize their own inputs."""
+        inputs = {} if self._annotate_weight_chain(w, out_axis=out_axis) else {w: self._weight_spec_on(out_axis)}
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
 
     def _annotate_weighted(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = node.args[2] if len(node.args) > 2 else None
         if not (_is_float_tensor(x) and _is_float_tensor(w)):
+            return
+        if self._per_token(node):
+            self._annotate_per_token(node, w, 0)
             return
         inputs = {x: self.act_spec}
         if not self._annotate_weight_chain(w, out_axis=0):
@@ -236,6 +254,8 @@ class QlowerQuantizer(Quantizer):
             self._finish(node, {node.args[0]: self.act_spec})
             return
         tensors = [a for a in node.args[:2] if _is_float_tensor(a)]
+        if node.target in (aten.matmul.default, aten.bmm.default) and not self.config.quantize_activation_matmul:
+            return
         if node.target is aten.mul.Tensor and not self.config.quantize_mul:
             return
         if node.target is aten.add.Tensor and not self.config.quantize_add:
@@ -253,6 +273,9 @@ class QlowerQuantizer(Quantizer):
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return
         if not (_is_float_tensor(x) and _is_float_tensor(w)) or w.op != "get_attr" or w.meta["val"].dim() != 2:
+            return
+        if self._per_token(node):
+            self._annotate_per_token(node, w, 1)
             return
         inputs = {x: self.act_spec, w: self._weight_spec_on(1)}
         if _is_float_tensor(bias):

@@ -260,7 +260,12 @@ def ablations() -> dict:
             "int8+float-residual+smoothquant": QuantConfig(smoothquant=SmoothQuant(), **float_residual),
             "int8+float-residual+smoothquant+mse": QuantConfig(observer="mse", smoothquant=SmoothQuant(),
                                                                **float_residual),
-            "transformer": "transformer"}
+            "transformer": "transformer",
+            "int8+float-residual+per-token": QuantConfig(activations="per-token", **float_residual),
+            "int8+float-residual+per-token+smoothquant": QuantConfig(activations="per-token", smoothquant=SmoothQuant(),
+                                                                     **float_residual),
+            "transformer+per-token": QuantConfig(observer="histogram", activations="per-token",
+                                                 smoothquant=SmoothQuant(), **float_residual)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -295,3 +295,31 @@ def mean(x, zero_point: int, dims: Sequence[int], keepdim: bool, qmin: int, qmax
     total = op.ReduceSum(centered, i64(axes), keepdims=int(keepdim))
     v = op.Div(op.Cast(total, to=_FLOAT), const(float(n), np.float32))
     return op.QuantizeLinear(v, const(1.0, np.float32), const(zero_point, np_dtype(x)))
+
+
+# ------------------------------------------------------------ per-token dynamic quantization
+# Standard ops only, each IEEE-exact, in the order numerics.py defines: ReduceMax is exact in any
+# order, Div is a correctly rounded fp32 division, Round is half-to-even, Mul one fp32 rounding.
+@lowers(q.token_scale.default)
+def token_scale(x):
+    amax = op.ReduceMax(op.Abs(x), i64([-1]), keepdims=1)
+    s = op.Div(amax, const(float(numerics.PER_TOKEN_BOUND), np.float32))
+    return op.Where(op.Equal(s, const(0.0, np.float32)), const(1.0, np.float32), s)
+
+
+@lowers(q.quantize_per_token.default)
+def quantize_per_token(x, scale):
+    bound = float(numerics.PER_TOKEN_BOUND)
+    r = op.Clip(op.Round(op.Div(x, scale)), const(-bound, np.float32), const(bound, np.float32))
+    return op.Cast(op.Add(r, const(float(numerics.PER_TOKEN_ZERO_POINT), np.float32)), to=ir.DataType.UINT8)
+
+
+@lowers(q.dequantize_per_token.default)
+def dequantize_per_token(x, scale):
+    centered = op.Sub(op.Cast(x, to=_INT32), const(numerics.PER_TOKEN_ZERO_POINT, np.int32))
+    return op.Mul(op.Cast(centered, to=_FLOAT), scale)
+
+
+@lowers(q.dequantize_per_token_acc.default)
+def dequantize_per_token_acc(acc, scale, weight_scale):
+    return op.Mul(op.Cast(acc, to=_FLOAT), op.Mul(scale, const(value_of(weight_scale).reshape(-1), np.float32)))

@@ -1,0 +1,54 @@
+"""Per-token dynamic activation quantization in the Q/DQ program.
+
+After convert_pt2e, a linear layer annotated per-token (QuantConfig.activations="per-token")
+reads a float activation and a dequantized int8 weight. This step makes the run-time
+quantization of the activation explicit, so the Q/DQ program describes itself (a saved program
+needs no config to be lowered) and runs in eager with the canonical numerics:
+
+BEFORE:  y = linear(x, dequantize_per_channel(w_i8, sw), b)
+AFTER:   s = qlower.token_scale(x); q = qlower.quantize_per_token(x, s)
+         y = linear(qlower.dequantize_per_token(q, s), dequantize_per_channel(w_i8, sw), b)
+
+(and the same for addmm(b, x, DQ(W)) with W [in, out]). LowerPerTokenLinear turns the AFTER form
+into an integer GEMM.
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..fx import is_dequantize
+
+aten = torch.ops.aten
+qlower = torch.ops.qlower
+
+# op -> (activation arg index, weight arg index)
+PER_TOKEN_OPS = {aten.linear.default: (0, 1), aten.addmm.default: (1, 2)}
+
+
+def insert_per_token_qdq(gm: GraphModule) -> int:
+    """Quantize the float activation of every weight-quantized linear/addmm per token; returns
+    how many were rewritten. Idempotent: a rewritten activation is a dequantize_per_token."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        where = PER_TOKEN_OPS.get(node.target) if node.op == "call_function" else None
+        if where is None:
+            continue
+        x, w = node.args[where[0]], node.args[where[1]]
+        # An input that is already statically quantized (a producer with output qparams, e.g. a
+        # conv under requantize_outputs=True) is quantized per token as well: the config asks for
+        # per-token linear inputs, and the extra rounding is what that producer's setting costs.
+        if not (isinstance(x, Node) and is_dequantize(w)) or x.target is qlower.dequantize_per_token.default:
+            continue
+        with gm.graph.inserting_before(node):
+            scale = gm.graph.call_function(qlower.token_scale.default, (x,))
+            q = gm.graph.call_function(qlower.quantize_per_token.default, (x, scale))
+            xd = gm.graph.call_function(qlower.dequantize_per_token.default, (q, scale))
+        for n in (scale, q, xd):
+            if "stack_trace" in node.meta:
+                n.meta["stack_trace"] = node.meta["stack_trace"]
+        node.update_arg(where[0], xd)
+        count += 1
+    if count:
+        gm.recompile()
+    return count

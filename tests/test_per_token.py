@@ -1,0 +1,262 @@
+"""Per-token dynamic activation quantization (QuantConfig(activations="per-token")): the
+numerics (numerics.py), the Q/DQ program it produces, the LowerPerTokenLinear pass, and
+bit-exactness of onnxruntime against the reference backend on both CPU formulations."""
+import pytest
+import torch
+
+import qlower
+from qlower import numerics
+from qlower.backends.onnxruntime import cpu
+from qlower.passes import AttachQParams, LowerPerTokenLinear, PassContext, PassManager, default_pipeline
+from qlower.quantize import QuantConfig
+
+PER_TOKEN = QuantConfig(activations="per-token")
+Q = torch.ops.qlower
+
+
+# ------------------------------------------------------------------------------ numerics
+def test_scale_is_row_max_over_127_and_one_for_zero_rows():
+    x = torch.tensor([[1.0, -254.0, 3.0], [0.0, 0.0, 0.0], [0.5, 0.25, -0.125]])
+    s = numerics.per_token_scale(x)
+    assert s.shape == (3, 1)
+    assert s[0, 0].item() == 2.0
+    assert s[1, 0].item() == 1.0
+    assert s[2, 0].item() == torch.tensor(0.5, dtype=torch.float32).div(127).item()
+
+
+def test_quantize_is_symmetric_round_half_even_offset_128():
+    s = torch.tensor([[1.0]])
+    x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 127.0, -127.0, 200.0, -200.0]])
+    q = numerics.quantize_per_token(x, s)
+    assert q.dtype == torch.uint8
+    assert (q.to(torch.int32) - 128).tolist() == [[0, 2, 2, 0, -2, 127, -127, 127, -127]]
+    # the row maximum always lands on +-127, never on the unused code 0 (-128)
+    x = torch.randn(64, 33) * torch.rand(64, 1) * 50
+    q = numerics.quantize_per_token(x, numerics.per_token_scale(x))
+    assert int(q.min()) >= 1
+    assert ((q.to(torch.int32) - 128).abs().amax(-1) == 127).all()
+
+
+def test_dequantize_error_is_at_most_half_a_step_per_row():
+    x = torch.randn(16, 40) * torch.logspace(-3, 3, 16).reshape(-1, 1)
+    s = numerics.per_token_scale(x)
+    err = (numerics.dequantize_per_token(numerics.quantize_per_token(x, s), s) - x).abs()
+    assert (err <= s * 0.5 * (1 + 1e-6)).all()
+
+
+def test_accumulator_scale_is_formed_first_in_fp32():
+    acc = torch.tensor([[3, -7]], dtype=torch.int32)
+    st, sw = torch.tensor([[0.1]]), torch.tensor([0.3, 0.7])
+    y = numerics.dequantize_per_token_accumulator(acc, st, sw)
+    assert torch.equal(y, acc.float() * (st * sw))
+
+
+# ------------------------------------------------------------------------------ models
+class Mlp(torch.nn.Module):
+    def __init__(self, bias=True):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 64, bias=bias)
+        self.b = torch.nn.Linear(64, 16, bias=bias)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class ConvThenLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 8)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _calibration(shape, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
+
+
+def _count(gm, target):
+    return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+def test_program_quantizes_each_linear_input_per_token_and_leaves_conv_static():
+    torch.manual_seed(0)
+    ep = qlower.quantize(ConvThenLinear().eval(), (torch.randn(2, 3, 6, 6),), _calibration((2, 3, 6, 6)), PER_TOKEN)
+    gm = ep.graph_module
+    assert _count(gm, Q.quantize_per_token.default) == 1      # the linear's input only
+    linear = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default)
+    assert linear.args[0].target == Q.dequantize_per_token.default
+    conv = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default)
+    assert conv.args[0].target == torch.ops.quantized_decomposed.dequantize_per_tensor.default
+
+
+def test_static_config_has_no_per_token_ops():
+    torch.manual_seed(0)
+    ep = qlower.quantize(Mlp().eval(), (torch.randn(3, 32),), _calibration((3, 32)), QuantConfig())
+    assert _count(ep.graph_module, Q.token_scale.default) == 0
+
+
+def test_unknown_activations_setting_is_a_typed_error():
+    with pytest.raises(qlower.QlowerError, match="per-token"):
+        QuantConfig(activations="dynamic")
+
+
+# ------------------------------------------------------------------------------ the pass
+def _program(model, x, cal):
+    return qlower.quantize(model, (x,), cal, PER_TOKEN).module()
+
+
+def _before_lowering(gm):
+    """The default pipeline up to (not including) LowerPerTokenLinear."""
+    passes = default_pipeline()
+    index = next(i for i, p in enumerate(passes) if isinstance(p, LowerPerTokenLinear))
+    PassManager(passes[:index]).run(gm, PassContext())
+    return gm
+
+
+def test_pass_lowers_to_integer_linear_and_is_idempotent():
+    torch.manual_seed(0)
+    x = torch.randn(3, 32)
+    gm = _before_lowering(_program(Mlp().eval(), x, _calibration((3, 32))))
+    ctx = PassContext()
+    assert LowerPerTokenLinear().run(gm, ctx)
+    assert ctx.rewrites["linear -> linear (per-token)"] == 2
+    assert _count(gm, Q.linear.default) == 2 and _count(gm, torch.ops.aten.linear.default) == 0
+    assert _count(gm, Q.dequantize_per_token.default) == 0
+    code = gm.code
+    assert not LowerPerTokenLinear().run(gm, PassContext())
+    assert gm.code == code
+
+
+def test_pass_leaves_statically_quantized_linear_alone():
+    torch.manual_seed(0)
+    x = torch.randn(3, 32)
+    gm = qlower.quantize(Mlp().eval(), (x,), _calibration((3, 32)), QuantConfig()).module()
+    PassManager([AttachQParams()]).run(gm, PassContext())
+    assert not LowerPerTokenLinear().run(gm, PassContext())
+    assert _count(gm, torch.ops.aten.linear.default) == 2
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_pass_keeps_the_function(bias):
+    """Lowered (int32 GEMM, fp32(acc) * fp32(s_t * s_w)) vs the Q/DQ program (float GEMM of the
+    dequantized values): the same products, rounded differently — a few fp32 ulps apart."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 32)
+    model = Mlp(bias).eval()
+    want = _program(model, x, _calibration((5, 32)))(x)
+    gm = _before_lowering(_program(model, x, _calibration((5, 32))))
+    LowerPerTokenLinear().run(gm, PassContext())
+    gm.recompile()
+    got = gm(x)[0] if isinstance(gm(x), (tuple, list)) else gm(x)
+    want = want[0] if isinstance(want, (tuple, list)) else want
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ onnxruntime
+@pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
+def vnni(request, monkeypatch):
+    monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("bits", [8, 7])
+def test_onnxruntime_bit_exact_against_reference(vnni, bits):
+    """Integer ops and the per-token quantization between them (relu is exact in both engines,
+    so every output element must be equal), on both CPU formulations."""
+    torch.manual_seed(1)
+    model, x = Mlp().eval(), torch.randn(2, 7, 32)
+    cfg = QuantConfig(activations="per-token", weight_bits=bits)
+    cal = _calibration((2, 7, 32))
+    ep = qlower.quantize(model, (x,), cal, cfg)
+    ref = qlower.compile(ep, (x,), backend="reference")
+    ort = qlower.compile(ep, (x,), backend="onnxruntime")
+    assert not ort.report().fallbacks
+    assert ort.report().rewrites["linear -> linear (per-token)"] == 2
+    for i in range(6):
+        xi = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(i)) * (10.0 ** (i - 3))
+        assert torch.equal(ort(xi), ref(xi))
+
+
+def test_ort_fusion_with_row_scales_stays_off():
+    """ONNX Runtime's MatMulIntegerToFloatFusion turns MatMulInteger -> Cast -> Mul(row scales)
+    into a kernel that uses only the first scale; qlower's sessions disable it. This pins the
+    option and checks a model whose rows have very different scales."""
+    from qlower.backends.onnxruntime import OrtOptions
+    assert "MatMulIntegerToFloatFusion" in OrtOptions().disabled_optimizers
+    torch.manual_seed(2)
+    model, x = Mlp(bias=False).eval(), torch.randn(4, 32)
+    ep = qlower.quantize(model, (x,), _calibration((4, 32)), PER_TOKEN)
+    xi = x * torch.tensor([[0.01], [1.0], [100.0], [3.0]])
+    assert torch.equal(qlower.compile(ep, (x,), backend="onnxruntime")(xi), qlower.compile(ep, (x,), backend="reference")(xi))
+
+
+def test_dynamic_batch_and_sequence_on_onnxruntime():
+    torch.manual_seed(3)
+    model, x = Mlp().eval(), torch.randn(2, 6, 32)
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=512)
+    dyn = {"x": {0: batch, 1: seq}}
+    ort = qlower.compile(model, (x,), quantize=PER_TOKEN, calibration=_calibration((2, 6, 32)),
+                         backend="onnxruntime", dynamic_shapes=dyn)
+    ref = qlower.compile(model, (x,), quantize=PER_TOKEN, calibration=_calibration((2, 6, 32)),
+                         backend="reference", dynamic_shapes=dyn)
+    assert len(ort.report().compiled) == 1 and not ort.report().fallbacks
+    for shape in [(1, 1, 32), (3, 17, 32), (5, 2, 32)]:
+        xi = torch.randn(*shape)
+        assert torch.equal(ort(xi), ref(xi))
+
+
+class MovingOutliers(torch.nn.Module):
+    """A linear whose input has, in each token, a different channel 100x the others: a static
+    per-tensor scale must cover the outlier and leaves ~1 level for everything else."""
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _moving_outliers(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 16, 64, generator=g)
+    idx = torch.randint(0, 64, (16,), generator=g)
+    x[0, torch.arange(16), idx] *= 100 * torch.rand(16, generator=g)
+    return x
+
+
+def test_per_token_beats_static_on_token_dependent_outliers():
+    torch.manual_seed(4)
+    model = MovingOutliers().eval()
+    cal = [(_moving_outliers(s),) for s in range(8)]
+    tests = [_moving_outliers(100 + s) for s in range(4)]
+    want = torch.cat([model(x) for x in tests])
+    sqnr = {}
+    for name, cfg in {"static": QuantConfig(), "per-token": PER_TOKEN}.items():
+        cm = qlower.compile(model, cal[0], quantize=cfg, calibration=cal, backend="reference")
+        sqnr[name] = qlower.report.sqnr_db(want, torch.cat([cm(x) for x in tests]))
+    assert sqnr["per-token"] > sqnr["static"] + 6.0, sqnr
+
+
+def test_hf_llama_per_token_is_one_onnxruntime_cluster():
+    """A real architecture (random weights): every linear lowered per token, one cluster, no
+    fallbacks; integer ops exact, float ops between them (softmax, RMSNorm, SiLU) are each
+    engine's own, so outputs are close rather than equal."""
+    from qlower import zoo
+    entry = zoo.get("hf-llama")
+    model = entry.model()
+    cal = entry.calibration(2)
+    cfg = QuantConfig(activations="per-token", quantize_add=False, requantize_outputs=False)
+    ep = qlower.quantize(model, entry.inputs(1), cal, cfg)
+    ort = qlower.compile(ep, entry.inputs(1), backend="onnxruntime")
+    report = ort.report()
+    assert len(report.compiled) == 1 and not report.fallbacks
+    linears = sum(1 for n in model.modules() if isinstance(n, torch.nn.Linear))
+    assert report.rewrites["linear -> linear (per-token)"] == linears
+    ref = qlower.compile(ep, entry.inputs(1), backend="reference")
+    x = entry.inputs(1, seed=50)
+    y, r = ort(*x), ref(*x)
+    y, r = (y[0], r[0]) if isinstance(y, (tuple, list)) else (y, r)
+    assert qlower.report.sqnr_db(r, y) > 40.0
