@@ -10,15 +10,17 @@ from ..capture import capture, check_example_inputs
 from ..errors import QuantizeError
 from ..shapes import dynamic_spec, user_input_values
 from .calibrate import calibrate
-from .config import QuantConfig, SmoothQuant
+from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
 from .biascorrect import correct
 from .per_token import insert_per_token_qdq
 from .smoothquant import smooth
 
-__all__ = ["QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
+__all__ = ["AccuracyTarget", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
+# graph_module.meta key of a quantized program: the mixed-precision PrecisionChoice, if any
+PRECISION_CHOICE_KEY = "qlower_precision_choice"
 
 
 def is_quantized(program) -> bool:
@@ -42,10 +44,22 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                             hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
     config = config or QuantConfig()
     example_inputs = check_example_inputs(example_inputs)
+    calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read more than once
+    if config.target is not None:
+        from . import mixed_precision
+        program, choice = mixed_precision.choose(
+            model, example_inputs, calibration, config,
+            lambda c: _quantize_once(model, example_inputs, calibration, c, dynamic_shapes, adjust_observers))
+        program.graph_module.meta[PRECISION_CHOICE_KEY] = choice
+        return program
+    return _quantize_once(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers)
+
+
+def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dynamic_shapes,
+                   adjust_observers) -> torch.export.ExportedProgram:
     ep = capture(model, example_inputs, dynamic_shapes)
     gm = ep.module()
     state_names = [name for name, _ in gm.named_buffers()]
-    calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read twice
     with _state_restored(gm, state_names):
         rewrite_float(gm, calibration, config)
     observed = prepare_pt2e(gm, QlowerQuantizer(config))

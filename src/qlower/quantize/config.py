@@ -26,6 +26,31 @@ Observer = Literal["minmax", "histogram", "percentile", "mse"]
 
 
 @dataclass(frozen=True)
+class AccuracyTarget:
+    """Mixed precision to a target: the quantized model's outputs on the calibration inputs must
+    reach `value` in `metric` ("sqnr" in dB, or "cosine") against the float model's. Layers
+    (conv/linear/matmul) are kept in float, most sensitive first, until it holds with the fewest
+    float layers (quantize/mixed_precision.py). `max_float_layers` bounds the search."""
+    value: float
+    metric: Literal["sqnr", "cosine"] = "sqnr"
+    max_float_layers: int | None = None
+
+    def __post_init__(self):
+        if self.metric not in ("sqnr", "cosine"):
+            raise QuantizeError(f"target metric must be 'sqnr' or 'cosine', got {self.metric!r}")
+        if self.metric == "cosine" and not -1.0 <= self.value <= 1.0:
+            raise QuantizeError(f"a cosine target must be in [-1, 1], got {self.value}")
+        if self.max_float_layers is not None and self.max_float_layers < 0:
+            raise QuantizeError(f"max_float_layers must be >= 0, got {self.max_float_layers}")
+
+    def met(self, measured: float) -> bool:
+        return measured >= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric} >= {self.value:g}{' dB' if self.metric == 'sqnr' else ''}"
+
+
+@dataclass(frozen=True)
 class QuantConfig:
     """What qlower's Quantizer produces.
 
@@ -76,8 +101,16 @@ class QuantConfig:
     # Quantize matmuls of two activations (attention's Q @ K^T and P @ V). Off keeps them float:
     # softmax probabilities span many decades that one uint8 scale cannot hold (docs/accuracy.md).
     quantize_activation_matmul: bool = True
+    # Mixed precision: keep the most sensitive layers float until this accuracy holds
+    # (AccuracyTarget, or a number: an SQNR target in dB). None: every supported layer is int8.
+    target: AccuracyTarget | None = None
 
     def __post_init__(self):
+        if isinstance(self.target, (int, float)) and not isinstance(self.target, bool):
+            object.__setattr__(self, "target", AccuracyTarget(float(self.target)))
+        if self.target is not None and not isinstance(self.target, AccuracyTarget):
+            raise QuantizeError(f"target must be an AccuracyTarget or an SQNR in dB, got {self.target!r}",
+                                hint="e.g. QuantConfig(target=AccuracyTarget(0.99, metric='cosine'))")
         if self.activation_dtype not in ("uint8", "int8"):
             raise QuantizeError(f"activation_dtype must be 'uint8' or 'int8', got {self.activation_dtype!r}")
         if self.weight_bits not in (7, 8):

@@ -159,7 +159,11 @@ class QlowerQuantizer(Quantizer):
 
     def _finish(self, node: Node, inputs: dict) -> None:
         out = self._output_node(node)
-        if not self.config.requantize_outputs and not any(self._takes_quantized(u) for u in out.users):
+        # Outputs read only by layers kept float (mixed precision) are not quantized either:
+        # that rounding would be the kept layer's error, which keeping it float is meant to remove.
+        feeds_kept_float = bool(out.users) and all(self._kept_float(u) for u in out.users)
+        if (not self.config.requantize_outputs or feeds_kept_float) and \
+                not any(self._takes_quantized(u) for u in out.users):
             node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
             if out is not node:
                 out.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, None, _annotated=True)
@@ -174,6 +178,8 @@ class QlowerQuantizer(Quantizer):
         """Whether `user` (looking through shape-only ops) would quantize this input itself."""
         if user.op != "call_function":
             return False  # placeholder-free graphs: only the model output, which stays float
+        if self._kept_float(user):
+            return False
         if user.target in RANGE_PRESERVING_OPS or user.target in CONCAT_OPS or user.target in SPLIT_OPS \
                 or user.target is operator.getitem:
             return any(self._takes_quantized(u) for u in user.users)

@@ -33,6 +33,7 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
 
     from ..capture import capture
     from ..quantize import QlowerQuantizer, QuantConfig, calibrate, rewrite_float
+    from ..quantize.per_token import insert_per_token_qdq
 
     config = QuantConfig.from_name(config) if isinstance(config, str) else (config or QuantConfig())
     inputs = inputs or example_inputs
@@ -44,7 +45,10 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
     rewrite_float(float_gm, calibration, config)  # SmoothQuant / bias correction, as quantize() does
     observed = prepare_pt2e(float_gm, QlowerQuantizer(config))
     calibrate(observed, calibration)
-    quantized = prepare_for_propagation_comparison(convert_pt2e(observed))
+    converted = convert_pt2e(observed)
+    if config.activations == "per-token":
+        insert_per_token_qdq(converted)
+    quantized = prepare_for_propagation_comparison(converted)
     with torch.no_grad():
         reference(*inputs)
         quantized(*inputs)
