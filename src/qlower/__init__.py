@@ -24,6 +24,7 @@ from .errors import (ArtifactError, BackendError, CaptureError, InputError, Nume
 from .meta import QPARAMS_KEY, QParams  # noqa: E402
 from .quantize import QuantConfig  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
+from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
 __all__ = ["blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
            "CompiledModule", "QuantConfig", "QParams", "QPARAMS_KEY", "QlowerError", "CaptureError",

@@ -175,6 +175,103 @@ def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | reference
     console.print(table)
 
 
+@app.command()
+def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) or a float .pt2 program"),
+           quantize: str = typer.Option("int8", help="preset: int8, transformer, int8-symmetric, int8-7bit-weights"),
+           out: Path = typer.Option(Path("verify.html"), help="the HTML report (one self-contained file)"),
+           inputs: int = typer.Option(4, help="evaluation inputs (zoo / random: seeds 1000...)"),
+           calibration: int = typer.Option(8, help="calibration batches (zoo / random: seeds 100...)"),
+           batch: int = typer.Option(1, help="batch size of generated inputs"),
+           data: Optional[Path] = typer.Option(None, help="torch.save'd list of input tuples to evaluate on"),
+           calibration_data: Optional[Path] = typer.Option(None, help="torch.save'd list of input tuples to "
+                                                           "calibrate on (default: --data, else generated)"),
+           suggest: int = typer.Option(3, help="how many of the worst layers' modules to try in float"),
+           json_out: Optional[Path] = typer.Option(None, "--json", help="also write the report as JSON"),
+           top: int = typer.Option(10, help="layers printed here (the HTML has all)")):
+    """Float vs quantized on the same inputs: per-layer SQNR (worst first), activation outlier
+    statistics, measured suggestions (layers to keep float, SmoothQuant), one HTML report."""
+    import json
+    import warnings
+
+    import logging
+
+    from .errors import QlowerError
+    from .report.verify import verify as run_verify
+    logging.getLogger("torch.utils._pytree").addFilter(lambda r: "is an Enum subclass" not in r.getMessage())
+    progress = _progress_line()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            target, name, eval_inputs, calib, note = _verify_inputs(model, inputs, calibration, batch, data,
+                                                                     calibration_data)
+            report = run_verify(target, eval_inputs, calib, quantize, suggest=suggest, name=name, progress=progress)
+    except QlowerError as exc:
+        progress(None)
+        _fail(exc)
+    progress(None)
+    if note:
+        report.notes.append(note)
+    report.save_html(out)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.to_dict(), indent=1))
+    console.print(report.summary(top=top), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out}" + (f" and {json_out}" if json_out else ""), markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def _progress_line():
+    """One status line on stderr, rewritten in place on a terminal; nothing otherwise."""
+    def show(message):
+        if not err.is_terminal:
+            return
+        err.file.write("\r\033[K" + (f"qlower verify: {message}..." if message else ""))
+        err.file.flush()
+    return show
+
+
+def _verify_inputs(model: str, inputs: int, calibration: int, batch: int, data, calibration_data):
+    """(model or program, display name, evaluation inputs, calibration, note) for `qlower verify`."""
+    import torch
+
+    from . import zoo
+    from .capture import load_pt2
+    from .errors import InputError, QlowerError
+
+    def load(path: Path) -> list:
+        try:
+            loaded = torch.load(path, weights_only=True)
+        except Exception as exc:
+            raise InputError(f"could not read {path}: {exc}",
+                             hint="torch.save a list of input tuples, e.g. torch.save([(x1,), (x2,)], path)")
+        return [x if isinstance(x, (tuple, list)) else (x,) for x in (loaded if isinstance(loaded, list) else [loaded])]
+
+    given = load(data) if data else None
+    calib = load(calibration_data) if calibration_data else given
+    if model in zoo.ZOO:
+        entry = zoo.get(model)
+        evals = given or [entry.inputs(batch, seed=1000 + i) for i in range(inputs)]
+        return entry.model(), model, evals, calib or entry.calibration(calibration, batch), None
+    path = Path(model)
+    if not (path.suffix == ".pt2" or path.exists()):
+        raise QlowerError(f"{model!r} is neither a zoo model nor a .pt2 file", hint=f"zoo models: {sorted(zoo.ZOO)}")
+    ep = load_pt2(path)
+    note = None
+    if given is None or calib is None:
+        vals = [n.meta["val"] for n in ep.graph.nodes
+                if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+        if any(not v.dtype.is_floating_point for v in vals):
+            raise InputError("this program takes integer inputs; random ones would mean nothing",
+                             hint="pass --data (and --calibration-data) with torch.save'd input tuples")
+
+        def generated(seed: int) -> tuple:
+            gen = torch.Generator().manual_seed(seed)
+            return tuple(torch_zeros_like(v).normal_(generator=gen) for v in vals)  # symbolic dims: 1
+        note = "inputs are random N(0, 1) tensors: pass --data / --calibration-data for representative ones"
+        given = given or [generated(1000 + i) for i in range(inputs)]
+        calib = calib or [generated(100 + i) for i in range(calibration)]
+    return ep, path.stem, given, calib, note
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     app(args=argv)
 
