@@ -404,3 +404,24 @@ def test_compile_failure_falls_back_per_cluster(monkeypatch, small_net):
     assert "synthetic OpenVINO compile failure" in clusters[0].reason
     with torch.no_grad():
         torch.testing.assert_close(cm(*x), small_net(*x))
+
+
+def test_per_token_linear_runs_its_gemm_in_openvino_and_stays_exact():
+    """The run-time-scale ops (per-token quantization) are refused — OpenVINO's rewrites of
+    division/multiplication by run-time values changed the outputs — and run in PyTorch; the
+    integer GEMM between them still runs in OpenVINO, and the model equals the reference."""
+    from qlower.quantize import QuantConfig
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(2, 10, 64)
+    ep = qlower.quantize(model, (x,), [(torch.randn(2, 10, 64),) for _ in range(2)], QuantConfig(activations="per-token"))
+    ov = qlower.compile(ep, (x,), backend="openvino")
+    ref = qlower.compile(ep, (x,), backend="reference")
+    report = ov.report()
+    reasons = " ".join(str(c.reason) for c in report.fallbacks)
+    for op in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
+        assert f"{op}: OpenVINO rewrites" in reasons
+    assert sum(c.ops.get("qlower::linear", 0) for c in report.compiled) == 2
+    for seed in range(3):
+        xi = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(seed)) * 3
+        assert torch.equal(ov(xi), ref(xi))
