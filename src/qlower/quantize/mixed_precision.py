@@ -2,9 +2,9 @@
 
 Given QuantConfig.target, quantize everything, measure the program's outputs against the float
 model's on the calibration inputs, and if the target is missed, keep layers float in the order
-of their measured sensitivity (per-layer output SQNR, report/sensitivity.py, worst first): the
-k worst for k = 1, 2, 4, ... until the target holds, then a bisection down to the smallest k
-that holds. Each trial is a full quantization (keep_float changes the annotation and hence the
+of their measured sensitivity (each layer's own output SQNR on float inputs, report/verify.py,
+worst first): the k worst for k = 1, 2, 4, ... until the target holds, then a bisection down to
+the smallest k that holds (error is not monotone in k, so "smallest" is the bisection's). Each trial is a full quantization (keep_float changes the annotation and hence the
 calibrated ranges), so the cost is about 2 log2(layers) quantizations; every trial is recorded.
 Precisions tried per layer: int8 and float (an int16-activation path exists on no backend
 exactly yet, so it is not offered).
@@ -59,15 +59,13 @@ def measure(target: AccuracyTarget, model, program, inputs: list[tuple]) -> floa
 
 
 def ranked_layers(model, example_inputs, calibration, config: QuantConfig) -> list[str]:
-    """Module paths of conv/linear/matmul layers, most sensitive (lowest output SQNR) first."""
-    import warnings
-
-    from ..report.sensitivity import sensitivity
-    with warnings.catch_warnings():  # torch's own deprecation notes from deep-copying the graph
-        warnings.simplefilter("ignore", FutureWarning)
-        layers = sensitivity(model, example_inputs, calibration, dataclasses.replace(config, target=None),
-                             inputs=calibration[0])
-    return list(dict.fromkeys(layer.module for layer in layers if layer.module))
+    """Module paths of conv/linear/matmul layers, most sensitive first: each layer's own output
+    SQNR with float inputs (report/verify.py), so a bad layer's error carried into later layers
+    does not make them look bad too."""
+    from ..report.verify import verify
+    report = verify(model, calibration, calibration, dataclasses.replace(config, target=None),
+                    example_inputs=example_inputs, suggest=0, smoothquant=False)
+    return list(dict.fromkeys(layer.module for layer in report.layers if layer.quantized and layer.module))
 
 
 def choose(model, example_inputs, calibration, config: QuantConfig,
