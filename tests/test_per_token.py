@@ -260,3 +260,21 @@ def test_hf_llama_per_token_is_one_onnxruntime_cluster():
     y, r = ort(*x), ref(*x)
     y, r = (y[0], r[0]) if isinstance(y, (tuple, list)) else (y, r)
     assert qlower.report.sqnr_db(r, y) > 40.0
+
+
+def test_zoo_bert_per_token_session_builds_and_matches():
+    """Regression: attention output (int32 accumulator) -> dequantize -> transpose -> per-token
+    o_proj. Emitted as DequantizeLinear, ONNX Runtime's transpose optimizer pushed the Transpose
+    through it by inserting a QuantizeLinear with the int32 zero point and the session failed to
+    build (the whole cluster fell back). int32 dequantize is now Cast and Mul."""
+    import dataclasses
+    from qlower import zoo
+    entry = zoo.get("bert")
+    model = entry.model()
+    cfg = dataclasses.replace(QuantConfig.from_name("transformer"), activations="per-token")
+    ep = qlower.quantize(model, entry.inputs(1), entry.calibration(2), cfg)
+    ort = qlower.compile(ep, entry.inputs(1), backend="onnxruntime")
+    assert not ort.report().fallbacks
+    ref = qlower.compile(ep, entry.inputs(1), backend="reference")
+    x = entry.inputs(1, seed=7)
+    assert qlower.report.sqnr_db(ref(*x), ort(*x)) > 40.0

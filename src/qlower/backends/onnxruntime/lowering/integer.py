@@ -141,6 +141,13 @@ def quantize(x, scale, zero_point, qmin: int, qmax: int, dtype: int, axis: Optio
 def dequantize(x, scale, zero_point, axis: Optional[int] = None):
     sc, zp = value_of(scale).reshape(-1), value_of(zero_point).reshape(-1)
     per_channel = sc.size > 1
+    if np_dtype(x) == np.int32:
+        # An int32 accumulator: fp32(acc - zp) * s as Cast and Mul, the same values. ONNX
+        # Runtime's transpose optimizer pushes a Transpose through DequantizeLinear by inserting a
+        # QuantizeLinear with the int32 zero point, which no QuantizeLinear accepts: the session
+        # failed to build (attention output -> DQ -> transpose -> per-token o_proj, zoo bert).
+        centered = x if not zp.any() else op.Sub(x, const(_per_axis(zp.astype(np.int32), len(x.shape), axis)))
+        return op.Mul(op.Cast(centered, to=_FLOAT), const(_per_axis(sc.astype(np.float32), len(x.shape), axis)))
     attrs = {"axis": axis % len(x.shape)} if axis is not None and per_channel else {}
     squeeze = (lambda v: v) if per_channel else (lambda v: v.reshape(()))
     return op.DequantizeLinear(x, const(squeeze(sc), np.float32), const(squeeze(zp), np_dtype(x)), **attrs)
