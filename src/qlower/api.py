@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
-from .backends import get_backend, op_counts
+from .backends import auto_backends, default_selector, get_backend, op_counts
+from .backends.select import Program
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .errors import InputError, QlowerError, QuantizeError
 from .fx import copy_graph_module
@@ -42,9 +43,16 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
 
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
-            nan_policy: str = "warn") -> CompiledModule:
+            nan_policy: str = "warn", auto_candidates=None) -> CompiledModule:
     """Capture, (optionally) quantize, lower to integer ops, compile on `backend`.
 
+    backend:  "auto" (default): every installed candidate engine (onnxruntime, openvino, iree) is
+              compiled, checked against the reference backend on the example inputs and timed;
+              the fastest correct one is kept and `report()` says what was tried and why
+              (docs/architecture.md, "Engine choice"). A backend name means exactly that backend.
+    auto_candidates: the engines "auto" may choose from, e.g. ("onnxruntime", "openvino");
+              default $QLOWER_AUTO_BACKENDS (comma list, read at import), else all of them.
+              A single candidate is used without measuring.
     quantize: None (float model, or an already-quantized program), "int8", or a QuantConfig.
     profile:  requantization numerics profile, "float" (ONNX Runtime) or "fixed" (TOSA).
     backend_options: e.g. qlower.backends.onnxruntime.OrtOptions(threads=1, optimization="basic").
@@ -63,30 +71,58 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         raise QlowerError(f"unknown numerics profile {profile!r}", hint=f"use one of {PROFILES}")
     if nan_policy not in NAN_POLICIES:
         raise InputError(f"unknown nan_policy {nan_policy!r}", hint=f"use one of {NAN_POLICIES}")
-    if quantize is not None and quantize is not False:
+    quantizing = quantize is not None and quantize is not False
+    if quantizing:
         if calibration is None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
             raise QuantizeError("quantize was requested but no calibration data was given",
                                 hint="pass calibration=[(x,), ...] with a few representative inputs")
         if calibration is not None:
             calibration = prepare_calibration(calibration, example_inputs)
-        chosen = get_backend(backend, backend_options)
-        config, note = _config_for_backend(quantize, chosen.name)
-        if note:
-            notes.append(note)
-        ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes,
-                       adjust_observers=getattr(chosen, "adjust_observers", None))
+    if auto_candidates is not None and backend != "auto":
+        raise QlowerError(f"auto_candidates is for backend='auto', not backend={backend!r}")
+
+    def program_key(chosen) -> tuple:
+        """Equal keys: equal quantized programs (onnxruntime snaps add scales, maybe 7-bit weights)."""
+        if not quantizing or (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
+            return ()   # nothing is quantized here: every backend gets the same program
+        config, _ = _config_for_backend(quantize, chosen.name)
+        hook = getattr(chosen, "adjust_observers", None)
+        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}")
+
+    def build(chosen) -> Program:
+        """Capture / quantize for `chosen`, then run the pass pipeline."""
+        program_notes, label = [], ""
+        if quantizing:
+            config, note = _config_for_backend(quantize, chosen.name)
+            program_notes += [note] if note else []
+            hook = getattr(chosen, "adjust_observers", None)
+            ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
+            label = ", ".join([f"{config.weight_bits}-bit weights"]
+                              + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])) \
+                if program_key(chosen) else ""
+        else:
+            ep = capture(model, example_inputs, dynamic_shapes)
+        gm = _inference_state(ep.module())
+        ctx = PassManager(default_pipeline() if passes is None else list(passes)).run(gm, PassContext(profile=profile))
+        return Program(program_key(chosen), label, ep, gm, ctx, program_notes)
+
+    if backend == "auto":
+        selector = default_selector()
+        backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
+        selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why)
+        chosen, program, executable = selection.backend, selection.program, selection.executable
     else:
-        ep = capture(model, example_inputs, dynamic_shapes)
-    gm = _inference_state(ep.module())
-    ctx = PassManager(default_pipeline() if passes is None else list(passes)).run(gm, PassContext(profile=profile))
-    chosen = get_backend(backend, backend_options)
-    counts = op_counts(gm)
-    executable = chosen.compile(copy_graph_module(gm))  # backends may restructure their copy
+        chosen = get_backend(backend, backend_options)
+        program = build(chosen)
+        executable = chosen.compile(copy_graph_module(program.gm))  # backends may restructure their copy
+    ep, gm, ctx = program.ep, program.gm, program.ctx
+    notes += program.notes
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
-                           refusals=[str(r) for r in ctx.refusals], op_counts=counts)
+                           refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
+        report.engine_trials, report.engine_choice = selection.trials, selection.explanation
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
     return CompiledModule(gm, executable, input_specs_of(gm, ep.range_constraints), report, example_inputs, dyn,

@@ -1,4 +1,5 @@
-"""What a compilation did: clusters, backends, fallbacks (with reasons), rewrites, refusals."""
+"""What a compilation did: clusters, backends, fallbacks (with reasons), rewrites, refusals, and
+for backend="auto" which engines were measured and why the winner won."""
 from __future__ import annotations
 
 from collections import Counter
@@ -20,6 +21,41 @@ class ClusterInfo:
 
 
 @dataclass
+class EngineTrial:
+    """One engine measured by backend="auto" (backends/select.py)."""
+    backend: str
+    # chosen | slower (correct, not the fastest) | not-faster (correct, not faster than the
+    # reference backend) | mismatch (outputs differ from the reference backend) | failed (compile or
+    # run raised) | oracle (the reference backend: its outputs are the check, its time the baseline)
+    status: str
+    median_ms: float | None = None   # median of the timed calls on the example inputs
+    runs: int = 0                    # timed calls behind the median
+    compile_s: float | None = None
+    fallbacks: int = 0               # clusters that run in PyTorch instead of the engine
+    check: str | None = None         # "bit-exact" | "float tolerance": how outputs were compared
+    max_abs_diff: float | None = None  # worst |engine - reference| over the outputs
+    reason: str | None = None        # why it was refused / lost, or the failure message
+    program: str | None = None       # the quantized program it ran, where candidates differ
+
+    def describe(self) -> str:
+        parts = [f"{self.backend}: {self.status}"]
+        if self.median_ms is not None:
+            parts.append(f"{self.median_ms:.3f} ms (median of {self.runs})")
+        if self.compile_s is not None:
+            parts.append(f"compile {self.compile_s:.2f} s")
+        if self.fallbacks:
+            parts.append(f"{self.fallbacks} fallback cluster{'s' if self.fallbacks != 1 else ''}")
+        if self.check is not None:
+            diff = "" if self.max_abs_diff is None else f", max |diff| {self.max_abs_diff:.3g}"
+            parts.append(f"{self.check} vs reference{diff}")
+        if self.program:
+            parts.append(f"program: {self.program}")
+        if self.reason:
+            parts.append(self.reason)
+        return "; ".join(parts)
+
+
+@dataclass
 class CompileReport:
     backend: str
     profile: str
@@ -29,6 +65,9 @@ class CompileReport:
     refusals: list[str] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # backend="auto": every engine measured (empty when nothing was measured) and why the winner won
+    engine_trials: list[EngineTrial] = field(default_factory=list)
+    engine_choice: str | None = None
 
     @property
     def fallbacks(self) -> list[ClusterInfo]:
@@ -56,6 +95,7 @@ class CompileReport:
     def from_dict(d: dict) -> "CompileReport":
         d = dict(d)
         d["clusters"] = [ClusterInfo(**c) for c in d.get("clusters", [])]
+        d["engine_trials"] = [EngineTrial(**t) for t in d.get("engine_trials", [])]
         return CompileReport(**d)
 
     def __str__(self) -> str:
@@ -78,5 +118,8 @@ class CompileReport:
         if self.refusals:
             lines.append("refused (left in float):")
             lines += [f"  {r}" for r in self.refusals]
+        if self.engine_choice or self.engine_trials:
+            lines.append(f"engine choice: {self.engine_choice or self.backend}")
+            lines += [f"  {t.describe()}" for t in self.engine_trials]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -1,0 +1,471 @@
+"""Engine choice by measurement: what `compile(backend="auto")` does.
+
+Every installed candidate engine (onnxruntime, openvino, iree: `AUTO_CANDIDATES`, restricted by
+$QLOWER_AUTO_BACKENDS or `compile(auto_candidates=...)`) compiles the model; each is run on the
+example inputs and compared with the reference backend on the same quantized program, then timed
+(median of a bounded loop); the fastest correct one is kept. Outputs are compared bit for bit
+when the program is quantized and computes nothing in float but dequantize and exact data
+movement (the canonical numerics are then fully defined); otherwise (fp32 models, float ops such
+as softmax/LayerNorm between integer ops) within a float tolerance. A candidate that fails to
+compile or run, mismatches, or is not faster than the reference backend (fallback clusters can
+make it so) is recorded and skipped; if none is left, the reference backend runs the model.
+`CompileReport.engine_trials` / `engine_choice` say what was tried and why the winner won.
+
+Cost is bounded: no measurement with fewer than two candidates; quantization runs once per
+distinct backend quantization (onnxruntime snaps add scales and may use 7-bit weights, the others
+share one program); each timing loop stops after `timing_calls` calls or `timing_seconds`; and a
+recompile of the same lowered graph (same constants, candidates, options, input shapes, CPU and
+thread count) reuses the earlier decision from `EngineSelector`'s bounded in-memory cache instead
+of measuring again.
+
+The selector used by `compile` is one module-level `EngineSelector` (`default_selector()`); its
+only mutable state is that cache, an `LRUCache` of `AutoSettings.cache_entries` decisions.
+Settings are read from the environment once, at import (`SETTINGS`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from ..errors import BackendError
+from ..fx import copy_graph_module, mutated_attributes, schema_name
+from ..report.compile_report import EngineTrial
+from .base import Backend, Executable
+from .onnxruntime.cache import LRUCache
+
+AUTO_ENV = "QLOWER_AUTO_BACKENDS"
+# Engines backend="auto" measures, in preference order (which one wins a tie).
+AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
+
+# Ops whose float result every engine computes identically (data movement, selection, IEEE-exact
+# single operations): a quantized program holding no other float op is compared bit for bit.
+EXACT_FLOAT_OPS = frozenset({
+    "qlower::dequantize", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+    "aten::transpose", "aten::t", "aten::flatten", "aten::squeeze", "aten::unsqueeze",
+    "aten::expand", "aten::cat", "aten::stack", "aten::slice", "aten::select", "aten::split",
+    "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::clone", "aten::contiguous",
+    "aten::alias", "aten::detach", "aten::relu", "aten::max_pool2d", "aten::max_pool1d",
+    "aten::neg", "aten::abs", "getitem",
+})
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """How backend="auto" measures. `from_env` reads $QLOWER_AUTO_BACKENDS (comma-separated
+    backend names: the candidates; one name means that engine without measuring)."""
+    candidates: tuple[str, ...] = AUTO_CANDIDATES
+    source: str = "default"          # where `candidates` came from (for messages)
+    timing_calls: int = 15           # at most this many timed calls per engine ...
+    timing_seconds: float = 0.3      # ... or until this much time has passed (at least one call)
+    tie_margin: float = 0.05         # within 5% of the fastest: the earlier candidate wins (noise)
+    rtol: float = 1e-4               # float outputs: |got - want| <= atol + rtol * max|want|
+    atol: float = 1e-5
+    cache_entries: int = 32          # decisions kept in memory
+
+    @classmethod
+    def from_env(cls, environ=None) -> "AutoSettings":
+        raw = (os.environ if environ is None else environ).get(AUTO_ENV, "").strip()
+        if not raw:
+            return cls()
+        names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+        return cls(candidates=names, source=f"${AUTO_ENV}={raw}")
+
+
+SETTINGS = AutoSettings.from_env()   # read once, at import
+
+
+@dataclass
+class Program:
+    """A lowered program: built once per distinct backend quantization (by api.compile)."""
+    key: tuple                 # equal keys: equal programs (quantization config, observer hook)
+    label: str                 # how it was quantized, for the report ("" for float models)
+    ep: Any                    # the (quantized) ExportedProgram
+    gm: GraphModule            # after the pass pipeline
+    ctx: Any                   # the PassContext (rewrites, refusals)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Selection:
+    backend: Backend
+    program: Program
+    executable: Executable
+    trials: list[EngineTrial]
+    explanation: str
+    cached: bool = False
+
+
+@dataclass
+class _Oracle:
+    program: Program
+    executable: Executable
+    state: "_State"
+    outputs: Any
+    trial: EngineTrial
+    exact: bool           # compare bit for bit (else within the float tolerance)
+
+
+@dataclass
+class _Decision:
+    winner: str
+    trials: list[EngineTrial]
+    explanation: str
+
+
+class EngineSelector:
+    """Chooses the engine for backend="auto"; remembers each decision (bounded LRU) so a
+    recompile of the same graph does not measure again."""
+
+    def __init__(self, settings: AutoSettings = SETTINGS):
+        self.settings = settings
+        self._decisions = LRUCache(settings.cache_entries)
+        self.measured = 0      # selections that ran measurements (not served from the cache)
+
+    def clear(self) -> None:
+        self._decisions.clear()
+
+    # ---------------------------------------------------------------- candidates
+    def candidate_names(self, names: Sequence[str] | None = None) -> tuple[str, ...]:
+        """`names` (compile's auto_candidates=: names, or one comma-separated string like
+        $QLOWER_AUTO_BACKENDS), else the settings' candidates; validated."""
+        from . import backend_names
+        source = "auto_candidates" if names is not None else self.settings.source
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        names = tuple(dict.fromkeys(names)) if names is not None else self.settings.candidates
+        if not names or not all(isinstance(n, str) for n in names):
+            raise BackendError(f"{source}: expected a non-empty list of backend names, got {names!r}",
+                               hint=f"e.g. ('onnxruntime', 'openvino'); known: {backend_names()}")
+        unknown = [n for n in names if n not in backend_names() or n == "auto"]
+        if unknown:
+            raise BackendError(f"{source} names unknown backend(s) {unknown}", hint=f"use some of {backend_names()}")
+        return names
+
+    # ---------------------------------------------------------------- selection
+    def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], tuple],
+               build: Callable[[Backend], Program], example_inputs: tuple, profile: str,
+               why_unmeasured: str | None = None) -> Selection:
+        """`backends`: the available candidates, in preference order (the reference backend
+        among them is the fallback, never measured). `program_key(b)`: which quantized program
+        b needs (cheap); `build(b)`: build it (quantize, lower)."""
+        from .reference import ReferenceBackend
+        reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
+        measured = [b for b in backends if b.name != "reference"]
+        if len(measured) < 2:
+            chosen = measured[0] if measured else reference
+            why = why_unmeasured or ("the only available candidate" if measured else
+                                     "no candidate engine is available")
+            program = build(chosen)
+            return Selection(chosen, program, chosen.compile(copy_graph_module(program.gm)), [],
+                             f"{chosen.name}: {why}; not measured")
+
+        programs: dict[tuple, Program] = {}
+
+        def program_for(b: Backend) -> Program:
+            key = program_key(b)
+            if key not in programs:
+                programs[key] = build(b)
+            return programs[key]
+
+        primary = program_for(measured[0])
+        key = self._key(primary, measured, program_key, example_inputs, profile)
+        decision = self._decisions.get(key)
+        if decision is not None:
+            chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
+            program = program_for(chosen)
+            try:
+                executable = chosen.compile(copy_graph_module(program.gm))
+                return Selection(chosen, program, executable, [replace(t) for t in decision.trials],
+                                 decision.explanation + " (decided by an earlier measurement of this graph "
+                                 "in this process; not measured again)", cached=True)
+            except Exception:   # the engine no longer compiles it: measure afresh
+                self._decisions.pop(key, None)
+
+        self.measured += 1
+        selection = self._measure(measured, reference, program_for, example_inputs)
+        self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
+                                         selection.explanation)
+        return selection
+
+    def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs) -> Selection:
+        s = self.settings
+        trials: list[EngineTrial] = []
+        oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
+        results: dict[str, tuple[Executable, Program, EngineTrial]] = {}
+        programs = {id(program_for(b)) for b in candidates}
+        for backend in candidates:
+            program = program_for(backend)
+            if id(program) not in oracles:
+                oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
+                                                    label=program.label if len(programs) > 1 else None)
+            oracle = oracles[id(program)]
+            trial = EngineTrial(backend.name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
+                                program=program.label if len(programs) > 1 else None)
+            trials.append(trial)
+            start = time.perf_counter()
+            try:
+                executable = backend.compile(copy_graph_module(program.gm))
+            except Exception as exc:
+                trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
+                continue
+            trial.compile_s = time.perf_counter() - start
+            trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
+            try:
+                state = _State(executable, program.gm)
+                got = state.call(example_inputs)
+                ok, trial.max_abs_diff, why = _compare(got, oracle.outputs, oracle.exact, s.rtol, s.atol)
+                if not ok:
+                    trial.status, trial.reason = "mismatch", why
+                    state.restore()
+                    continue
+                trial.median_ms, trial.runs = _time(state, example_inputs, s)
+                state.restore()
+            except Exception as exc:
+                trial.reason = f"run raised {_brief(exc)}"
+                continue
+            trial.status = "slower"   # until it wins
+            results[backend.name] = (executable, program, trial)
+
+        # The reference's time, the baseline each correct candidate must beat: its check call was
+        # the warm-up; the loop stops early once its fastest call is slower than every candidate
+        # on that program (its median can then only be slower too).
+        for oracle in oracles.values():
+            mine = [t for _, prog, t in results.values() if prog is oracle.program]
+            if mine:
+                oracle.trial.median_ms, oracle.trial.runs = _time(
+                    oracle.state, example_inputs, s, warmup=False, stop_above=max(t.median_ms for t in mine))
+                oracle.state.restore()
+                for t in mine:
+                    if t.median_ms >= oracle.trial.median_ms:
+                        t.status = "not-faster"
+                        t.reason = f"not faster than the reference backend ({oracle.trial.median_ms:.3f} ms)"
+                        del results[t.backend]
+
+        if not results:
+            program = program_for(reference)
+            if id(program) in oracles:
+                executable = oracles[id(program)].executable
+            else:
+                executable = reference.compile(copy_graph_module(program.gm))
+            refused = ", ".join(f"{t.backend} {t.status}" for t in trials if t.status != "oracle")
+            return Selection(reference, program, executable, trials,
+                             f"reference: no candidate was correct and faster than the reference backend ({refused})")
+
+        order = [b.name for b in candidates]
+        fastest = min(results.values(), key=lambda r: r[2].median_ms)[2]
+        # noise guard: the earliest candidate within tie_margin of the fastest wins
+        winner = next(n for n in order if n in results
+                      and results[n][2].median_ms <= fastest.median_ms * (1 + s.tie_margin))
+        executable, program, trial = results[winner]
+        trial.status = "chosen"
+        for name, (_, _, other) in results.items():
+            if name != winner:
+                other.reason = f"{other.median_ms / trial.median_ms:.2f}x the time of {winner}"
+        correct = len(results)
+        if trial is fastest:
+            plural = "s" if correct > 1 else ""
+            why = f"{winner}: fastest of {correct} correct candidate{plural} ({trial.median_ms:.3f} ms)"
+        else:
+            why = (f"{winner}: within {s.tie_margin:.0%} of the fastest ({fastest.backend} {fastest.median_ms:.3f} ms "
+                   f"vs {trial.median_ms:.3f} ms) and earlier in the preference order {order}")
+        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster")]
+        if refused:
+            why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
+        return Selection(self._backend(candidates, winner), program, executable, trials, why)
+
+    def _oracle(self, reference: Backend, program: Program, example_inputs, trials, label) -> "_Oracle":
+        """The reference backend on `program`: its outputs on the example inputs (the check) and
+        whether candidates must match them bit for bit; it is timed later, if needed."""
+        exact = is_quantized_program(program) and not float_compute_ops(program.gm)
+        start = time.perf_counter()
+        executable = reference.compile(copy_graph_module(program.gm))
+        trial = EngineTrial(reference.name, "oracle", compile_s=time.perf_counter() - start, program=label,
+                            reason="candidates must match its outputs and be faster")
+        state = _State(executable, program.gm)
+        outputs = state.call(example_inputs)
+        state.restore()
+        trials.append(trial)
+        return _Oracle(program, executable, state, outputs, trial, exact)
+
+    @staticmethod
+    def _backend(candidates, name):
+        return next(b for b in candidates if b.name == name)
+
+    def _key(self, program: Program, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
+        """The decision's cache key: the lowered graph (code and every constant), the candidates
+        with their options and programs, input shapes/dtypes, profile, CPU and thread count."""
+        from .onnxruntime.cpu import fingerprint
+        h = hashlib.sha256(graph_digest(program.gm).encode())
+        for b in backends:
+            h.update(f"|{b.name}:{getattr(b, 'options', None)!r}:{program_key(b)!r}".encode())
+        leaves = torch.utils._pytree.tree_leaves(example_inputs)
+        h.update(repr([(getattr(x, "dtype", type(x)), tuple(getattr(x, "shape", ()))) for x in leaves]).encode())
+        h.update(f"|{profile}|{fingerprint()}|{torch.get_num_threads()}|{self.settings}".encode())
+        return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- helpers
+def is_quantized_program(program: Program) -> bool:
+    from ..quantize import is_quantized
+    return is_quantized(program.ep)
+
+
+def float_compute_ops(gm: GraphModule) -> list[str]:
+    """Ops computing a float result that engines may round differently (not in EXACT_FLOAT_OPS)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        if not any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals):
+            continue
+        name = schema_name(node).split(".")[0]
+        if name not in EXACT_FLOAT_OPS:
+            out.append(name)
+    return out
+
+
+def graph_digest(gm: GraphModule) -> str:
+    """sha256 of the graph's code and every tensor it reads through get_attr (dtype, shape, bytes)."""
+    h = hashlib.sha256(gm.code.encode())
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        t = _resolve(gm, str(node.target))
+        if isinstance(t, torch.Tensor):
+            t = t.detach().contiguous()
+            h.update(f"{node.target}:{t.dtype}:{tuple(t.shape)}:".encode())
+            h.update(hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"").digest())
+        else:
+            h.update(f"{node.target}:{type(t).__name__}".encode())
+    return h.hexdigest()
+
+
+def _resolve(module, path: str):
+    obj = module
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+class _State:
+    """Calls an executable for measuring without leaving a trace: inputs are cloned per call (a
+    model may write its inputs), and module state the program writes (caches, counters) is put
+    back before every call and at the end, so the kept executable starts where a fresh compile
+    would."""
+
+    def __init__(self, executable: Executable, gm: GraphModule):
+        self.executable = executable
+        self.saved: dict[str, torch.Tensor] = {}
+        names = mutated_attributes(gm)
+        if not names:
+            return
+        module = executable.module
+        for name in sorted(names):
+            t = _resolve(module, name) if module is not None else None
+            if not isinstance(t, torch.Tensor):
+                raise BackendError(f"module state {name!r} is not reachable on the compiled module, so "
+                                   "measuring would change it")
+            self.saved[name] = t.detach().clone()
+
+    def restore(self) -> None:
+        if not self.saved:
+            return
+        with torch.no_grad():
+            for name, value in self.saved.items():
+                _resolve(self.executable.module, name).copy_(value)
+
+    def call(self, example_inputs: tuple):
+        self.restore()
+        args = torch.utils._pytree.tree_map(
+            lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
+        if not self.executable.needs_no_grad:
+            return self.executable.run(*args)
+        with torch.no_grad():
+            return self.executable.run(*args)
+
+
+def _time(state: _State, example_inputs: tuple, s: AutoSettings, warmup: bool = True,
+          stop_above: float | None = None) -> tuple[float, int]:
+    """(median ms, timed calls): a warm-up call, then timed calls until `timing_calls` or
+    `timing_seconds` (whichever first, at least one), or until the fastest call so far is slower
+    than `stop_above` ms."""
+    if warmup:
+        state.call(example_inputs)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < s.timing_calls:
+        state.restore()
+        args = torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
+        t0 = time.perf_counter()
+        if state.executable.needs_no_grad:
+            with torch.no_grad():
+                state.executable.run(*args)
+        else:
+            state.executable.run(*args)
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start >= s.timing_seconds or \
+                (stop_above is not None and min(times) * 1e3 > stop_above):
+            break
+    return statistics.median(times) * 1e3, len(times)
+
+
+def _compare(got, want, exact: bool, rtol: float, atol: float) -> tuple[bool, float | None, str | None]:
+    """(equal enough, worst |got - want|, why not). exact: every element equal (NaN equals NaN);
+    else float elements within atol + rtol * max|want| of the tensor; integers always exact."""
+    g_leaves, g_spec = torch.utils._pytree.tree_flatten(got)
+    w_leaves, w_spec = torch.utils._pytree.tree_flatten(want)
+    if g_spec != w_spec:
+        return False, None, f"output structure differs: {g_spec} vs {w_spec}"
+    worst = 0.0
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if g != w:
+                return False, None, f"output {i}: {g!r} != {w!r}"
+            continue
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return False, None, f"output {i}: {g.dtype}{list(g.shape)} vs reference {w.dtype}{list(w.shape)}"
+        if g.numel() == 0:
+            continue
+        g64, w64 = g.detach().to(torch.float64), w.detach().to(torch.float64)
+        same = (g64 == w64) | (torch.isnan(g64) & torch.isnan(w64))
+        diff = torch.where(same, torch.zeros_like(g64), (g64 - w64).abs().nan_to_num(nan=float("inf")))
+        worst = max(worst, float(diff.max()))
+        if exact or not w.dtype.is_floating_point:
+            bad = int((~same).sum())
+            if bad:
+                return False, worst, (f"output {i}: {bad}/{w.numel()} elements differ from the reference "
+                                      f"(max {float(diff.max()):.3g}; bit-exact required)")
+            continue
+        finite = w64[torch.isfinite(w64)]
+        bound = atol + rtol * (float(finite.abs().max()) if finite.numel() else 0.0)
+        bad = int((diff > bound).sum())
+        if bad:
+            return False, worst, (f"output {i}: {bad}/{w.numel()} elements beyond the float tolerance "
+                                  f"{bound:.3g} (max {float(diff.max()):.3g})")
+    return True, worst, None
+
+
+def _brief(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:200]}"
+
+
+# The selector compile(backend="auto") uses. Its decision cache is the one piece of module-level
+# mutable state here: an LRUCache bounded by SETTINGS.cache_entries, holding names and timings only
+# (no engines, no tensors).
+_DEFAULT = EngineSelector(SETTINGS)
+
+
+def default_selector() -> EngineSelector:
+    return _DEFAULT

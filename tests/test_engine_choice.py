@@ -1,0 +1,303 @@
+"""backend="auto": engine choice by measurement (backends/select.py).
+
+Fake engines are registered next to the real ones: they run the graph like the reference backend
+and then replay its output (fast), sleep (slow / sluggish), change one element (wrong) or raise
+(broken), so which one must win is known regardless of this machine's speed."""
+import json
+import time
+
+import pytest
+import torch
+
+import qlower
+from qlower import api
+from qlower.backends import AUTO_CANDIDATES, AutoSettings, EngineSelector, ReferenceBackend, auto_backends
+from qlower.backends import select
+from qlower.backends.base import Executable
+from qlower.errors import BackendError, QlowerError
+from qlower.report import CompileReport
+from qlower.report.compile_report import EngineTrial
+
+from conftest import calib
+
+X_SHAPE = (1, 3, 16, 16)
+
+
+class Fake:
+    """Replays the reference backend's output for inputs it has seen (so it is fast), after
+    `delay` seconds, with `perturb` added to one output element; `fail` raises in compile."""
+    name, delay, perturb, fail = "fake", 0.0, 0.0, False
+    compiles: list[str] = []
+
+    def __init__(self, options=None):
+        from qlower.partition import Capability
+        self.capability = Capability(self.name)
+
+    def available(self) -> bool:
+        return True
+
+    def compile(self, gm):
+        Fake.compiles.append(self.name)
+        if self.fail:
+            raise RuntimeError("synthetic compile failure")
+        inner, memo = ReferenceBackend().compile(gm), {}
+
+        def run(*args):
+            key = tuple(a.numpy().tobytes() for a in args)
+            if key not in memo:
+                with torch.no_grad():
+                    out = inner.run(*args).clone()
+                if self.perturb:
+                    out.view(-1)[0] += self.perturb
+                memo[key] = out
+            if self.delay:
+                time.sleep(self.delay)
+            return memo[key].clone()
+        return Executable(run=run, clusters=inner.clusters, module=inner.module)
+
+
+def fake(name, **kw):
+    return type(name, (Fake,), {"name": name, **kw})
+
+
+FAKES = {"fast": fake("fast"), "slow": fake("slow", delay=0.0002), "sluggish": fake("sluggish", delay=0.03),
+         "wrong": fake("wrong", perturb=1.0), "tiny_noise": fake("tiny_noise", perturb=1e-7),
+         "broken": fake("broken", fail=True)}
+
+
+@pytest.fixture
+def selector(monkeypatch):
+    """A fresh selector (empty decision cache) with the fake engines registered."""
+    import qlower.backends as backends
+    for name, cls in FAKES.items():
+        monkeypatch.setitem(backends._BACKENDS, name, cls)
+    Fake.compiles = []
+    fresh = EngineSelector(AutoSettings())
+    monkeypatch.setattr(select, "_DEFAULT", fresh)
+    return fresh
+
+
+def compile_int8(model, candidates, x=None, **kw):
+    x = x if x is not None else (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(3)),)
+    return qlower.compile(model, x, quantize="int8", calibration=calib(X_SHAPE), auto_candidates=candidates, **kw)
+
+
+def by_name(report: CompileReport) -> dict[str, EngineTrial]:
+    return {t.backend: t for t in report.engine_trials if t.status != "oracle"}
+
+
+# ------------------------------------------------------------------------------ the choice
+@pytest.mark.parametrize("order", [("slow", "fast"), ("fast", "slow")])
+def test_fastest_correct_candidate_wins_whatever_the_order(selector, integer_net, order):
+    cm = compile_int8(integer_net, order)
+    report = cm.report()
+    trials = by_name(report)
+    assert report.backend == "fast"
+    assert trials["fast"].status == "chosen" and trials["slow"].status == "slower"
+    assert trials["fast"].median_ms < trials["slow"].median_ms
+    # the integer-only program is compared bit for bit, and both replay the reference exactly
+    assert {t.check for t in trials.values()} == {"bit-exact"} and trials["slow"].max_abs_diff == 0
+    oracle = next(t for t in report.engine_trials if t.status == "oracle")
+    assert oracle.backend == "reference" and oracle.median_ms > trials["slow"].median_ms
+    assert report.engine_choice.startswith("fast: fastest of 2 correct candidates")
+    assert "engine choice: fast" in str(report) and "slow: slower" in str(report)
+
+
+def test_tie_margin_prefers_the_earlier_candidate(selector, integer_net, monkeypatch):
+    """Within tie_margin of the fastest, the earlier candidate wins (timing noise on a shared
+    machine must not flip the choice); the report says so."""
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(tie_margin=1000.0)))
+    report = compile_int8(integer_net, ("slow", "fast")).report()
+    assert report.backend == "slow" and by_name(report)["fast"].median_ms < by_name(report)["slow"].median_ms
+    assert report.engine_choice.startswith("slow: within") and "preference order" in report.engine_choice
+
+
+def test_mismatching_candidate_is_refused_even_when_fastest(selector, integer_net):
+    x = (torch.randn(*X_SHAPE),)
+    cm = compile_int8(integer_net, ("wrong", "slow"), x=x)
+    trials = by_name(cm.report())
+    assert cm.report().backend == "slow"
+    assert trials["wrong"].status == "mismatch" and trials["wrong"].median_ms is None
+    assert "1/5 elements differ" in trials["wrong"].reason
+    assert trials["wrong"].max_abs_diff == pytest.approx(1.0, abs=1e-4)
+    ref = qlower.compile(integer_net, x, quantize="int8", calibration=calib(X_SHAPE), backend="reference")
+    assert torch.equal(cm(*x), ref(*x))
+
+
+def test_float_model_within_tolerance_accepted_beyond_refused(selector, small_net):
+    x = (torch.randn(*X_SHAPE),)
+    cm = qlower.compile(small_net, x, auto_candidates=("wrong", "tiny_noise"))
+    trials = by_name(cm.report())
+    assert cm.report().backend == "tiny_noise"
+    assert trials["tiny_noise"].check == "float tolerance" and 0 < trials["tiny_noise"].max_abs_diff < 1e-6
+    assert trials["wrong"].status == "mismatch" and "beyond the float tolerance" in trials["wrong"].reason
+
+
+def test_not_faster_than_reference_failures_and_all_refused_fall_back_to_reference(selector, integer_net):
+    cm = compile_int8(integer_net, ("broken", "wrong", "sluggish"))
+    report = cm.report()
+    trials = by_name(report)
+    assert report.backend == "reference"
+    assert trials["broken"].status == "failed" and "synthetic compile failure" in trials["broken"].reason
+    assert trials["wrong"].status == "mismatch"
+    assert trials["sluggish"].status == "not-faster" and "not faster than the reference" in trials["sluggish"].reason
+    assert report.engine_choice.startswith("reference: no candidate was correct and faster")
+    x = (torch.randn(*X_SHAPE),)
+    ref = qlower.compile(integer_net, x, quantize="int8", calibration=calib(X_SHAPE), backend="reference")
+    assert torch.equal(cm(*x), ref(*x))
+
+
+def test_real_engines_int8_bit_exact_and_the_fastest_kept(selector, integer_net):
+    """Every installed engine (the default candidates) is measured on an integer-only program:
+    each correct one matched the reference bit for bit, and the winner is the fastest (within the
+    tie margin, which prefers the earlier candidate)."""
+    backends, why = auto_backends(AUTO_CANDIDATES)
+    engines = [b.name for b in backends if b.name != "reference"]
+    if len(engines) < 2:
+        pytest.skip(f"needs two engines installed ({why})")
+    x = (torch.randn(*X_SHAPE),)
+    cm = compile_int8(integer_net, None, x=x)
+    report = cm.report()
+    trials = by_name(report)
+    assert list(trials) == engines and selector.measured == 1
+    correct = {n: t for n, t in trials.items() if t.status in ("chosen", "slower")}
+    assert report.backend in correct and all(t.check == "bit-exact" and t.max_abs_diff == 0 for t in correct.values())
+    assert trials[report.backend].median_ms <= min(t.median_ms for t in correct.values()) * 1.05 + 1e-9
+    ref = qlower.compile(integer_net, x, quantize="int8", calibration=calib(X_SHAPE), backend="reference")
+    for seed in range(3):
+        xs = (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(seed)),)
+        assert torch.equal(cm(*xs), ref(*xs))
+
+
+def test_quantized_once_per_distinct_backend_config(selector, integer_net, monkeypatch):
+    """onnxruntime snaps add scales (its own program); openvino and the fakes share one."""
+    calls = []
+    real = api._quantize
+    monkeypatch.setattr(api, "_quantize", lambda *a, **kw: calls.append(kw.get("adjust_observers")) or real(*a, **kw))
+    cm = compile_int8(integer_net, ("onnxruntime", "fast", "slow"))
+    assert len(calls) == 2 and sum(c is not None for c in calls) == 1
+    programs = {t.backend: t.program for t in cm.report().engine_trials if t.status != "oracle"}
+    assert "snapped" in programs["onnxruntime"] and programs["fast"] == programs["slow"]
+    assert sum(t.status == "oracle" for t in cm.report().engine_trials) == 2   # one oracle per program
+
+
+# ------------------------------------------------------------------------------ no measuring
+def test_fixed_backend_name_never_measures(selector, integer_net, monkeypatch):
+    def boom(*a, **kw):
+        raise AssertionError("measured")
+    monkeypatch.setattr(EngineSelector, "select", boom)
+    cm = qlower.compile(integer_net, (torch.randn(*X_SHAPE),), quantize="int8", calibration=calib(X_SHAPE),
+                        backend="fast")
+    assert cm.report().backend == "fast" and cm.report().engine_trials == [] and cm.report().engine_choice is None
+    assert Fake.compiles == ["fast"]
+    with pytest.raises(QlowerError, match="auto_candidates"):
+        qlower.compile(integer_net, (torch.randn(*X_SHAPE),), backend="reference", auto_candidates=("fast",))
+
+
+def test_single_candidate_is_used_without_measuring(selector, integer_net):
+    cm = compile_int8(integer_net, ("slow",))
+    assert cm.report().backend == "slow" and cm.report().engine_trials == [] and selector.measured == 0
+    assert "not measured" in cm.report().engine_choice and Fake.compiles == ["slow"]
+
+
+# ------------------------------------------------------------------------------ cache
+def test_recompile_of_the_same_graph_reuses_the_decision(selector, integer_net):
+    first = compile_int8(integer_net, ("slow", "fast"))
+    assert selector.measured == 1 and sorted(Fake.compiles) == ["fast", "slow"]
+    Fake.compiles = []
+    again = compile_int8(integer_net, ("slow", "fast"))
+    assert selector.measured == 1 and Fake.compiles == ["fast"]           # only the winner compiled
+    assert again.report().backend == "fast" and "not measured again" in again.report().engine_choice
+    assert again.report().engine_trials == first.report().engine_trials
+    # other weights: another graph, measured again
+    with torch.no_grad():
+        integer_net.conv.weight.mul_(0.5)
+    compile_int8(integer_net, ("slow", "fast"))
+    assert selector.measured == 2
+    # another candidate set: another key
+    compile_int8(integer_net, ("fast", "slow", "sluggish"))
+    assert selector.measured == 3
+
+
+def test_decision_cache_is_bounded(integer_net, monkeypatch):
+    import qlower.backends as backends
+    for name, cls in FAKES.items():
+        monkeypatch.setitem(backends._BACKENDS, name, cls)
+    small = EngineSelector(AutoSettings(cache_entries=1))
+    monkeypatch.setattr(select, "_DEFAULT", small)
+    compile_int8(integer_net, ("slow", "fast"))
+    compile_int8(integer_net, ("fast", "slow"))      # evicts the first decision
+    compile_int8(integer_net, ("slow", "fast"))
+    assert small.measured == 3 and len(small._decisions) == 1
+
+
+# ------------------------------------------------------------------------------ report
+def test_report_round_trips_with_engine_trials(selector, integer_net):
+    report = compile_int8(integer_net, ("broken", "slow", "fast")).report()
+    d = json.loads(json.dumps(report.to_dict()))
+    back = CompileReport.from_dict(d)
+    assert back.engine_trials == report.engine_trials and back.engine_choice == report.engine_choice
+    assert all(isinstance(t, EngineTrial) for t in back.engine_trials)
+    assert str(back) == str(report)
+    text = str(report)
+    assert "broken: failed" in text and "compile raised RuntimeError" in text and "reference: oracle" in text
+    # a report written before engine choice existed still loads
+    old = {k: v for k, v in d.items() if k not in ("engine_trials", "engine_choice")}
+    assert CompileReport.from_dict(old).engine_trials == []
+
+
+def test_saved_and_loaded_auto_model_keeps_its_engine_report(selector, integer_net, tmp_path):
+    cm = compile_int8(integer_net, ("onnxruntime", "sluggish"))
+    assert cm.report().backend == "onnxruntime"
+    loaded = qlower.load(cm.save(tmp_path / "m.pt2"))
+    assert loaded.report().engine_trials == cm.report().engine_trials
+    x = (torch.randn(*X_SHAPE),)
+    assert torch.equal(loaded(*x), cm(*x))
+
+
+# ------------------------------------------------------------------------------ state, settings
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        self.n.add_(1)
+        return self.fc(x) + self.n
+
+
+def test_measuring_leaves_module_state_and_inputs_as_they_were(selector):
+    torch.manual_seed(0)
+    model, x = Counter().eval(), torch.randn(2, 4)
+    x_before = x.clone()
+    cm = qlower.compile(model, (x,), auto_candidates=("onnxruntime", "openvino"))
+    assert cm.report().engine_trials and torch.equal(x, x_before) and float(model.n) == 0
+    ref = qlower.compile(model, (x,), backend="reference")
+    for _ in range(3):   # the counter advances in step: measuring did not leave it at 17
+        torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_settings_from_environment_and_validation(selector, integer_net):
+    s = AutoSettings.from_env({"QLOWER_AUTO_BACKENDS": " openvino, onnxruntime,openvino "})
+    assert s.candidates == ("openvino", "onnxruntime") and "QLOWER_AUTO_BACKENDS" in s.source
+    assert AutoSettings.from_env({}).candidates == AUTO_CANDIDATES
+    with pytest.raises(BackendError, match="bogus"):
+        EngineSelector(AutoSettings.from_env({"QLOWER_AUTO_BACKENDS": "onnxruntime,bogus"})).candidate_names()
+    with pytest.raises(BackendError, match="non-empty"):
+        compile_int8(integer_net, ())
+    assert compile_int8(integer_net, " slow, ").report().backend == "slow"    # a comma list, like the variable
+    from qlower.backends.iree import IreeOptions
+    with pytest.raises(BackendError, match="not an auto candidate"):
+        compile_int8(integer_net, ("onnxruntime", "fast"), backend_options=IreeOptions())
+
+
+def test_compare_rules():
+    t = torch.tensor
+    assert select._compare(t([1.0, float("nan")]), t([1.0, float("nan")]), True, 1e-4, 1e-5)[0]
+    assert not select._compare(t([1.0]), t([1.0 + 1e-7]), True, 1e-4, 1e-5)[0]
+    assert select._compare(t([100.0, 0.0]), t([100.0, 1e-3]), False, 1e-4, 1e-5)[0]   # relative to max|want|
+    assert not select._compare(t([100.0, 0.0]), t([100.0, 1e-1]), False, 1e-4, 1e-5)[0]
+    assert not select._compare(t([1, 2]), t([1, 3]), False, 1e-4, 1e-5)[0]            # integers: exact
+    assert "structure" in select._compare((t([1]),), [t([1])], True, 0, 0)[2]
+    assert "int32" in select._compare(t([1], dtype=torch.int32), t([1]), True, 0, 0)[2]
