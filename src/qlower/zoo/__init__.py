@@ -157,3 +157,5 @@ def _register_smollm2() -> None:
 
 
 _register_smollm2()
+
+from . import realsuite  # noqa: E402,F401  (registers the hf-real-* models of `qlower bench --suite real`)

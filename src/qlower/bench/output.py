@@ -1,0 +1,241 @@
+"""What a bench run leaves behind: bench.json (results + machine), bench.md (machine header and
+table), bench.png (chart), bench.log (everything third-party libraries print or warn while stacks
+are prepared and timed), and the terminal table."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import statistics
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .harness import StackResult
+from .machine import describe, machine_info
+
+
+# ------------------------------------------------------------------------------ ratios
+def _ours(r: StackResult) -> bool:
+    """qlower's stacks that keep the canonical numerics (the Q/DQ-form stacks do not)."""
+    return r.stack.startswith("qlower-") and r.stack != "qlower-reference" and "-qdq" not in r.stack
+
+
+def _peer(r: StackResult) -> bool:
+    return not r.stack.startswith("qlower-") and r.stack != "eager-fp32"
+
+
+def best_peer_ratios(results: list[StackResult]) -> dict[str, float]:
+    """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster).
+    Only qlower stacks that keep the canonical numerics count as qlower's."""
+    out = {}
+    for key in sorted({(r.model, r.batch) for r in results}):
+        rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.median_ms]
+        ours = [r.median_ms for r in rows if _ours(r)]
+        peers = [r.median_ms for r in rows if _peer(r)]
+        if ours and peers:
+            out[f"{key[0]} b{key[1]}"] = min(ours) / min(peers)
+    return out
+
+
+def paired_ratios(results: list[StackResult]) -> dict[str, dict[str, float]]:
+    """Per model/batch: qlower's best canonical stack against each non-eager peer, as the median
+    over rounds of (qlower's block time / the peer's block time in the same round). Stacks of a
+    round run back to back, so slow phases of a noisy machine hit both sides of each ratio;
+    this is steadier than a ratio of medians (measured: one lstm run 1.62 as a ratio of medians,
+    1.07 paired; reruns 0.85 / 0.98)."""
+    out: dict[str, dict[str, float]] = {}
+    for key in sorted({(r.model, r.batch) for r in results}):
+        rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.samples]
+        ours = [r for r in rows if _ours(r)]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r.median_ms)
+        peers = {r.stack: statistics.median(a / b for a, b in zip(best.samples, r.samples))
+                 for r in rows if _peer(r)}
+        if peers:
+            out[f"{key[0]} b{key[1]}"] = peers
+    return out
+
+
+def canonical_cell(r: StackResult) -> str:
+    """'0' (bit-exact), '12 (3.1e-07)' (elements differing, largest difference), '-' for peers."""
+    if r.canonical_diff is None:
+        return "-"
+    return "0" if r.canonical_diff == 0 else f"{r.canonical_diff} ({r.canonical_max:.1e})"
+
+
+def gops_cell(r: StackResult) -> str:
+    """Achieved arithmetic rate, counting the model's fp32 FLOPs (2 per multiply-add) per call."""
+    if not r.gflop or not r.median_ms:
+        return "-"
+    return f"{r.gflop / (r.median_ms / 1e3):.0f}"
+
+
+# ------------------------------------------------------------------------------ files
+def write_outputs(results: list[StackResult], out: Path, command: str, machine: dict | None = None,
+                  chart: bool = True) -> None:
+    machine = machine or machine_info()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps({"command": command, "machine": machine,
+                                                "results": [asdict(r) for r in results],
+                                                "qlower_vs_best_peer": best_peer_ratios(results),
+                                                "qlower_vs_peers_paired": paired_ratios(results)}, indent=1))
+    lines = [f"Command: `{command}`", ""] + [f"{line}  " for line in describe(machine)] + [
+        "",
+        "| model | batch | stack | median ms | spread ms | vs eager | GFLOP/s | SQNR dB | cosine | != canonical (max) "
+        "| prepare s | RSS +MB | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.ok and r.median_ms is not None:
+            ratio = f"{r.vs_eager:.2f}x" if r.vs_eager else "-"
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | {r.median_ms:.3f} | {r.spread_ms:.3f} | "
+                         f"{ratio} | {gops_cell(r)} | {r.sqnr_db:.1f} | {r.cosine:.5f} | {canonical_cell(r)} | "
+                         f"{r.prepare_s:.1f} | {r.rss_mb:.0f} | {r.peak_rss_mb:.0f} |")
+        else:
+            lines.append(f"| {r.model} | {r.batch} | {r.stack} | failed: {r.error} | | | | | | | | | |")
+    flops = {f"{r.model} b{r.batch}": r.gflop for r in results if r.gflop}
+    if flops:
+        lines += ["", "GFLOP per call (fp32 count, eager, 2 per multiply-add): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in flops.items())]
+    lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]
+    lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results).items()]
+    lines += ["", "Paired (median over rounds of qlower's block time / the peer's in the same round):", ""]
+    lines += [f"- {k}: " + ", ".join(f"{peer} {v:.2f}" for peer, v in peers.items())
+              for k, peers in paired_ratios(results).items()]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    if chart:
+        _chart(results, out / "bench.png")
+
+
+def _chart(results: list[StackResult], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:   # the chart is optional: pip install 'qlower[bench]'
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r.model, r.batch) for r in results})
+    stacks = list(dict.fromkeys(r.stack for r in results))
+    width = 0.8 / max(len(stacks), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    for i, stack in enumerate(stacks):
+        values = [next((r.vs_eager or 0.0 for r in results if (r.model, r.batch) == g and r.stack == stack), 0.0)
+                  for g in groups]
+        ax.bar([j + i * width for j in range(len(groups))], values, width, label=stack)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{m} b{b}" for m, b in groups], rotation=20, fontsize=7)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_ylabel("speed-up vs eager fp32 (median)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rich_table(results: list[StackResult], machine: dict):
+    """The terminal table, titled with the machine."""
+    from rich.table import Table
+    table = Table(title="qlower bench (medians per call)", caption="\n".join(describe(machine)))
+    for col in ("model", "batch", "stack", "median ms", "spread ms", "vs eager", "GFLOP/s", "SQNR dB", "cosine",
+                "!= canonical", "prepare s"):
+        table.add_column(col, justify="left" if col in ("model", "stack") else "right")
+    for r in results:
+        if r.ok and r.median_ms is not None:
+            table.add_row(r.model, str(r.batch), r.stack, f"{r.median_ms:.3f}", f"{r.spread_ms:.3f}",
+                          f"{r.vs_eager:.2f}x" if r.vs_eager else "-", gops_cell(r), f"{r.sqnr_db:.1f}",
+                          f"{r.cosine:.5f}", canonical_cell(r), f"{r.prepare_s:.1f}")
+        else:
+            table.add_row(r.model, str(r.batch), r.stack, "failed", r.error or "", "", "", "", "", "", "")
+    return table
+
+
+# ------------------------------------------------------------------------------ bench.log
+class _Sink(io.TextIOBase):
+    """sys.stdout/sys.stderr while a stack is prepared or timed: into the log file; after the
+    bench (a library may keep a handle on the stream it saw) writes are dropped."""
+
+    def __init__(self, log: "LogCapture"):
+        self.log = log
+
+    def write(self, text: str) -> int:
+        f = self.log.file
+        if f is not None and not f.closed:
+            f.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        f = self.log.file
+        if f is not None and not f.closed:
+            f.flush()
+
+    def fileno(self) -> int:
+        if self.log.file is None or self.log.file.closed:
+            raise io.UnsupportedOperation("bench.log is closed")
+        return self.log.file.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class LogCapture:
+    """`with capture:` sends what third-party code prints or warns to bench.log: Python's
+    sys.stdout/sys.stderr, warnings and log records, and (file descriptors 1 and 2) what native
+    code such as ONNX Runtime, OpenVINO or a compiler subprocess writes. The harness enters it
+    around each stack's preparation and timing, so the terminal keeps progress and the table.
+    LogCapture(None) captures nothing."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.file = path, None
+        self._sink = _Sink(self)
+        self._handler: logging.Handler | None = None
+
+    def open(self) -> "LogCapture":
+        if self.path is not None and self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", buffering=1, encoding="utf-8", errors="replace")
+            self._handler = logging.StreamHandler(self._sink)
+            self._handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        return self
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def note(self, text: str) -> None:
+        if self.file is not None and not self.file.closed:
+            self.file.write(text.rstrip("\n") + "\n")
+
+    @contextlib.contextmanager
+    def __call__(self):
+        if self.file is None:
+            yield
+            return
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        saved = []
+        try:
+            for fd in (1, 2):
+                saved.append((fd, os.dup(fd)))
+                os.dup2(self.file.fileno(), fd)
+        except OSError:   # no such descriptors (embedded interpreters): Python-level capture only
+            pass
+        root = logging.getLogger()
+        root.addHandler(self._handler)
+        logging.captureWarnings(True)
+        try:
+            with contextlib.redirect_stdout(self._sink), contextlib.redirect_stderr(self._sink):
+                yield
+        finally:
+            logging.captureWarnings(False)
+            root.removeHandler(self._handler)
+            for stream in (sys.__stdout__, sys.__stderr__):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            self.file.flush()
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
