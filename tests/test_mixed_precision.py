@@ -104,3 +104,12 @@ def test_kept_float_layer_input_is_not_quantized(chain):
     assert x.target == torch.ops.aten.relu.default  # relu of layer 3's float output, no DQ
     base = dataclasses.replace(QuantConfig())
     assert base.target is None
+
+
+def test_compile_report_states_the_choice(chain):
+    model, cal = chain
+    cm = qlower.compile(model, cal[0], quantize=QuantConfig(target=AccuracyTarget(30.0)), calibration=cal,
+                        backend="reference")
+    notes = "\n".join(cm.report().notes)
+    assert "mixed precision (target sqnr >= 30 dB)" in notes and "l.4" in notes
+    assert "mixed precision" in str(cm.report())

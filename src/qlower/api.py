@@ -14,7 +14,7 @@ from .errors import InputError, QlowerError, QuantizeError
 from .fx import copy_graph_module
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
-from .quantize import QuantConfig, is_quantized
+from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized
 from .quantize import quantize as _quantize
 from .quantize.calibrate import prepare_calibration
 from .report import CompileReport
@@ -97,6 +97,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             program_notes += [note] if note else []
             hook = getattr(chosen, "adjust_observers", None)
             ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
+            choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
+            program_notes += [str(choice)] if choice is not None else []
             label = ", ".join([f"{config.weight_bits}-bit weights"]
                               + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])) \
                 if program_key(chosen) else ""
@@ -168,17 +170,26 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
     "pt2":  a torch.export program (a CompiledModule keeps its lowering).
     "onnx": one ONNX file, when one onnxruntime cluster covers the whole graph; otherwise a
             BackendError names the nodes that prevent it. An nn.Module / program is compiled
-            (unquantized) for onnxruntime first; pass a CompiledModule to export int8."""
+            (unquantized) for onnxruntime first; pass a CompiledModule to export int8.
+    "mlir": the whole model's MLIR as the iree backend emitted it (TOSA + linalg, or the torch
+            dialect), with `//` lines naming the entry function and the iree-compile command;
+    "vmfb": the compiled IREE module (`iree-run-module --module=m.vmfb --function=main`).
+            Both need one IREE cluster covering the model (else a BackendError names the
+            blocking nodes); an nn.Module / program is compiled (unquantized) for iree first."""
     path = Path(path)
-    if format not in ("pt2", "onnx"):
+    if format not in ("pt2", "onnx", "mlir", "vmfb"):
         raise QlowerError(f"export format {format!r} is not available",
-                          hint="use 'pt2' or 'onnx' (TOSA lands with the IREE backend)")
-    if format == "onnx":
+                          hint="use 'pt2', 'onnx', 'mlir' or 'vmfb'")
+    if format in ("onnx", "mlir", "vmfb"):
+        backend = "onnxruntime" if format == "onnx" else "iree"
         if not isinstance(model_or_cm, CompiledModule):
             if example_inputs is None:
-                raise QlowerError("exporting a model to ONNX needs example_inputs")
-            model_or_cm = compile(model_or_cm, example_inputs, backend="onnxruntime")
-        return _export_onnx(model_or_cm, path)
+                raise QlowerError(f"exporting a model to {format} needs example_inputs")
+            model_or_cm = compile(model_or_cm, example_inputs, backend=backend)
+        if format == "onnx":
+            return _export_onnx(model_or_cm, path)
+        from .backends.iree.export import export_iree
+        return export_iree(model_or_cm, path, format)
     if isinstance(model_or_cm, CompiledModule):
         return model_or_cm.save(path)
     if example_inputs is None and not isinstance(model_or_cm, torch.export.ExportedProgram):
