@@ -2,7 +2,12 @@
 clusters through the FX importer. Skipped without the `iree` extra."""
 import copy
 import logging
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -435,3 +440,248 @@ def test_zoo_int8_fixed_no_fallbacks(name):
         assert_equal(ref(*x), got(*x))
     else:
         torch.testing.assert_close(got(*x), ref(*x))
+
+
+# ------------------------------------------------------------------ dynamic batch (issue 16)
+BATCH = torch.export.Dim("batch", min=1, max=64)
+
+
+def _dynamic_pair(entry, quantize, profile="fixed"):
+    """(reference, iree) CompiledModules of one program with a dynamic batch dim, compiled once."""
+    dyn = {"x": {0: BATCH}}
+    x = entry.inputs(2)
+    program = qlower.quantize(entry.model(), x, entry.calibration(4, 2), dynamic_shapes=dyn) if quantize \
+        else entry.model()
+    return tuple(qlower.compile(program, x, backend=b, profile=profile, dynamic_shapes=dyn)
+                 for b in ("reference", "iree"))
+
+
+def _one_iree_cluster(cm):
+    report = cm.report()
+    assert report.fallbacks == [] and [c.backend for c in report.compiled] == ["iree"], str(report)
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_dynamic_batch_int8_compiles_once_and_runs_every_batch(name):
+    """One module with a `?` batch dim runs batch 1, 3 and 8: the CNN is bit-exact (integer
+    all the way to the final dequantize); the transformer ends in LayerNorm on IREE's float
+    kernels, equal up to float rounding (as with static shapes)."""
+    entry = ZOO[name]
+    ref, got = _dynamic_pair(entry, quantize=True)
+    _one_iree_cluster(got)
+    cluster = next(m for m in got._executable.module.modules() if type(m).__name__ == "IreeCluster")
+    assert "tensor<?x" in cluster.mlir   # the batch dim is dynamic in the module itself
+    for b in (1, 3, 8):
+        (x,) = entry.inputs(b, seed=20 + b)
+        if name == "cnn":
+            assert_equal(ref(x), got(x))
+        else:
+            torch.testing.assert_close(got(x), ref(x))
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_dynamic_batch_fp32_compiles_once_and_runs_every_batch(name):
+    entry = ZOO[name]
+    model = entry.model()
+    _, got = _dynamic_pair(entry, quantize=False, profile="float")
+    _one_iree_cluster(got)
+    for b in (1, 3, 8):
+        (x,) = entry.inputs(b, seed=30 + b)
+        with torch.no_grad():
+            torch.testing.assert_close(got(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class SizesAcrossClusters(torch.nn.Module):
+    """Reshapes to the batch size on both sides of an op IREE refuses: the size (sym_size of x)
+    is computed in one cluster's region and needed in another."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        b = x.shape[0]
+        y = self.a(x).reshape(b, 4, 4)
+        y = torch.cumsum(y, dim=-1).reshape(b, 16)
+        return self.b(y).reshape(b, 2, 4)
+
+
+def test_dynamic_batch_sizes_cross_cluster_boundaries(monkeypatch):
+    """Size computations never enter or leave an IREE function: each cluster re-derives the
+    batch size from its own tensor inputs; only the refused op is reported."""
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::cumsum")
+    torch.manual_seed(0)
+    model = SizesAcrossClusters().eval()
+    g = torch.Generator().manual_seed(0)
+    cal = [(torch.randn(4, 16, generator=g),) for _ in range(4)]
+    dyn = {"x": {0: BATCH}}
+    ep = qlower.quantize(model, cal[0], cal, dynamic_shapes=dyn)
+    ref, got = (qlower.compile(ep, cal[0], backend=b, profile="fixed", dynamic_shapes=dyn) for b in ("reference", "iree"))
+    report = got.report()
+    assert [c.reason for c in report.fallbacks] == ["aten::cumsum is in QLOWER_OP_DENYLIST"], str(report)
+    assert len([c for c in report.compiled if c.backend == "iree"]) == 2
+    for b in (1, 3, 8):
+        x = torch.randn(b, 16, generator=g)
+        assert_equal(ref(x), got(x))
+
+
+def test_dynamic_dims_iree_cannot_lower_are_refused_with_a_reason():
+    """A conv input whose width is dynamic: TOSA windows need static spatial sizes. The node
+    runs in PyTorch, the report says why, and the model still matches."""
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.ones(4, 2, 3, 3, dtype=torch.int8))
+            self.register_buffer("w_zp", torch.zeros(4, dtype=torch.int32))
+
+        def forward(self, x):
+            return ops.conv2d(x, 0, self.w, self.w_zp, None, [1, 1], [1, 1], [1, 1], 1)
+    x = random_q((1, 2, 6, 6), torch.int8)
+    ep = torch.export.export(Conv(), (x,), dynamic_shapes={"x": {3: torch.export.Dim("w", min=3, max=32)}})
+    gm = ep.module()
+    exe = IreeBackend().compile(copy.deepcopy(gm))
+    reasons = [c.reason for c in exe.clusters if c.status == "fallback"]
+    assert any("height and width of a conv input must be static" in (r or "") for r in reasons), reasons
+    x = random_q((1, 2, 6, 9), torch.int8, seed=2)
+    assert_equal(gm(x), exe.run(x))
+
+
+def test_ceil_mode_noop_rule_matches_pytorch_output_sizes():
+    """drop_noop_ceil_mode's rule (ceil_mode=True changes nothing) against PyTorch's own output
+    sizes, over pools where ceil mode does and does not matter; the rewrite then flips exactly
+    the no-op ones (torch-mlir mis-sizes those, docs/iree.md)."""
+    from qlower.backends.iree.lowerings import ceil_mode_is_noop, drop_noop_ceil_mode
+
+    class Pools(torch.nn.Module):
+        def __init__(self, k, s, p, d):
+            super().__init__()
+            self.cfg = (k, s, p, d)
+
+        def forward(self, x):
+            k, s, p, d = self.cfg
+            return (torch.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode=True),
+                    torch.nn.functional.avg_pool2d(x, k, s, p, ceil_mode=True))
+    seen = set()
+    for n, k, s, p, d in [(3, 3, 3, 0, 1), (3, 2, 3, 0, 1), (5, 3, 2, 1, 1), (6, 3, 2, 1, 1), (7, 2, 3, 1, 1),
+                          (9, 3, 2, 0, 2), (4, 1, 1, 0, 1), (8, 3, 3, 1, 1)]:
+        x = torch.randn(1, 2, n, n + 1)
+        gm = torch.export.export(Pools(k, s, p, d), (x,)).module()
+        pools = [nd for nd in gm.graph.nodes if "pool" in str(nd.target)]
+        floor = (torch.nn.functional.max_pool2d(x, k, s, p, d).shape, torch.nn.functional.avg_pool2d(x, k, s, p).shape)
+        want = [tuple(nd.meta["val"].shape) == tuple(f) for nd, f in zip(pools, floor)]
+        assert [ceil_mode_is_noop(nd) for nd in pools] == want, (n, k, s, p, d)
+        seen.update(want)
+        with torch.no_grad():
+            before = gm(x)
+        assert drop_noop_ceil_mode(gm) == sum(want)
+        with torch.no_grad():
+            after = gm(x)
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert seen == {True, False}
+
+
+# ------------------------------------------------------------------------- export (issue 16)
+def _tool(name: str) -> str:
+    """An IREE command-line tool of this environment (iree-base-compiler / iree-base-runtime)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed next to {sys.executable}")
+    return str(path)
+
+
+def _run_module(vmfb: Path, x: torch.Tensor, tmp_path: Path) -> torch.Tensor:
+    """Run an exported module with iree-run-module alone (no Python in the loop)."""
+    np.save(tmp_path / "in.npy", x.numpy())
+    out = tmp_path / "out.npy"
+    out.unlink(missing_ok=True)
+    r = subprocess.run([_tool("iree-run-module"), f"--module={vmfb}", "--function=main", "--device=local-sync",
+                        f"--input=@{tmp_path / 'in.npy'}", f"--output=@{out}"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return torch.from_numpy(np.load(out))
+
+
+def _recompile(mlir: Path, tmp_path: Path) -> Path:
+    """Compile an exported .mlir with iree-compile alone, by the command its header names."""
+    line = next(ln for ln in mlir.read_text().splitlines() if ln.startswith("// compile: "))
+    args = shlex.split(line[len("// compile: "):])
+    assert args[0] == "iree-compile" and "model.mlir" in args and "model.vmfb" in args
+    out = tmp_path / "recompiled.vmfb"
+    args = [_tool("iree-compile")] + [str(mlir) if a == "model.mlir" else str(out) if a == "model.vmfb" else a
+                                      for a in args[1:]]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_export_int8_cnn_vmfb_runs_with_iree_run_module_and_mlir_recompiles(tmp_path):
+    entry = ZOO["cnn"]
+    kw = dict(quantize="int8", calibration=entry.calibration(2), profile="fixed")
+    ref = qlower.compile(entry.model(), entry.inputs(1), backend="reference", **kw)
+    cm = qlower.compile(entry.model(), entry.inputs(1), backend="iree", **kw)
+    vmfb = qlower.export(cm, tmp_path / "cnn.vmfb", format="vmfb")
+    mlir = qlower.export(cm, tmp_path / "cnn.mlir", format="mlir")
+    text = mlir.read_text()
+    assert text.startswith("// qlower export") and "func.func @main(" in text and "tosa.conv2d" in text
+    recompiled = _recompile(mlir, tmp_path)
+    for seed in (5, 6):
+        (x,) = entry.inputs(1, seed=seed)
+        want = cm(x)
+        assert_equal(ref(x), want)
+        assert_equal(want, _run_module(vmfb, x, tmp_path))
+        assert_equal(want, _run_module(recompiled, x, tmp_path))
+
+
+def test_export_fp32_cnn_vmfb_and_mlir(tmp_path):
+    """A float model is one torch-dialect module; the exported vmfb is the module qlower runs,
+    so iree-run-module gives the very same floats."""
+    entry = ZOO["cnn"]
+    cm = qlower.compile(entry.model(), entry.inputs(1), backend="iree")
+    vmfb = qlower.export(cm, tmp_path / "cnn.vmfb", format="vmfb")
+    mlir = qlower.export(cm, tmp_path / "cnn.mlir", format="mlir")
+    assert "--iree-input-type=torch" in mlir.read_text() and "torch.aten.conv2d" in mlir.read_text()
+    (x,) = entry.inputs(1, seed=7)
+    want = cm(x)
+    assert_equal(want, _run_module(vmfb, x, tmp_path))
+    torch.testing.assert_close(_run_module(_recompile(mlir, tmp_path), x, tmp_path), want)
+
+
+def test_export_dynamic_batch_vmfb_runs_any_batch(tmp_path):
+    entry = ZOO["cnn"]
+    ref, got = _dynamic_pair(entry, quantize=True)
+    vmfb = qlower.export(got, tmp_path / "cnn.vmfb", format="vmfb")
+    for b in (1, 5):
+        (x,) = entry.inputs(b, seed=40 + b)
+        assert_equal(ref(x), _run_module(vmfb, x, tmp_path))
+
+
+def test_export_refuses_a_model_that_is_not_one_iree_cluster(monkeypatch, tmp_path):
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::cumsum")
+    torch.manual_seed(0)
+    model = WithUnsupported().eval()
+    x = torch.randn(3, 8)
+    cm = qlower.compile(model, (x,), backend="iree")
+    with pytest.raises(qlower.errors.BackendError, match="not one IREE module: cumsum: aten::cumsum") as info:
+        qlower.export(cm, tmp_path / "m.vmfb", format="mlir")
+    assert "QLOWER_OP_DENYLIST" in str(info.value)
+    ref = qlower.compile(model, (x,), backend="reference")
+    with pytest.raises(qlower.errors.BackendError, match="compiled for iree"):
+        qlower.export(ref, tmp_path / "m.vmfb", format="vmfb")
+    assert not (tmp_path / "m.vmfb").exists()
+
+
+def test_cli_export_vmfb(tmp_path):
+    from typer.testing import CliRunner
+    from qlower.cli import app
+    torch.manual_seed(0)
+    model = MLP().eval()
+    g = torch.Generator().manual_seed(0)
+    cal = [(torch.randn(4, 32, generator=g),) for _ in range(4)]
+    ep = qlower.quantize(model, cal[0], cal)
+    path = qlower.save_pt2(ep, tmp_path / "mlp.pt2")
+    out = tmp_path / "mlp.vmfb"
+    result = CliRunner().invoke(app, ["export", str(path), str(out), "--format", "vmfb", "--profile", "fixed"])
+    assert result.exit_code == 0, result.output
+    ref = qlower.compile(ep, cal[0], backend="reference", profile="fixed")
+    x = torch.randn(4, 32, generator=g)
+    assert_equal(ref(x), _run_module(out, x, tmp_path))

@@ -29,7 +29,7 @@ from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
-from .lowerings import TOSA_LOWERINGS, float_check, kind_of
+from .lowerings import SIZE_OPS, TOSA_LOWERINGS, drop_noop_ceil_mode, float_check, is_size, kind_of, symbolic_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
@@ -60,6 +60,7 @@ def iree_capability() -> Capability:
     cap = torch_capability()
     for name, lowering in TOSA_LOWERINGS.items():
         cap.register(name, lowering.check if name.startswith("qlower::") else _either(lowering.check, name))
+    cap.register(SIZE_OPS, symbolic_size)
     return cap
 
 
@@ -80,6 +81,8 @@ class IreeBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = decompose_unsupported_block_ops(gm, self.capability)
+        if drop_noop_ceil_mode(gm):
+            notes.append("iree: ceil_mode=False on pools where it changes nothing (torch-mlir mis-sizes them)")
         fused, kinds = self._fuse(gm)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
@@ -106,7 +109,8 @@ class IreeBackend:
         op is a "tosa" module (its float ops become private functions in it); an all-float
         cluster is a "torch" module for IREE's own torch input pipeline.
         Returns (graph, submodule name -> kind)."""
-        clusters = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size).clusters
+        _one_user_per_size(gm)
+        clusters = _sizes_with_their_users(cluster_graph(gm.graph, self.capability, self.options.min_cluster_size).clusters)
         kinds = {f"cluster_{i}": ("tosa" if any(kind_of(n) == "tosa" for n in c) else "torch")
                  for i, c in enumerate(clusters)}
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clusters], prefix="cluster_")
@@ -139,6 +143,8 @@ class IreeBackend:
             info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
             return pending
         try:
+            pending.runtime_args = _derive_sizes(sub, runtime_args)
+            _check_tensor_outputs(sub)
             pending.emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
         except Exception as exc:
             self._failed(pending, exc)
@@ -153,6 +159,7 @@ class IreeBackend:
                 if compiled.note:
                     log.info("cluster #%d: %s", p.info.id, compiled.note)
                 p.function = load_function(compiled.vmfb, self.options.driver)
+                p.compiled = compiled
             except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
                 self._failed(p, exc)
         if pending:
@@ -177,8 +184,11 @@ class IreeBackend:
         out = next(n for n in p.sub.graph.nodes if n.op == "output").args[0]
         single = not isinstance(out, (tuple, list))
         dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
+        compiled = p.compiled
         setattr(fused, p.call.target, IreeCluster(p.sub, p.function, dtypes, single, p.info, p.kind,
-                                                  p.emitted.asm if p.emitted is not None else None))
+                                                  p.emitted.asm if p.emitted is not None else None,
+                                                  compiled.vmfb if compiled else None,
+                                                  compiled.command if compiled else None))
         p.call.args = tuple(p.runtime_args)
 
 
@@ -192,6 +202,7 @@ class _Pending:
     runtime_args: list
     emitted: EmittedModule | None = None
     function: object = None
+    compiled: object = None   # compiler.CompiledVmfb
 
 
 def _first_line(exc: Exception) -> str:
@@ -228,6 +239,75 @@ def _bind_constants(fused: GraphModule, sub: GraphModule, call: Node, mutated: s
         sub.graph.erase_node(ph)
     sub.recompile()
     return runtime
+
+
+def _one_user_per_size(gm: GraphModule) -> None:
+    """Give every size computation (sym_size and SymInt arithmetic) one user: a copy per extra
+    user, so that clustering can keep each with the op that reads it (an IREE function neither
+    takes nor returns a size)."""
+    for node in reversed(list(gm.graph.nodes)):
+        users = list(node.users)
+        if not is_size(node) or len(users) < 2:
+            continue
+        for user in users[1:]:
+            with gm.graph.inserting_after(node):
+                copy = gm.graph.node_copy(node)
+            copy.meta = dict(node.meta)
+            user.replace_input_with(node, copy)
+    gm.graph.lint()
+
+
+def _sizes_with_their_users(clusters: list[list[Node]]) -> list[list[Node]]:
+    """Leave a size computation out of its cluster (PyTorch computes it) when its one user is
+    not in that cluster; a cluster then never returns a size."""
+    out = []
+    for nodes in clusters:
+        kept = set(nodes)
+        for node in reversed(nodes):
+            if is_size(node) and any(u not in kept for u in node.users):
+                kept.discard(node)
+        if any(not is_size(n) for n in kept):
+            out.append([n for n in nodes if n in kept])
+    return out
+
+
+def _derive_sizes(sub: GraphModule, runtime_args: list) -> list:
+    """A size input of a cluster (computed in PyTorch) is computed inside it instead, as
+    `sym_size` of a tensor input with that very size expression; the IREE function takes
+    tensors only. Returns the runtime args left. Raises when a size cannot be derived."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    tensors = [(ph, ph.meta.get("val")) for ph in placeholders if isinstance(ph.meta.get("val"), torch.Tensor)]
+    sources = {}
+    for ph in placeholders:
+        val = ph.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            continue
+        sources[ph] = next(((t, i) for t, v in tensors for i, d in enumerate(v.shape) if str(d) == str(val)), None)
+        if sources[ph] is None:   # raised before `sub` changes: the fallback runs it as it was
+            raise NotImplementedError(f"size input {ph.name} = {val} is not a dim of a tensor input of the cluster")
+    if not sources:
+        return runtime_args
+    first = next(iter(sub.graph.nodes))   # placeholders first (fused graphs interleave them), in order
+    if first is not placeholders[0]:
+        first.prepend(placeholders[0])
+    for before, ph in zip(placeholders, placeholders[1:]):
+        before.append(ph)
+    for ph, source in sources.items():
+        with sub.graph.inserting_after(placeholders[-1]):
+            size = sub.graph.call_function(torch.ops.aten.sym_size.int, source)
+        size.meta["val"] = ph.meta["val"]
+        ph.replace_all_uses_with(size)
+        sub.graph.erase_node(ph)
+    sub.graph.lint()
+    sub.recompile()
+    return [outer for ph, outer in zip(placeholders, runtime_args) if ph not in sources]
+
+
+def _check_tensor_outputs(sub: GraphModule) -> None:
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    for o in (out if isinstance(out, (tuple, list)) else [out]):
+        if not isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor):
+            raise NotImplementedError(f"cluster output {o} is not a tensor")
 
 
 def _whole_model_runner(fused: GraphModule):

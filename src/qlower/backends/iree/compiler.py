@@ -20,6 +20,16 @@ class CompiledVmfb:
     seconds: float      # iree-compile wall time (0 on a cache hit)
     cache: str          # "memory" | "miss"
     note: str | None = None
+    command: str = ""   # the equivalent iree-compile command line (what `qlower export` documents)
+
+
+def compile_command(input_type: str, options: IreeOptions, source: str = "model.mlir",
+                    output: str = "model.vmfb") -> str:
+    """The iree-compile command line that compiles MLIR text exactly as `compile_mlir` does
+    (iree.compiler.compile_str runs the same tool with these flags)."""
+    flags = [f"--iree-input-type={input_type}", f"--iree-hal-target-backends={options.target_backend}",
+             *options.compile_flags()]
+    return " ".join(["iree-compile", *flags, source, "-o", output])
 
 
 def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, str]:
@@ -46,7 +56,8 @@ def compile_mlir(asm: str, input_type: str, options: IreeOptions) -> CompiledVmf
     except Exception as exc:
         if not options.im2col_convs:
             raise
-        vmfb, cache = _compile(asm, input_type, dataclasses.replace(options, im2col_convs=False))
+        options = dataclasses.replace(options, im2col_convs=False)
+        vmfb, cache = _compile(asm, input_type, options)
         note = f"compiled without im2col (with it: {str(exc).strip().splitlines()[-1][:120]})"
     seconds = time.perf_counter() - start if cache == "miss" else 0.0
-    return CompiledVmfb(vmfb, seconds, cache, note)
+    return CompiledVmfb(vmfb, seconds, cache, note, compile_command(input_type, options))

@@ -6,7 +6,9 @@ Two kinds, because a cluster is compiled by one of two routes (docs/iree.md says
   each has an emit function (tosa_ops.py) and a check that names what it cannot express.
 - "torch": float ATen ops, imported by torch's FX importer (shipped with iree-base-compiler)
   into the torch dialect and lowered by IREE; there is no per-op table for these, only one
-  check (float tensors, static shapes, no mutation).
+  check (float tensors, no data-dependent sizes, no mutation).
+- "size": arithmetic on symbolic sizes (dynamic shapes): nothing is emitted for it in a TOSA
+  module (emitters read sizes from the graph's shapes); the FX importer imports it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch.fx import Node
 
-from ...fx import schema_name
+from ...fx import full_args, schema_name
 
 Check = Callable[[Node], Optional[str]]   # None: lowerable; else the reason it is not
 Emit = Callable[..., object]              # emit(emitter, node, args) -> Val
@@ -38,7 +40,7 @@ def tosa_lowering(*names: str, check: Check | None = None):
     """Register `emit` as the TOSA lowering of op schemas `names` (guarded by `check`)."""
     def register(emit: Emit) -> Emit:
         for name in names:
-            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(static_shapes, check), emit)
+            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(tosa_shapes, check), emit)
         return emit
     return register
 
@@ -63,12 +65,61 @@ def tensor_vals(node: Node) -> list[torch.Tensor]:
     return out
 
 
-def static_shapes(node: Node) -> str | None:
-    """static shapes"""
+DYN = -1   # a dynamic (symbolic) dim in the emitter's shapes: `?` in MLIR, -1 in tosa.reshape
+
+
+def dims(shape) -> list[int]:
+    """A (fake) tensor's shape with every symbolic dim as DYN."""
+    out = []
+    for d in shape:
+        if not isinstance(d, int):
+            d = d.node.maybe_as_int() if hasattr(d, "node") else None
+        out.append(DYN if d is None else int(d))
+    return out
+
+
+def data_dependent(node: Node) -> str | None:
+    """no data-dependent (unbacked) sizes"""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     for t in tensor_vals(node):
-        if any(not isinstance(d, int) for d in t.shape):
-            return "dynamic shapes are not lowered by the iree backend yet (static shapes only)"
+        if free_unbacked_symbols(t):
+            return "data-dependent sizes are not lowered by the iree backend"
     return None
+
+
+def tosa_shapes(node: Node) -> str | None:
+    """at most one dynamic dim per tensor"""
+    why = data_dependent(node)
+    if why is not None:
+        return why
+    for t in tensor_vals(node):
+        if dims(t.shape).count(DYN) > 1:
+            return "more than one dynamic dim in a tensor (TOSA reshapes infer one -1 dim only)"
+    return None
+
+
+def static_dims(node: Node, tensor, which, what: str) -> str | None:
+    """None when dims `which` of `tensor` (a fake tensor) are static, else the reason."""
+    d = dims(tensor.shape)
+    if any(d[i] == DYN for i in which):
+        return f"{what} must be static"
+    return None
+
+
+SIZE_OPS = ("aten::sym_size.int", *(f.__name__ for f in (operator.add, operator.sub, operator.mul, operator.floordiv,
+                                                          operator.mod, operator.neg)))
+
+
+def is_size(node) -> bool:
+    """A node computing a size (sym_size, arithmetic on SymInts): an integer scalar, no tensor."""
+    return isinstance(node, Node) and node.op == "call_function" and schema_name(node) in SIZE_OPS \
+        and isinstance(node.meta.get("val"), (int, torch.SymInt))
+
+
+def symbolic_size(node: Node) -> str | None:
+    """a size computation (dynamic shapes): TOSA emitters read sizes from the graph's shapes,
+    the FX importer imports it"""
+    return data_dependent(node) if is_size(node) else "not a size computation on SymInts"
 
 
 def integer_input(node: Node) -> str | None:
@@ -80,7 +131,10 @@ def integer_input(node: Node) -> str | None:
 
 
 def kind_of(node: Node) -> str | None:
-    """'tosa' or 'torch': the route a supported node takes (None when neither accepts it)."""
+    """'tosa', 'torch' or 'size': the route a supported node takes (None when neither accepts
+    it); 'size' nodes compute symbolic sizes only (no MLIR value in a TOSA module)."""
+    if is_size(node):
+        return "size" if data_dependent(node) is None else None
     if node.target is operator.getitem:   # an output pick goes where its producer goes
         producer = node.args[0]
         return kind_of(producer) if isinstance(producer, Node) else None
@@ -91,7 +145,7 @@ def kind_of(node: Node) -> str | None:
 
 
 def float_check(node: Node) -> str | None:
-    """float ATen op with static shapes, through torch's FX importer"""
+    """float ATen op (static or symbolic sizes), through torch's FX importer"""
     if node.target is operator.getitem:
         producer = node.args[0]
         return None if isinstance(producer, Node) and float_check(producer) is None else "getitem of a non-float op"
@@ -105,29 +159,81 @@ def float_check(node: Node) -> str | None:
         return "reads or produces a quantized integer tensor outside qlower's integer ops"
     if not any(t.dtype.is_floating_point for t in vals):
         return "no float tensor: an integer-only ATen op is not lowered"
-    pool = _unit_window_ceil_pool(node, schema.name)
+    pool = _noop_ceil_pool(node)
     if pool is not None:
         return pool
-    return static_shapes(node)
+    return data_dependent(node)
 
 
-def _unit_window_ceil_pool(node: Node, name: str) -> str | None:
-    """max/avg pool with ceil_mode and a 1-wide window at stride 1 (a no-op ceil): torch-mlir's
-    linalg lowering computes the wrong output size and iree-compile rejects the module
-    ("'linalg.generic' op inferred input/output operand #2 has shape's dimension #2 to be 4,
-    but found 3"). Measured on a [1, 2, 5, 9] input over kernel 1-3, stride 1-3, padding
-    0..k//2, dilation 1-2, ceil_mode=True: only kernel 1 / stride 1 failed, for both pools
-    (tests/test_fuzz.py::test_regression_iree_pool_ceil_mode_unit_window)."""
-    from ...fx import full_args
-    if name not in ("aten::max_pool2d", "aten::max_pool2d_with_indices", "aten::avg_pool2d"):
-        return None
+_POOLS = {"aten::max_pool2d": 5, "aten::max_pool2d_with_indices": 5, "aten::avg_pool2d": 4,
+          "qlower::max_pool2d": 5}   # schema -> position of ceil_mode
+
+
+def _pool_geometry(node: Node):
+    """(spatial sizes, kernel, stride, padding, dilation) of a 2-D pool."""
     a = full_args(node)
-    ceil = a[5] if name != "aten::avg_pool2d" else a[4]
-    if not ceil:
+    pos = _POOLS[schema_name(node)]
+    pair = (lambda v, default: [int(x) for x in (list(v) * (2 // len(v)) if v else default)])
+    kernel = pair(a[1], None)
+    stride = pair(a[2], kernel)
+    padding = pair(a[3] if not isinstance(a[3], int) else [a[3]], [0, 0])
+    dilation = pair(a[4], [1, 1]) if pos == 5 else [1, 1]
+    return dims(a[0].meta["val"].shape)[-2:], kernel, stride, padding, dilation
+
+
+def ceil_mode_is_noop(node: Node) -> bool | None:
+    """Whether a ceil_mode=True pool has the same output size as with ceil_mode=False (None:
+    unknown, a dynamic spatial dim). PyTorch's ceil rule: ceil((n + 2p - d(k-1) - 1) / s) + 1
+    windows, minus the last one if it would start in the right padding."""
+    sizes, kernel, stride, padding, dilation = _pool_geometry(node)
+    for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation):
+        if n == DYN:
+            return None
+        span = n + 2 * p - d * (k - 1) - 1
+        ceil = -(-span // s) + 1
+        if (ceil - 1) * s >= n + p:
+            ceil -= 1
+        if ceil != span // s + 1:
+            return False
+    return True
+
+
+def drop_noop_ceil_mode(gm) -> int:
+    """Set ceil_mode=False on every 2-D pool where it does not change the output (an identical
+    computation). torch-mlir's ceil-mode pool lowering mis-sizes exactly these and iree-compile
+    rejects the module ("'linalg.generic' op inferred input/output operand ... dimension"):
+    measured over max/avg pools (count_include_pad False and True) with n in 3..9, kernel 1-4,
+    stride 1-4, padding 0..k//2, all 42 failures of 376 were such no-op cases and every pool
+    whose ceil_mode matters compiled and matched (tests/test_fuzz.py regressions). Returns how
+    many pools changed."""
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not _ceil_mode(node) or not ceil_mode_is_noop(node):
+            continue
+        pos = _POOLS[schema_name(node)]
+        if len(node.args) > pos:
+            node.update_arg(pos, False)
+        else:
+            node.update_kwarg("ceil_mode", False)
+        changed += 1
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def _noop_ceil_pool(node: Node) -> str | None:
+    """A pool whose ceil_mode=True changes nothing: the backend's compile sets it to False first
+    (drop_noop_ceil_mode), as torch-mlir mis-sizes these; left as is, they are refused."""
+    if not _ceil_mode(node):
         return None
-    kernel = list(a[1]) * (2 // len(a[1]))
-    stride = list(a[2] or a[1])
-    stride = stride * (2 // len(stride))
-    if any(k == 1 and s == 1 for k, s in zip(kernel, stride)):
-        return "ceil_mode with a 1-wide window at stride 1 is mis-lowered by torch-mlir (iree-compile rejects it)"
+    noop = ceil_mode_is_noop(node)
+    if noop is None:
+        return "ceil_mode pool with a dynamic spatial size (torch-mlir mis-sizes some ceil_mode pools)"
+    if noop:
+        return "ceil_mode that does not change the output size is mis-lowered by torch-mlir (iree-compile rejects it)"
     return None
+
+
+def _ceil_mode(node: Node) -> bool:
+    """A 2-D pool with ceil_mode=True."""
+    return schema_name(node) in _POOLS and bool(full_args(node)[_POOLS[schema_name(node)]])

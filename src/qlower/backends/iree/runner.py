@@ -57,7 +57,8 @@ class IreeCluster(torch.nn.Module):
     PyTorch fallback. Called with the cluster's runtime inputs only."""
 
     def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
-                 info: ClusterInfo, kind: str, mlir: str | None):
+                 info: ClusterInfo, kind: str, mlir: str | None, vmfb: bytes | None = None,
+                 command: str | None = None):
         super().__init__()
         self.fallback = fallback
         self.function = function
@@ -65,7 +66,9 @@ class IreeCluster(torch.nn.Module):
         self.single_output = single
         self.info = info
         self.kind = kind          # "tosa" | "torch"
-        self.mlir = mlir          # the module compiled, for inspection and docs
+        self.mlir = mlir          # the module compiled (`qlower.export(format="mlir")`), for inspection and docs
+        self.vmfb = vmfb          # what iree-compile made of it (`format="vmfb"`)
+        self.command = command    # the iree-compile command line that made it from `mlir`
         self.check = os.environ.get(CHECK_ENV) == "1"
 
     def _pytorch(self, args):

@@ -40,7 +40,10 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
     graph = torch.fx.Graph()
     env: dict[Node, Node] = {}
     runtime: list[Node] = []
+    sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for i, arg in enumerate(node.all_input_nodes):
+        if arg in sizes:
+            continue
         value = constant_value(sub, arg)
         if value is not None:
             owner.register_buffer(f"c{i}", value)
@@ -49,6 +52,8 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
             env[arg] = graph.placeholder(f"in{i}")
             runtime.append(arg)
         env[arg].meta["val"] = arg.meta["val"]
+    for arg in sizes:
+        env[arg] = _size_in(graph, node, arg, env, len(sizes))
     copy = graph.node_copy(node, lambda a: env[a])
     copy.meta["val"] = node.meta["val"]
     if isinstance(node.meta["val"], (tuple, list)):   # a list result (unbind, split): a tuple of
@@ -60,6 +65,30 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
     else:
         graph.output(copy)
     return GraphModule(owner, graph), runtime
+
+
+_INFERRED = ("aten::view", "aten::reshape", "aten::_unsafe_view")   # infer one size given as -1
+
+
+def _size_in(graph: torch.fx.Graph, node: Node, arg: Node, env: dict, count: int):
+    """A size argument of `node` (dynamic shapes), recomputed in its one-node graph: a literal
+    when it is static, `sym_size` of an input with that very size, or -1 where the op infers one
+    size; else NotImplementedError (the cluster falls back with it as the reason)."""
+    from ...fx import schema_name
+    val = arg.meta.get("val")
+    if isinstance(val, int):
+        return int(val)
+    for a in node.all_input_nodes:
+        t = a.meta.get("val")
+        if isinstance(t, torch.Tensor) and a in env:
+            for i, d in enumerate(t.shape):
+                if str(d) == str(val):
+                    size = graph.call_function(torch.ops.aten.sym_size.int, (env[a], i))
+                    size.meta["val"] = val
+                    return size
+    if count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1]):
+        return -1
+    raise NotImplementedError(f"{node.name}: size argument {val} is not a dim of its inputs")
 
 
 def float_node_function(sub: GraphModule, node: Node, name: str):

@@ -6,6 +6,10 @@ Representation: TOSA 1.0 integer ops take signless i8, so a uint8 tensor is held
 same offset, which keeps every subtraction `q - zp` identical. At the function boundary a uint8
 input arrives as its bytes viewed as int8 and one XOR with 0x80 turns `q` into `q - 128`
 (and back for outputs), so no op ever needs TOSA's unsigned flags.
+
+Dynamic dims (dynamic_shapes=) are `?` in the tensor types and DYN (-1) in `Val.shape`; a tensor
+holds at most one (lowerings.tosa_shapes), so every tosa.reshape infers it as -1, and splat
+constants of a dynamic shape are `linalg.fill`s of a `tensor.empty` sized like a value at hand.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, schema_name
-from .lowerings import TOSA_LOWERINGS, kind_of
+from .lowerings import DYN, TOSA_LOWERINGS, dims, kind_of
 
 U8_OFFSET = 128
 
@@ -65,18 +69,29 @@ class Builder:
         raise NotImplementedError(f"dtype {dtype} has no TOSA lowering")
 
     def ttype(self, shape, dtype: torch.dtype):
-        return self.ir.RankedTensorType.get(list(shape), self.elem(dtype))
+        dynamic = self.ir.ShapedType.get_dynamic_size()
+        return self.ir.RankedTensorType.get([dynamic if d == DYN else d for d in shape], self.elem(dtype))
 
     def const(self, array: np.ndarray):
         """tosa.const of a numpy array (dtype decides the element type; uint8 must be offset first)."""
         return self.tosa.const(self.ir.DenseElementsAttr.get(np.ascontiguousarray(array)))
 
-    def splat(self, shape, dtype: torch.dtype, value):
-        """A splat arith.constant for elementwise arith on tensors."""
+    def splat(self, shape, dtype: torch.dtype, value, like=None):
+        """A splat of `value` for elementwise arith on tensors: an arith.constant, or for a
+        dynamic shape a linalg.fill of a tensor.empty with `like`'s dynamic sizes (`like`: a
+        value of that shape; IREE rejects a dynamic tensor.splat)."""
         ir, t = self.ir, self.ttype(shape, dtype)
         et = self.elem(dtype)
         attr = ir.FloatAttr.get(et, float(value)) if dtype.is_floating_point else ir.IntegerAttr.get(et, int(value))
-        return self.arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
+        if DYN not in shape:
+            return self.arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
+        from iree.compiler.dialects import linalg, tensor
+        if like is None:
+            raise NotImplementedError("a splat of a dynamic shape needs a value of that shape")
+        sizes = [tensor.dim(like, self.arith.constant(ir.IndexType.get(), ir.IntegerAttr.get(ir.IndexType.get(), i)))
+                 for i, d in enumerate(shape) if d == DYN]
+        empty = tensor.empty([d if d != DYN else sizes.pop(0) for d in shape], et)
+        return linalg.fill(self.arith.constant(et, attr), outs=[empty])
 
     def zp(self, value: int, dtype: torch.dtype):
         """A TOSA zero-point operand (tensor<1xi8> / tensor<1xi32>)."""
@@ -94,6 +109,8 @@ class Builder:
                                                                         type=ir.IndexType.get()))
 
     def reshape(self, v: Val, shape: list[int]) -> Val:
+        if list(shape).count(DYN) > 1:
+            raise NotImplementedError("reshape to more than one dynamic dim (tosa.reshape infers one -1)")
         out = self.tosa.reshape(v.value, self.shape_value(shape), results=[self.ttype(shape, v.dtype)])
         return Val(out, v.dtype, list(shape), v.offset)
 
@@ -158,10 +175,12 @@ class TosaEmitter:
             out_node = next(n for n in self.sub.graph.nodes if n.op == "output")
             single = not isinstance(out_node.args[0], (tuple, list))
             outs = [out_node.args[0]] if single else list(out_node.args[0])
-            arg_types = [self.b.ttype(v.shape, v.dtype) for v in in_vals]
+            if not all(isinstance(v, torch.Tensor) for v in in_vals):
+                raise NotImplementedError("a cluster input is not a tensor")
+            arg_types = [self.b.ttype(dims(v.shape), v.dtype) for v in in_vals]
             self.module_ip = ir.InsertionPoint(module.body)
             with ir.InsertionPoint(module.body):
-                fn = func.FuncOp("main", (arg_types, [self.b.ttype(o.meta["val"].shape, o.meta["val"].dtype)
+                fn = func.FuncOp("main", (arg_types, [self.b.ttype(dims(o.meta["val"].shape), o.meta["val"].dtype)
                                                       for o in outs]))
                 with ir.InsertionPoint(fn.add_entry_block()):
                     self._bind_inputs(inputs, fn.arguments)
@@ -176,7 +195,7 @@ class TosaEmitter:
     def _bind_inputs(self, inputs: list[Node], args) -> None:
         for node, arg in zip(inputs, args):
             val = node.meta["val"]
-            shape = list(val.shape)
+            shape = dims(val.shape)
             if val.dtype == torch.uint8:
                 self.env[node] = Val(self.b.xor_u8(arg, shape), val.dtype, shape, U8_OFFSET)
             else:
@@ -192,6 +211,8 @@ class TosaEmitter:
             if node.op != "call_function":
                 continue
             kind = kind_of(node)
+            if kind == "size":   # a size computation: emitters read sizes from the graph's shapes
+                continue
             if node.target is operator.getitem and kind is not None:   # a pick of a multi-result op
                 self.env[node] = self.env[node.args[0]][node.args[1]]
             elif kind == "tosa":
@@ -213,5 +234,5 @@ class TosaEmitter:
         call = self.b.func.CallOp(results, name, [self.value(a).value for a in runtime])
         vals = node.meta["val"]
         many = isinstance(vals, (tuple, list))
-        outs = [Val(r, v.dtype, list(v.shape)) for r, v in zip(call.results, vals if many else [vals])]
+        outs = [Val(r, v.dtype, dims(v.shape)) for r, v in zip(call.results, vals if many else [vals])]
         return outs if many else outs[0]

@@ -19,7 +19,7 @@ from torch.fx import Node
 
 from ... import numerics
 from ...fx import full_args
-from .lowerings import integer_input, tosa_lowering
+from .lowerings import DYN, dims, integer_input, static_dims, tosa_lowering
 from .tosa_emit import TosaEmitter, Val, offset_of
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
@@ -98,11 +98,10 @@ def _linear_check(node: Node) -> str | None:
     # must be less than or equal to the input rank for pack or output rank for unpack".
     # Measured (M, K, N): (1,1,2), (1,1,3), (1,1,2)+bias fail; (1,1,1), (2,1,2), (4,1,5),
     # (1,2,2), (1,3,1) compile (tests/test_fuzz.py::test_regression_iree_int8_linear_single_row_k1)
-    x_shape, w_shape = node.args[0].meta["val"].shape, node.args[2].meta["val"].shape
-    rows = 1
-    for d in x_shape[:-1]:
-        rows *= d
-    if rows == 1 and w_shape[-1] == 1 and w_shape[0] > 1:
+    x_shape, w_shape = dims(node.args[0].meta["val"].shape), node.args[2].meta["val"].shape
+    if x_shape[-1] == DYN:
+        return "the input feature dim must be static"
+    if _prod(x_shape[:-1]) == 1 and w_shape[-1] == 1 and w_shape[0] > 1:   # static shapes only
         return "a single row with one input feature (M = K = 1, N > 1) fails in iree-compile's data tiling"
     return None
 
@@ -113,6 +112,9 @@ def _conv_check(node: Node) -> str | None:
     if why is not None:
         return why
     args = full_args(node)
+    why = static_dims(node, args[0].meta["val"], (1, 2, 3), "channels, height and width of a conv input")
+    if why is not None:
+        return why
     groups, cin = args[8], args[0].meta["val"].shape[1]
     if groups != 1 and groups != cin:
         return f"grouped conv (groups={groups}, not 1 or depthwise) is not lowered"
@@ -149,6 +151,9 @@ def _mean_check(node: Node) -> str | None:
     q = args[0].meta["val"]
     if q.dtype not in _QUANT_DTYPES:
         return f"{q.dtype} is not lowered"
+    why = static_dims(node, q, [d % q.dim() for d in args[2]], "the dims a mean reduces")
+    if why is not None:
+        return why
     n = math.prod(q.shape[d % q.dim()] for d in args[2])
     if n >= 2**23:
         return f"mean over {n} elements could overflow the int32 sum"
@@ -160,7 +165,7 @@ def _pool_check(node: Node) -> str | None:
     args = full_args(node)
     if any(d != 1 for d in args[4]) or args[5]:
         return "max_pool2d with dilation or ceil_mode is not lowered"
-    return None
+    return static_dims(node, args[0].meta["val"], (1, 2, 3), "channels, height and width of a pool input")
 
 
 def _binary_check(node: Node) -> str | None:
@@ -181,28 +186,30 @@ def _dequantize(em: TosaEmitter, q: Val, scale: float, zp: int) -> Val:
     """x = fp32(int32(q) - zp) * s (numerics.dequantize)."""
     b = em.b
     q32 = b.ext_i32(q)
-    centered = b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset))
+    centered = b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset, like=q.value))
     f = b.arith.sitofp(b.ttype(q.shape, torch.float32), centered)
-    return Val(b.arith.mulf(f, b.splat(q.shape, torch.float32, np.float32(scale))), torch.float32, q.shape)
+    return Val(b.arith.mulf(f, b.splat(q.shape, torch.float32, np.float32(scale), like=q.value)), torch.float32,
+               q.shape)
 
 
 def _round_clamp_to_int(em: TosaEmitter, r, shape, zp: int, qmin: int, qmax: int, dtype) -> Val:
-    """clamp(RNE(r), qmin - zp, qmax - zp), NaN -> qmin - zp, then + zp, stored as i8."""
+    """clamp(RNE(r), qmin - zp, qmax - zp), NaN -> qmin - zp, then + zp, stored as i8.
+    maxnumf returns its non-NaN operand, so NaN becomes the lower bound with no cmpf/select
+    (iree-compile rejected that arith.select on dynamic shapes: "condition is signless i1 or
+    has matching shape")."""
     b, off = em.b, offset_of(dtype)
     f32 = torch.float32
-    lo, hi = b.splat(shape, f32, qmin - zp), b.splat(shape, f32, qmax - zp)
+    lo, hi = b.splat(shape, f32, qmin - zp, like=r), b.splat(shape, f32, qmax - zp, like=r)
     r = b.math.roundeven(r)
-    r = b.arith.minimumf(b.arith.maximumf(r, lo), hi)
-    nan = b.arith.cmpf(b.arith.CmpFPredicate.UNO, r, r)
-    r = b.arith.select(nan, lo, r)
-    q32 = b.arith.addi(b.arith.fptosi(b.ttype(shape, torch.int32), r), b.splat(shape, torch.int32, zp - off))
+    r = b.arith.minnumf(b.arith.maxnumf(r, lo), hi)
+    q32 = b.arith.addi(b.arith.fptosi(b.ttype(shape, torch.int32), r), b.splat(shape, torch.int32, zp - off, like=r))
     return Val(b.arith.trunci(b.ttype(shape, torch.int8), q32), dtype, shape, off)
 
 
 def _quantize(em: TosaEmitter, x: Val, scale: float, zp: int, qmin: int, qmax: int, dtype) -> Val:
     """q = clamp(RNE(fp32(x) / fp32(s)) + zp, qmin, qmax), NaN -> qmin (numerics.quantize)."""
     b = em.b
-    d = b.arith.divf(x.value, b.splat(x.shape, torch.float32, np.float32(scale)))  # IEEE division
+    d = b.arith.divf(x.value, b.splat(x.shape, torch.float32, np.float32(scale), like=x.value))  # IEEE division
     return _round_clamp_to_int(em, d, x.shape, zp, qmin, qmax, dtype)
 
 
@@ -227,7 +234,7 @@ def emit_dequantize(em: TosaEmitter, node: Node) -> Val:
 def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
     """y = Q(DQ(a) op DQ(b)) in fp32, broadcasting like PyTorch (ops/integer.py _binary)."""
     a, sa, za, b_, sb, zb, sy, zy, qmin, qmax, dtype = full_args(node)
-    shape = list(node.meta["val"].shape)
+    shape = dims(node.meta["val"].shape)
     fa, fb = (_broadcast_rank(em, _dequantize(em, em.value(v), s, z), len(shape))
               for v, s, z in ((a, sa, za), (b_, sb, zb)))
     t = em.b.ttype(shape, torch.float32)
@@ -236,7 +243,7 @@ def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
     else:
         y = em.b.tosa.mul(t, fa.value, fb.value, em.b.const(np.zeros([1], dtype=np.int8)))
     y = Val(y, torch.float32, shape)
-    d = em.b.arith.divf(y.value, em.b.splat(shape, torch.float32, np.float32(sy)))
+    d = em.b.arith.divf(y.value, em.b.splat(shape, torch.float32, np.float32(sy), like=y.value))
     return _round_clamp_to_int(em, d, shape, zy, qmin, qmax, dtype)
 
 
@@ -351,7 +358,7 @@ def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
     b, ir = em.b, em.b.ir
     w, wzp = _weight(em, node, w_n, w_zp)
     x, pads = _window(em, b.transpose(em.value(x_n), [0, 2, 3, 1]), w.shape[2:], stride, padding, dilation)
-    n, cout, oh, ow = node.meta["val"].shape
+    n, cout, oh, ow = dims(node.meta["val"].shape)
     out_t = b.ttype([n, oh, ow, cout], torch.int32)
     common = (b.const(_bias(em, bias_n, cout)), b.zp(x_zp - x.offset, torch.int8), b.zp(wzp, torch.int8),
               pads, ir.DenseI64ArrayAttr.get(list(stride)), ir.DenseI64ArrayAttr.get(list(dilation)),
@@ -383,12 +390,12 @@ def emit_linear(em: TosaEmitter, node: Node) -> Val:
     x = em.value(x_n)
     w, wzp = _weight(em, node, w_n, w_zp)
     k, n_out = w.shape[1], w.shape[0]
-    rows = math.prod(x.shape[:-1])
+    rows = _prod(x.shape[:-1])
     wt = Val(b.const(np.ascontiguousarray(w.T).reshape(1, k, n_out)), torch.int8, [1, k, n_out])
     acc = _matmul3(em, b.reshape(x, [1, rows, k]), wt, x_zp, wzp)
     bias = b.const(_bias(em, bias_n, n_out).reshape(1, 1, n_out))
     acc = Val(b.tosa.add(b.ttype(acc.shape, torch.int32), acc.value, bias), torch.int32, acc.shape)
-    return b.reshape(acc, list(node.meta["val"].shape))
+    return b.reshape(acc, dims(node.meta["val"].shape))
 
 
 @tosa_lowering("qlower::matmul", check=_matmul_check)
@@ -400,13 +407,19 @@ def emit_matmul(em: TosaEmitter, node: Node) -> Val:
     a, bm = em.value(a_n), em.value(b_n)
     m, k, n = a.shape[-2], a.shape[-1], bm.shape[-1]
     if len(bm.shape) == 2:
-        acc = _matmul3(em, bld.reshape(a, [1, math.prod(a.shape[:-1]), k]), bld.reshape(bm, [1, k, n]), a_zp, b_zp)
+        acc = _matmul3(em, bld.reshape(a, [1, _prod(a.shape[:-1]), k]), bld.reshape(bm, [1, k, n]), a_zp, b_zp)
     else:
-        if a.shape[:-2] != bm.shape[:-2]:
+        batch_a, batch_b = (a_n.meta["val"].shape[:-2], b_n.meta["val"].shape[:-2])
+        if [str(d) for d in batch_a] != [str(d) for d in batch_b]:   # symbolic dims compared as expressions
             raise NotImplementedError("matmul with broadcast batch dimensions is not lowered")
-        batch = math.prod(a.shape[:-2])
+        batch = _prod(a.shape[:-2])
         acc = _matmul3(em, bld.reshape(a, [batch, m, k]), bld.reshape(bm, [batch, k, n]), a_zp, b_zp)
-    return bld.reshape(acc, list(node.meta["val"].shape))
+    return bld.reshape(acc, dims(node.meta["val"].shape))
+
+
+def _prod(shape) -> int:
+    """The number of elements of `shape`; DYN when a dim is dynamic."""
+    return DYN if DYN in shape else math.prod(shape)
 
 
 # --------------------------------------------------------------- integer pass-through ops
@@ -417,7 +430,7 @@ def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
     b, ir = em.b, em.b.ir
     stride = list(stride) or list(kernel)
     x, pads = _window(em, b.transpose(em.value(q_n), [0, 2, 3, 1]), kernel, stride, padding, [1, 1])
-    n, c, oh, ow = node.meta["val"].shape
+    n, c, oh, ow = dims(node.meta["val"].shape)
     out = b.tosa.max_pool2d(b.ttype([n, oh, ow, c], torch.int8), x.value, ir.DenseI64ArrayAttr.get(list(kernel)),
                             ir.DenseI64ArrayAttr.get(stride), pads)
     return b.transpose(Val(out, x.dtype, [n, oh, ow, c], x.offset), [0, 3, 1, 2])
@@ -427,35 +440,38 @@ def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
 def emit_mean(em: TosaEmitter, node: Node) -> Val:
     """clamp(RNE(sum(q - zp) / N) + zp): int32 tosa.reduce_sum, then the exact half-to-even
     integer division of numerics.mean_integer in arith (floordiv, remainder, odd test)."""
-    q_n, zp, dims, keepdim, qmin, qmax = full_args(node)
+    q_n, zp, reduced, keepdim, qmin, qmax = full_args(node)
     b = em.b
     q = em.value(q_n)
-    dims = sorted(d % len(q.shape) for d in dims)
+    reduced = sorted(d % len(q.shape) for d in reduced)
     q32 = b.ext_i32(q)
-    centered = Val(b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset)), torch.int32, q.shape)
-    for d in dims:
+    centered = Val(b.arith.subi(q32.value, b.splat(q.shape, torch.int32, zp - q.offset, like=q32.value)), torch.int32,
+                   q.shape)
+    for d in reduced:
         shape = [1 if i == d else s for i, s in enumerate(centered.shape)]
         centered = Val(b.tosa.reduce_sum(centered.value, d, results=[b.ttype(shape, torch.int32)]),
                        torch.int32, shape)
-    total, n = centered, math.prod(q.shape[d] for d in dims)
+    total, n = centered, math.prod(q.shape[d] for d in reduced)
     y = _round_div_even(em, total, n)
-    y = b.arith.addi(y, b.splat(total.shape, torch.int32, zp - q.offset))
-    lo, hi = b.splat(total.shape, torch.int32, qmin - q.offset), b.splat(total.shape, torch.int32, qmax - q.offset)
+    y = b.arith.addi(y, b.splat(total.shape, torch.int32, zp - q.offset, like=total.value))
+    lo = b.splat(total.shape, torch.int32, qmin - q.offset, like=total.value)
+    hi = b.splat(total.shape, torch.int32, qmax - q.offset, like=total.value)
     y = b.arith.minsi(b.arith.maxsi(y, lo), hi)
     out = Val(b.arith.trunci(b.ttype(total.shape, torch.int8), y), q.dtype, total.shape, q.offset)
-    return out if keepdim else b.reshape(out, list(node.meta["val"].shape))
+    return out if keepdim else b.reshape(out, dims(node.meta["val"].shape))
 
 
 def _round_div_even(em: TosaEmitter, total: Val, n: int):
     """RNE(total / n) for int32 total and positive n, exactly (numerics.mean_integer)."""
     b, s, i32 = em.b, total.shape, torch.int32
-    nn = b.splat(s, i32, n)
+    nn = b.splat(s, i32, n, like=total.value)
     quot = b.arith.floordivsi(total.value, nn)
-    twice_rem = b.arith.muli(b.arith.subi(total.value, b.arith.muli(quot, nn)), b.splat(s, i32, 2))
+    twice_rem = b.arith.muli(b.arith.subi(total.value, b.arith.muli(quot, nn)), b.splat(s, i32, 2, like=total.value))
     pred = b.arith.CmpIPredicate
     above = b.arith.cmpi(pred.sgt, twice_rem, nn)
     tie = b.arith.cmpi(pred.eq, twice_rem, nn)
-    odd = b.arith.cmpi(pred.eq, b.arith.andi(quot, b.splat(s, i32, 1)), b.splat(s, i32, 1))
+    one = b.splat(s, i32, 1, like=total.value)
+    odd = b.arith.cmpi(pred.eq, b.arith.andi(quot, one), one)
     up = b.arith.ori(above, b.arith.andi(tie, odd))
     return b.arith.addi(quot, b.arith.extui(b.ttype(s, i32), up))
 
@@ -468,7 +484,7 @@ _IDENTITIES = ("aten::contiguous", "aten::clone", "aten::alias")
 
 @tosa_lowering(*_RESHAPES, check=integer_input)
 def emit_reshape(em: TosaEmitter, node: Node) -> Val:
-    return em.b.reshape(em.value(node.all_input_nodes[0]), list(node.meta["val"].shape))
+    return em.b.reshape(em.value(node.all_input_nodes[0]), dims(node.meta["val"].shape))
 
 
 @tosa_lowering("aten::permute", check=integer_input)
@@ -516,14 +532,24 @@ def _select(em: TosaEmitter, x: Val, dim: int, index: int) -> Val:
     return b.reshape(Val(out, x.dtype, size, x.offset), [s for i, s in enumerate(x.shape) if i != dim])
 
 
-@tosa_lowering("aten::unbind.int", check=integer_input)
+def _sliced_dim_check(node: Node) -> str | None:
+    """integer tensor, static size along the dim it slices"""
+    why = integer_input(node)
+    if why is not None:
+        return why
+    x = node.args[0].meta["val"]
+    dim = node.args[1] if len(node.args) > 1 else 0
+    return static_dims(node, x, [dim % x.dim()], "the dim unbind/select slices")
+
+
+@tosa_lowering("aten::unbind.int", check=_sliced_dim_check)
 def emit_unbind(em: TosaEmitter, node: Node) -> list[Val]:
     x = em.value(node.args[0])
     dim = (node.args[1] if len(node.args) > 1 else 0) % len(x.shape)
     return [_select(em, x, dim, i) for i in range(x.shape[dim])]
 
 
-@tosa_lowering("aten::select.int", check=integer_input)
+@tosa_lowering("aten::select.int", check=_sliced_dim_check)
 def emit_select(em: TosaEmitter, node: Node) -> Val:
     x = em.value(node.args[0])
     dim = node.args[1] % len(x.shape)

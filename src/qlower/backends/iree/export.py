@@ -1,0 +1,67 @@
+"""`qlower.export(cm, path, format="mlir" | "vmfb")` for a model compiled with backend="iree".
+
+Only a model that is ONE IREE cluster can be exported (its inputs are the model's inputs in
+order, its one output the model's output): anything else would need qlower's PyTorch glue to
+run. The files are exactly what the backend compiled and runs:
+
+- `.mlir`: the module as emitted (TOSA + linalg functions for an integer cluster, the torch
+  dialect for an all-float one), preceded by `//` comment lines naming the entry function and
+  the iree-compile command line that compiles it as the backend did (same outputs);
+- `.vmfb`: the compiled module, runnable with `iree-run-module --module=m.vmfb
+  --function=main --input=@x.npy` (iree-base-runtime) and no Python at all.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import BackendError
+from .runner import IreeCluster
+
+ENTRY = "main"
+_INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
+
+
+def whole_model_cluster(cm) -> IreeCluster:
+    """The IREE cluster that is the whole compiled model, or a BackendError naming what
+    prevents it (the nodes left in PyTorch, with their reasons)."""
+    report = cm.report()
+    if report.backend != "iree":
+        raise BackendError(f"MLIR/vmfb export needs a model compiled for iree, not {report.backend!r}",
+                           hint="compile with backend='iree'")
+    blockers = [f"{next(iter(c.ops), '?')}: {c.reason}" for c in report.clusters if c.status != "compiled"]
+    compiled = [c for c in report.clusters if c.status == "compiled"]
+    clusters = [m for m in cm._executable.module.modules() if isinstance(m, IreeCluster)]
+    whole = cm._executable.run is not cm._executable.module   # the direct runner: one cluster is the model
+    if blockers or len(compiled) != 1 or len(clusters) != 1 or not whole or clusters[0].vmfb is None:
+        detail = "; ".join(blockers) or (f"{len(compiled)} IREE clusters" if len(compiled) != 1 else
+                                         "the cluster's inputs/outputs are not the model's (PyTorch code around it)")
+        raise BackendError(f"the model is not one IREE module: {detail}",
+                           hint="`qlower schema --backend iree` lists every node and why it is not supported")
+    return clusters[0]
+
+
+def header(cluster: IreeCluster) -> str:
+    """`//` comment lines that make an exported .mlir self-describing."""
+    kind = _INPUT_TYPE[cluster.kind]
+    lines = [
+        "qlower export: the whole model as one IREE module "
+        f"({'TOSA + linalg' if kind == 'tosa' else 'torch dialect'}, --iree-input-type={kind})",
+        f"entry: @{ENTRY}(the model's inputs, in order) -> its output; uint8 tensors travel as their bytes "
+        "viewed as int8 (i8); dynamic dims are `?`",
+        f"compile: {cluster.command}",
+        f"run: iree-run-module --module=model.vmfb --function={ENTRY} --input=@x.npy --output=@y.npy",
+    ]
+    return "".join(f"// {ln}\n" for ln in lines)
+
+
+def export_iree(cm, path: str | Path, format: str) -> Path:
+    """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path`."""
+    path = Path(path)
+    cluster = whole_model_cluster(cm)
+    if format == "vmfb":
+        path.write_bytes(cluster.vmfb)
+    elif format == "mlir":
+        path.write_text(header(cluster) + cluster.mlir)
+    else:
+        raise ValueError(f"unknown IREE export format {format!r}")
+    return path
