@@ -671,16 +671,11 @@ def test_regression_iree_depthwise_1x1_padded(conv):
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="group_norm on a permuted (non-contiguous) tensor: qlower's bug, not IREE's. The iree "
-                   "backend lacks the block op, so DecomposeBlockOps inlines its decomposition; "
-                   "passes/decompose_block_ops.py _trace() traces it with make_fx on CONTIGUOUS torch.zeros "
-                   "examples, where the decomposition's x.reshape(n, groups, -1) is recorded as aten.view; "
-                   "inlined on the permuted input (strides (360, 90, 1, 10)) that view raises ValueError "
-                   "'Cannot view a tensor ... as a tensor with shape (1, 2, 180)'. Tracing with "
-                   "torch.empty_strided(shape, stride) examples fixes it (checked on this program); the pass "
-                   "is shared by every backend and is outside the iree backend")
 def test_regression_iree_group_norm_decomposition_on_permuted_input():
+    """group_norm on a permuted (non-contiguous) tensor raised a raw ValueError on iree: the
+    backend lacks the block op, so DecomposeBlockOps inlines its decomposition, which _trace()
+    recorded on CONTIGUOUS examples: x.reshape(n, groups, -1) became aten.view, and a view of the
+    permuted input fails. Examples now carry the input's strides (decompose_block_ops._example_like)."""
     _check(Program(in_shape=(1, 6, 8, 9), seed=610,
                    ops=(Op("conv", (0,), (4, 2, 1, 1, 1, 2, False)), Op("permute", (1,), (1, 3, 2)),
                         Op("group_norm", (2,), (2, False)))), ("iree",))

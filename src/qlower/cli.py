@@ -22,7 +22,7 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
-         backend: str = typer.Option("auto", help="auto | reference"),
+         backend: str = typer.Option("auto", help="auto (fastest correct engine, measured) | onnxruntime | openvino | iree | reference"),
          runs: int = typer.Option(10, help="timed runs per stack (median reported)")):
     """Quantize, compile and run the built-in models; print accuracy and latency."""
     from .demo import run_demo
@@ -166,7 +166,7 @@ def schema(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
 
 
 @app.command()
-def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | reference")):
+def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | openvino | iree | reference")):
     """List the op schemas a backend accepts and the condition on each
     (QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST adjust it)."""
     from .backends import get_backend

@@ -42,9 +42,16 @@ def _trace(node: Node) -> GraphModule:
         for i, t in zip(tensor_positions, tensors):
             args[i] = t
         return decomposition(*args)
-    examples = [torch.zeros(node.args[i].meta["val"].shape, dtype=node.args[i].meta["val"].dtype)
-                for i in tensor_positions]
-    return make_fx(bound)(*examples)
+    return make_fx(bound)(*[_example_like(node.args[i].meta["val"]) for i in tensor_positions])
+
+
+def _example_like(val: torch.Tensor) -> torch.Tensor:
+    """A zero tensor with val's shape AND strides: traced on a contiguous example, a reshape is
+    recorded as a view, which then fails on the real (e.g. permuted) input (fuzz: group_norm on
+    a permuted activation raised a raw ValueError on iree)."""
+    if all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype).zero_()
+    return torch.zeros(val.shape, dtype=val.dtype)
 
 
 def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
