@@ -3,6 +3,8 @@ into a callable. A peer library that is not installed raises PeerUnavailable wit
 hint; the harness records it as that stack's error row."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 from pathlib import Path
 from typing import Callable
@@ -218,7 +220,12 @@ def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
     if variant == "fp32":   # the float model lowered by qlower (through torch.onnx for onnxruntime)
         cm = qcompile(model, inputs, backend=backend)
         return _with_note(lambda *xs: cm(*xs), cm, stack, entry)
-    config = QuantConfig(weight_bits=8) if variant == "w8" else "int8"  # the preset picks per CPU
+    # the preset a user would pick (the NNCF peer likewise gets its TRANSFORMER model type);
+    # a named preset picks the weight width per CPU
+    preset = "transformer" if _is_transformer(model) else "int8"
+    config = QuantConfig.from_name(preset) if variant == "w8" else preset
+    if variant == "w8":
+        config = dataclasses.replace(config, weight_bits=8)
     ep = qquantize(model, inputs, calibration, config, backend=backend)
     passes, options = None, None
     if variant.startswith("qdq"):
