@@ -425,3 +425,53 @@ def test_per_token_linear_runs_its_gemm_in_openvino_and_stays_exact():
     for seed in range(3):
         xi = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(seed)) * 3
         assert torch.equal(ov(xi), ref(xi))
+
+
+def _quantize_scales(cm) -> list[float]:
+    gm = cm.graph_module
+    scales = []
+    for n in gm.graph.nodes:
+        if n.target == torch.ops.qlower.quantize.default:
+            scales += getattr(gm, n.args[1].target).reshape(-1).tolist()
+    return scales
+
+
+def test_power_of_two_activation_scales_keep_the_cnn_in_one_exact_cluster():
+    """Quantizing for openvino (canonical numerics) rounds every activation scale up to a power
+    of two, which OpenVINO quantizes exactly: no quantize is refused, one cluster, and the
+    outputs equal the reference backend on the same program."""
+    import math
+    entry = ZOO["cnn"]
+    model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
+    ep = qlower.quantize(model, x, cal, "int8", backend="openvino")
+    ov = qlower.compile(ep, x, backend="openvino")
+    report = ov.report()
+    assert len(report.compiled) == 1 and not report.fallbacks
+    scales = _quantize_scales(ov)
+    assert scales and all(math.frexp(s)[0] == 0.5 for s in scales)
+    ref = qlower.compile(ep, x, backend="reference")
+    for seed in range(3):
+        xi = entry.inputs(1, seed=70 + seed)
+        assert torch.equal(ov(*xi), ref(*xi))
+
+
+def test_engine_native_numerics_keep_calibrated_scales():
+    """Near miss: with numerics='openvino' (OpenVINO's own rounding, declared in the report)
+    the calibrated scales are kept, not snapped."""
+    import math
+    entry = ZOO["cnn"]
+    model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
+    cm = qlower.compile(model, x, quantize="int8", calibration=cal, backend="openvino",
+                        backend_options=OvOptions(numerics="openvino"))
+    scales = _quantize_scales(cm)
+    assert scales and any(math.frexp(s)[0] != 0.5 for s in scales)
+    assert any("engine-native numerics" in n for n in cm.report().notes)
+
+
+def test_named_preset_uses_static_activations_on_openvino_explicit_config_respected():
+    from qlower.quantize import QuantConfig
+    backend = get_backend("openvino")
+    config, note = backend.quant_config(QuantConfig.from_name("transformer"), preset=True)
+    assert config.activations == "static" and "per-token" in note
+    explicit = QuantConfig(activations="per-token")
+    assert backend.quant_config(explicit, preset=False) == (explicit, None)

@@ -36,7 +36,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     if backend is None:
         return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
     chosen = get_backend(backend)
-    config, _ = _config_for_backend(config, chosen.name)
+    config, _ = _config_for_backend(config, chosen)
     return _quantize(model, example_inputs, calibration, config, dynamic_shapes,
                      adjust_observers=getattr(chosen, "adjust_observers", None))
 
@@ -85,7 +85,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         """Equal keys: equal quantized programs (onnxruntime snaps add scales, maybe 7-bit weights)."""
         if not quantizing or (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
             return ()   # nothing is quantized here: every backend gets the same program
-        config, _ = _config_for_backend(quantize, chosen.name)
+        config, _ = _config_for_backend(quantize, chosen)
         hook = getattr(chosen, "adjust_observers", None)
         return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}")
 
@@ -93,7 +93,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         """Capture / quantize for `chosen`, then run the pass pipeline."""
         program_notes, label = [], ""
         if quantizing:
-            config, note = _config_for_backend(quantize, chosen.name)
+            config, note = _config_for_backend(quantize, chosen)
             program_notes += [note] if note else []
             hook = getattr(chosen, "adjust_observers", None)
             ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
@@ -149,20 +149,15 @@ def _inference_state(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-def _config_for_backend(quantize: QuantConfig | str | None, backend: str) -> tuple[QuantConfig, str | None]:
+def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[QuantConfig, str | None]:
+    """The QuantConfig to quantize with for `backend`: a named preset may be adapted by the
+    backend's `quant_config(config, preset=True)` (e.g. 7-bit weights where its kernels need
+    them), with a note for the report; an explicit QuantConfig is passed as preset=False."""
     config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else (quantize or QuantConfig())
-    return _weights_for_backend(config, backend, preset=not isinstance(quantize, QuantConfig))
-
-
-def _weights_for_backend(config: QuantConfig, backend: str, preset: bool) -> tuple[QuantConfig, str | None]:
-    """A named preset on onnxruntime without VNNI gets 7-bit weights: ORT's fused u8 x s8 kernels
-    are exact only then, and measured accuracy is the same (docs/performance.md). An explicit
-    QuantConfig is respected; 8-bit weights then run on the exact (slower) u8 x u8 path."""
-    from .backends.onnxruntime.cpu import has_vnni
-    if preset and backend == "onnxruntime" and not has_vnni() and config.weight_bits == 8:
-        return dataclasses.replace(config, weight_bits=7), \
-            "7-bit weights: this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with 7-bit weights"
-    return config, None
+    adapt = getattr(backend, "quant_config", None)
+    if adapt is None:
+        return config, None
+    return adapt(config, preset=not isinstance(quantize, QuantConfig))
 
 
 def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None) -> Path:

@@ -127,3 +127,11 @@ def _around(value: float, bound: float, grid: torch.Tensor) -> torch.Tensor:
     """Candidates from value/ratio^8 (capped at the observed bound) down to value*ratio^(steps-9):
     a coordinate step may also widen an end the joint shrink cut too far."""
     return _clamp(value * grid / grid[8], bound)
+
+
+def pin_qparams(observer, scale: float, zero_point: int) -> None:
+    """Make a calibrated observer report (scale, zero_point) to convert_pt2e. The observer
+    instance is shared by every edge that shares these qparams, so all of them follow, as does
+    everything derived from them (a following layer's bias scale)."""
+    pinned = (torch.tensor([scale], dtype=torch.float32), torch.tensor([zero_point], dtype=torch.int32))
+    observer.calculate_qparams = lambda: pinned

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import operator
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import install_constant, pytorch_infos, split_inputs, worst_abs_diff
-from . import cache
+from . import cache, cpu
 from .capability import onnxruntime_capability
 from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
@@ -213,6 +214,16 @@ class OnnxRuntimeBackend:
     def __init__(self, options: OrtOptions | None = None):
         self.options = options or OrtOptions()
         self.capability = onnxruntime_capability()
+
+    @staticmethod
+    def quant_config(config, preset: bool):
+        """A named preset on a CPU without VNNI gets 7-bit weights: ORT's fused u8 x s8 kernels
+        are exact only then, and measured accuracy is the same (docs/performance.md). An explicit
+        QuantConfig is respected; 8-bit weights then run on the exact (slower) u8 x u8 path."""
+        if preset and not cpu.has_vnni() and config.weight_bits == 8:
+            return dataclasses.replace(config, weight_bits=7), \
+                "7-bit weights: this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with 7-bit weights"
+        return config, None
 
     @staticmethod
     def adjust_observers(observed) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from ...quantize.observers import pin_qparams
 from .kernel_proofs import qlinear_add_exact
 
 MAX_ULPS = 8
@@ -36,7 +37,7 @@ def snap_add_scales(observed: GraphModule) -> int:
         (sa, za), (sb, zb), (sy, zy) = (_qparams(o) for o in (*observers, out))
         snapped = _nearest_exact(sa, za, sb, zb, sy, zy)
         if snapped is not None and snapped != sy:
-            _pin(out, snapped, zy)
+            pin_qparams(out, snapped, zy)
             moved += 1
     return moved
 
@@ -81,10 +82,3 @@ def _nearest_exact(sa, za, sb, zb, sy, zy) -> float | None:
             if qlinear_add_exact(sa, za, sb, zb, candidate, zy):
                 return candidate
     return None
-
-
-def _pin(observer, scale: float, zero_point: int) -> None:
-    # The observer instance (shared by every edge that shares these qparams) now reports the
-    # snapped scale to convert_pt2e; dtype and range stay the observer's own.
-    pinned = (torch.tensor([scale], dtype=torch.float32), torch.tensor([zero_point], dtype=torch.int32))
-    observer.calculate_qparams = lambda: pinned

@@ -10,6 +10,7 @@ Numerics: every integer op OpenVINO runs was measured against the reference back
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import install_constant, pytorch_infos, split_inputs
 from .capability import NUMERICS, QUANTIZE_DEVIATION, openvino_capability
 from .legalize import legalize
+from .pow2_scales import snap_to_power_of_two
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, log
 
 _COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
@@ -74,6 +76,20 @@ class OpenVinoBackend:
         if self.options.numerics not in NUMERICS:
             raise BackendError(f"unknown OvOptions.numerics {self.options.numerics!r}", hint=f"use one of {NUMERICS}")
         self.capability = openvino_capability(self.options.numerics)
+
+    def quant_config(self, config, preset: bool):
+        """Named presets quantize linear inputs statically here: OpenVINO does not reproduce the
+        per-token ops (capability.py), which would leave every linear's input in PyTorch."""
+        if preset and config.activations == "per-token":
+            return dataclasses.replace(config, activations="static"), \
+                "static activations: OpenVINO does not compute per-token quantization canonically"
+        return config, None
+
+    def adjust_observers(self, observed) -> None:
+        """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly
+        (pow2_scales.py); engine-native numerics keep the calibrated scales."""
+        if self.options.numerics == "canonical":
+            snap_to_power_of_two(observed)
 
     def available(self) -> bool:
         try:
