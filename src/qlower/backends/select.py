@@ -47,7 +47,8 @@ AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
 # Ops whose float result every engine computes identically (data movement, selection, IEEE-exact
 # single operations): a quantized program holding no other float op is compared bit for bit.
 EXACT_FLOAT_OPS = frozenset({
-    "qlower::dequantize", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+    "qlower::dequantize", "qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token",
+    "qlower::dequantize_per_token_acc", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
     "aten::transpose", "aten::t", "aten::flatten", "aten::squeeze", "aten::unsqueeze",
     "aten::expand", "aten::cat", "aten::stack", "aten::slice", "aten::select", "aten::split",
     "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::clone", "aten::contiguous",
