@@ -685,3 +685,40 @@ def test_cli_export_vmfb(tmp_path):
     ref = qlower.compile(ep, cal[0], backend="reference", profile="fixed")
     x = torch.randn(4, 32, generator=g)
     assert_equal(ref(x), _run_module(out, x, tmp_path))
+
+
+def test_named_preset_uses_static_activations_on_iree_and_stays_one_cluster():
+    """The transformer preset is per-token, which IREE has no lowering for: quantizing for iree,
+    a named preset uses static activations (said in the report) and the model is one cluster."""
+    from qlower.quantize import QuantConfig
+    backend = get_backend("iree")
+    config, note = backend.quant_config(QuantConfig.from_name("transformer"), preset=True)
+    assert config.activations == "static" and "per-token" in note
+    explicit = QuantConfig(activations="per-token")
+    assert backend.quant_config(explicit, preset=False) == (explicit, None)
+    entry = ZOO["transformer"]
+    model, x = entry.model(), entry.inputs(1)
+    cm = qlower.compile(model, x, quantize="transformer", calibration=entry.calibration(2), backend="iree",
+                        profile="fixed")
+    report = cm.report()
+    assert len(report.compiled) == 1 and not report.fallbacks
+    assert any("static activations" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_int32_accumulator_dequantize_bit_exact(per_channel):
+    """requantize_outputs=False (the transformer presets): a linear/conv whose output feeds float
+    ops keeps its int32 accumulator and dequantizes it, fp32(acc) * s per channel. Lowered on
+    IREE (was refused: the transformer preset fragmented into 9 clusters), bit-exact."""
+    from qlower.quantize import QuantConfig
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.Flatten(), torch.nn.Linear(6 * 4 * 4, 5)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    cfg = QuantConfig(requantize_outputs=False, per_channel=per_channel)
+    ep = qlower.quantize(model, (x,), [(torch.randn(2, 3, 6, 6),) for _ in range(3)], cfg)
+    iree = qlower.compile(ep, (x,), backend="iree", profile="fixed")
+    ref = qlower.compile(ep, (x,), backend="reference", profile="fixed")
+    assert len(iree.report().compiled) == 1 and not iree.report().fallbacks
+    for seed in range(3):
+        xi = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(seed)) * 2
+        assert torch.equal(iree(xi), ref(xi))

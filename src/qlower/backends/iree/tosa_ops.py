@@ -55,8 +55,20 @@ def _quantize_check(node: Node) -> str | None:
 
 
 def _dequantize_check(node: Node) -> str | None:
-    """per-tensor, int8/uint8 input"""
-    return _qparams_check(node, node.all_input_nodes[0].meta["val"].dtype)
+    """per-tensor int8/uint8 input, or an int32 accumulator (zero point 0, scale per tensor or
+    per channel)"""
+    dtype = node.all_input_nodes[0].meta["val"].dtype
+    if dtype != torch.int32:
+        return _qparams_check(node, dtype)
+    args = full_args(node)
+    scale, zp = (_const(node, a) if isinstance(a, Node) else a for a in args[1:3])
+    if not isinstance(scale, torch.Tensor) or not isinstance(zp, torch.Tensor):
+        return "scale and zero point must be constants"
+    if bool(zp.any()):
+        return "int32 dequantize with a non-zero zero point is not lowered"
+    if scale.numel() > 1 and args[3] is None:
+        return "per-channel scale without an axis"
+    return None
 
 
 def _weight_zp(node: Node, arg) -> int | None:
@@ -227,8 +239,25 @@ def emit_quantize(em: TosaEmitter, node: Node) -> Val:
 
 @tosa_lowering("qlower::dequantize", check=_dequantize_check)
 def emit_dequantize(em: TosaEmitter, node: Node) -> Val:
-    q, scale, zp = full_args(node)[:3]
+    q, scale, zp, axis = full_args(node)[:4]
+    if q.meta["val"].dtype == torch.int32:
+        return _dequantize_accumulator(em, em.value(q), em.constant(scale).to(torch.float32).reshape(-1), axis)
     return _dequantize(em, em.value(q), float(_scalar(em, scale)), int(_scalar(em, zp)))
+
+
+def _dequantize_accumulator(em: TosaEmitter, acc: Val, scale: torch.Tensor, axis) -> Val:
+    """x = fp32(acc) * s, s per tensor or per channel along `axis` (numerics.dequantize with zero
+    point 0): sitofp, then one IEEE multiply broadcast along the last dim (the channel moved
+    there and back, as for requantize). The int32 accumulator of a conv/linear whose output
+    feeds float ops (QuantConfig(requantize_outputs=False), the transformer presets)."""
+    b = em.b
+    moved, inverse = _move_axis_last(em, acc, axis if scale.numel() > 1 else None)
+    f = _f32(em, moved)
+    s = scale.numpy().astype(np.float32)
+    s_const = b.const(s.reshape([1] * (len(moved.shape) - 1) + [s.size]))
+    y = Val(b.tosa.mul(b.ttype(moved.shape, torch.float32), f.value, s_const, b.const(np.zeros([1], dtype=np.int8))),
+            torch.float32, moved.shape)
+    return y if inverse is None else em.b.transpose(y, inverse)
 
 
 def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
