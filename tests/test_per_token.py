@@ -278,3 +278,25 @@ def test_zoo_bert_per_token_session_builds_and_matches():
     ref = qlower.compile(ep, entry.inputs(1), backend="reference")
     x = entry.inputs(1, seed=7)
     assert qlower.report.sqnr_db(ref(*x), ort(*x)) > 40.0
+
+
+class _TokenQuantize(torch.nn.Module):
+    def forward(self, x):
+        s = Q.token_scale(x)
+        return s, Q.quantize_per_token(x, s)
+
+
+def test_onnxruntime_quantize_per_token_on_ties_and_neighbours():
+    """Rows with max |x| = 127 have scale exactly 1, so x / s = x: exact ties k + 0.5 of both
+    signs, their fp32 neighbours, the bounds, zero rows and tiny rows, against the reference."""
+    ties = torch.arange(-127, 127, dtype=torch.float32) + 0.5
+    up, down = torch.nextafter(ties, torch.tensor(1e9)), torch.nextafter(ties, torch.tensor(-1e9))
+    rows = [torch.cat([ties, torch.tensor([127.0])]), torch.cat([up, torch.tensor([-127.0])]),
+            torch.cat([down, torch.tensor([127.0])]), torch.zeros(255), torch.full((255,), 1e-30),
+            torch.randn(255) * 1e-3]
+    x = torch.stack(rows)
+    ort = qlower.compile(_TokenQuantize(), (x,), backend="onnxruntime")
+    ref = qlower.compile(_TokenQuantize(), (x,), backend="reference")
+    assert not ort.report().fallbacks
+    for got, want in zip(ort(x), ref(x)):
+        assert torch.equal(got, want)

@@ -316,9 +316,12 @@ def token_scale(x):
 
 @lowers(q.quantize_per_token.default)
 def quantize_per_token(x, scale):
-    bound = float(numerics.PER_TOKEN_BOUND)
-    r = op.Clip(op.Round(op.Div(x, scale)), const(-bound, np.float32), const(bound, np.float32))
-    return op.Cast(op.Add(r, const(float(numerics.PER_TOKEN_ZERO_POINT), np.float32)), to=ir.DataType.UINT8)
+    """Div, Max, QuantizeLinear(scale 1, zero point 128): RNE(v) + 128 saturated to [0, 255],
+    with v clamped below at -127 first (rounding is monotone and -127 an integer, so clamping
+    before or after rounding agree; the top needs no clamp: 255 - 128 = 127). Three ops where
+    Round/Clip/Add/Cast took four more passes over the activation."""
+    v = op.Max(op.Div(x, scale), const(-float(numerics.PER_TOKEN_BOUND), np.float32))
+    return op.QuantizeLinear(v, const(1.0, np.float32), const(numerics.PER_TOKEN_ZERO_POINT, np.uint8))
 
 
 @lowers(q.dequantize_per_token.default)
