@@ -1,15 +1,38 @@
-"""Pieces every clustering backend shares: what replaces a cluster with no runtime inputs, and
-the report lines for the nodes left in PyTorch."""
+"""Pieces every clustering backend shares: clustering and fusing the graph, compiling each
+cluster in turn, what replaces a cluster with no runtime inputs, and the report lines for the
+nodes left in PyTorch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.fx import GraphModule, Node
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ..fx import constant_value
+from ..fx import constant_value, mutated_attributes
+from ..partition import Capability, cluster_graph
 from ..passes.functionalize_state import WRITE_BACK
 from ..report import ClusterInfo
+
+
+def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int):
+    """(fused graph, clustering): every cluster of supported nodes becomes one `cluster_<i>`
+    submodule call; `clustering.unsupported` lists what stays in PyTorch."""
+    clustering = cluster_graph(gm.graph, capability, min_cluster_size)
+    fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
+    return fused, clustering
+
+
+def compile_each_cluster(fused: GraphModule, compile_one: Callable[[GraphModule, Node, int, set[str]], ClusterInfo]
+                         ) -> list[ClusterInfo]:
+    """`compile_one(fused, call, index, mutated)` for every cluster call, in graph order."""
+    mutated = mutated_attributes(fused)
+    infos: list[ClusterInfo] = []
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("cluster_"):
+            infos.append(compile_one(fused, node, len(infos), mutated))
+    return infos
 
 
 @dataclass

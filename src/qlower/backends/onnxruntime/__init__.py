@@ -12,13 +12,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.fx import GraphModule
-from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import mutated_attributes
-from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import install_constant, pytorch_infos, split_inputs, worst_abs_diff
+from ..clusters import compile_each_cluster, fuse_clusters, install_constant, pytorch_infos, split_inputs, worst_abs_diff
 from . import cache, cpu
 from .capability import onnxruntime_capability
 from .fuse_requantize import FuseRequantize
@@ -241,13 +238,8 @@ class OnnxRuntimeBackend:
         notes = decompose_unsupported_block_ops(gm, self.capability)
         notes += _legalize(gm)
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
-        clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
-        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
-        infos = []
-        mutated = mutated_attributes(fused)
-        for node in list(fused.graph.nodes):
-            if node.op == "call_module" and str(node.target).startswith("cluster_"):
-                infos.append(self._compile_cluster(fused, node, len(infos), mutated))
+        fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
+        infos = compile_each_cluster(fused, self._compile_cluster)
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))

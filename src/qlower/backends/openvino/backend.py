@@ -15,15 +15,12 @@ from dataclasses import dataclass
 
 import torch
 from torch.fx import GraphModule
-from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from ...errors import BackendError
-from ...fx import mutated_attributes
-from ...partition import cluster_graph
 from ...report import ClusterInfo
 from ..onnxruntime.cache import LRUCache
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import install_constant, pytorch_infos, split_inputs
+from ..clusters import compile_each_cluster, fuse_clusters, install_constant, pytorch_infos, split_inputs
 from .capability import NUMERICS, QUANTIZE_DEVIATION, openvino_capability
 from .legalize import legalize
 from .pow2_scales import snap_to_power_of_two
@@ -102,13 +99,8 @@ class OpenVinoBackend:
         from .runner import core
         core()   # BackendError with the install hint when openvino is missing
         notes = decompose_unsupported_block_ops(gm, self.capability)
-        clustering = cluster_graph(gm.graph, self.capability, self.options.min_cluster_size)
-        fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
-        infos = []
-        mutated = mutated_attributes(fused)
-        for node in list(fused.graph.nodes):
-            if node.op == "call_module" and str(node.target).startswith("cluster_"):
-                infos.append(self._compile_cluster(fused, node, len(infos), mutated))
+        fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
+        infos = compile_each_cluster(fused, self._compile_cluster)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
