@@ -7,6 +7,8 @@ import math
 from html import escape
 from typing import TYPE_CHECKING
 
+from .metrics import format_db, format_number
+
 if TYPE_CHECKING:
     from .verify import LayerReport, VerifyReport
 
@@ -43,14 +45,14 @@ def render(report: "VerifyReport") -> str:
         f"<code>{escape(_config(report))}</code><br>{report.inputs} evaluation inputs, "
         f"{report.calibration} calibration batches, {report.seconds:.1f} s</div>",
         '<div class="cards">',
-        _card(_db(e2e.sqnr_db) + " dB", "end-to-end output SQNR", _color(e2e.sqnr_db)),
+        _card(format_db(e2e.sqnr_db) + " dB", "end-to-end output SQNR", _color(e2e.sqnr_db)),
         _card(f"{e2e.cosine:.5f}", "output cosine"),
         _card(f"{e2e.max_abs:.4g}", "max |error|"),
         _card(str(len(report.layers)), "conv / linear / matmul layers"),
     ]
     if report.worst is not None:
         worst = report.worst
-        parts.append(_card(_db(worst.sqnr_db) + " dB", "worst layer: " + escape(worst.label(unique[worst.node])),
+        parts.append(_card(format_db(worst.sqnr_db) + " dB", "worst layer: " + escape(worst.label(unique[worst.node])),
                            _color(worst.sqnr_db)))
     parts.append("</div>")
     parts += _suggestions(report)
@@ -92,8 +94,8 @@ def _suggestions(report: "VerifyReport") -> list[str]:
                    else '<span class="badge" style="background:#8c959f">not recommended</span>')
         out.append(f'<tr class="{"rec" if s.recommended else ""}"><td class="l wide">{escape(s.description)}'
                    f'<br><code>{escape(s.code())}</code></td>'
-                   f'<td class="l wide">{escape(s.reason)}</td><td>{_db(s.before.sqnr_db)}</td>'
-                   f"<td>{_db(s.after.sqnr_db)}</td><td class=\"l\">{_gain_bar(s.gain_db, top)}</td>"
+                   f'<td class="l wide">{escape(s.reason)}</td><td>{format_db(s.before.sqnr_db)}</td>'
+                   f"<td>{format_db(s.after.sqnr_db)}</td><td class=\"l\">{_gain_bar(s.gain_db, top)}</td>"
                    f"<td>{s.after.cosine:.5f}</td><td class=\"l\">{verdict}</td></tr>")
     out.append("</table></div>")
     return out
@@ -114,11 +116,11 @@ def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
         out.append(f'<tr><td>{rank}</td><td class="l" title="{escape(layer.node)}">{name}</td>'
                    f'<td class="l">{escape(layer.op)}</td><td class="l">{_mini_bar(layer.sqnr_db, top)}</td>'
                    f'<td>{"yes" if layer.output_quantized else "no"}</td>'
-                   f"<td>{layer.cosine:.5f}</td><td>{_db(layer.sqnr_db_in_model)}</td>"
-                   f'<td>{layer.cosine_in_model:.5f}</td><td class="l">[{_num(i.min)}, {_num(i.max)}]</td>'
-                   f"<td>{_num(i.absmax)}</td><td>{_num(i.p999)}</td><td>{_num(i.peak_over_p999)}</td>"
-                   f"<td>{_num(i.channel_ratio)} ({i.top_channel})</td><td>{_num(i.kurtosis)}</td>"
-                   f"<td>{_num(o.absmax)}</td><td>{_num(w.peak_to_median) if w else '–'}</td></tr>")
+                   f"<td>{layer.cosine:.5f}</td><td>{format_db(layer.sqnr_db_in_model)}</td>"
+                   f'<td>{layer.cosine_in_model:.5f}</td><td class="l">[{format_number(i.min)}, {format_number(i.max)}]</td>'
+                   f"<td>{format_number(i.absmax)}</td><td>{format_number(i.p999)}</td><td>{format_number(i.peak_over_p999)}</td>"
+                   f"<td>{format_number(i.channel_ratio)} ({i.top_channel})</td><td>{format_number(i.kurtosis)}</td>"
+                   f"<td>{format_number(o.absmax)}</td><td>{format_number(w.peak_to_median) if w else '–'}</td></tr>")
     out.append("</table></div>")
     return out
 
@@ -154,7 +156,7 @@ def _sqnr_chart(layers: list["LayerReport"], unique: dict) -> str:
         label = escape(raw)
         svg.append(f'<rect x="{x + step * 0.15:.1f}" y="{y(v):.1f}" width="{step * 0.7:.1f}" '
                    f'height="{y(0) - y(v):.1f}" fill="{_color(layer.sqnr_db)}"><title>{label} ({escape(layer.op)}): '
-                   f"own {_db(layer.sqnr_db)} dB, in model {_db(layer.sqnr_db_in_model)} dB</title></rect>")
+                   f"own {format_db(layer.sqnr_db)} dB, in model {format_db(layer.sqnr_db_in_model)} dB</title></rect>")
         m = layer.sqnr_db_in_model if math.isfinite(layer.sqnr_db_in_model) else ymax
         svg.append(f'<circle cx="{x + step / 2:.1f}" cy="{y(m):.1f}" r="{min(3.5, step / 3):.1f}" fill="#1f2328"/>')
         if bottom > 20:
@@ -203,8 +205,8 @@ def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
         s = layer.input
         raw = layer.label(unique[layer.node])
         label = escape(raw)
-        tip = (f"{label}: max|x| {_num(s.absmax)}, p99.9 {_num(s.p999)}, channel ratio {_num(s.channel_ratio)} "
-               f"(channel {s.top_channel}), kurtosis {_num(s.kurtosis)}")
+        tip = (f"{label}: max|x| {format_number(s.absmax)}, p99.9 {format_number(s.p999)}, channel ratio {format_number(s.channel_ratio)} "
+               f"(channel {s.top_channel}), kurtosis {format_number(s.kurtosis)}")
         svg.append(f'<rect x="{x + step * 0.15:.1f}" y="{y(s.absmax):.1f}" width="{step * 0.7:.1f}" '
                    f'height="{y(0) - y(s.absmax):.1f}" fill="#9ecbff"><title>{tip}</title></rect>')
         svg.append(f'<rect x="{x + step * 0.3:.1f}" y="{y(s.p999):.1f}" width="{step * 0.4:.1f}" '
@@ -221,9 +223,9 @@ def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
 
 def _mini_bar(value: float, top: float) -> str:
     frac = 1.0 if not math.isfinite(value) else max(0.0, min(value / top, 1.0))
-    return (f'<svg width="90" height="12" role="img" aria-label="{_db(value)} dB" style="vertical-align:middle">'
+    return (f'<svg width="90" height="12" role="img" aria-label="{format_db(value)} dB" style="vertical-align:middle">'
             f'<rect width="90" height="12" fill="#eaeef2"/><rect width="{90 * frac:.1f}" height="12" '
-            f'fill="{_color(value)}"/></svg> {_db(value)}')
+            f'fill="{_color(value)}"/></svg> {format_db(value)}')
 
 
 def _gain_bar(gain: float, top: float) -> str:
@@ -250,16 +252,7 @@ def _config(report: "VerifyReport") -> str:
     return _config_code(report.config)
 
 
-def _db(value: float) -> str:
-    return "inf" if math.isinf(value) and value > 0 else f"{value:.2f}"
 
-
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "inf"
-    if value == 0:
-        return "0"
-    return f"{value:.3g}" if 1e-3 <= abs(value) < 1e4 else f"{value:.2e}"
 
 
 def _short(label: str, width: int = 18) -> str:

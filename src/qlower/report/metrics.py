@@ -30,3 +30,17 @@ def cosine(reference, test) -> float:
 def max_abs(reference, test) -> float:
     r, t = _flat(reference), _flat(test)
     return float((r - t).abs().max().item()) if r.numel() else 0.0
+
+
+def format_db(value: float) -> str:
+    """A dB figure for tables and reports: two decimals, "inf" for identical outputs."""
+    return "inf" if math.isinf(value) and value > 0 else f"{value:.2f}"
+
+
+def format_number(value: float) -> str:
+    """A statistic for tables and reports: 3 significant digits, scientific outside [1e-3, 1e4)."""
+    if math.isinf(value):
+        return "inf"
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if 1e-3 <= abs(value) < 1e4 else f"{value:.2e}"

@@ -34,7 +34,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..quantize.config import QuantConfig
-from .metrics import cosine, max_abs, sqnr_db
+from .metrics import cosine, format_db, format_number, max_abs, sqnr_db
 
 aten = torch.ops.aten
 # op -> index of the activation input whose statistics are reported
@@ -54,7 +54,7 @@ class Metrics:
     max_abs: float
 
     def __str__(self) -> str:
-        return f"SQNR {_db(self.sqnr_db)} dB, cosine {self.cosine:.5f}, max |err| {self.max_abs:.4g}"
+        return f"SQNR {format_db(self.sqnr_db)} dB, cosine {self.cosine:.5f}, max |err| {self.max_abs:.4g}"
 
 
 @dataclass(frozen=True)
@@ -190,11 +190,11 @@ class VerifyReport:
                 f"{'in max|x|':>9s} {'p99.9':>8s} {'ch ratio':>8s} {'kurt':>6s} {'w pk/med':>8s}")
         lines += [head, "-" * len(head)]
         for layer, name in zip(shown, names):
-            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {_db(layer.sqnr_db):>6s} {layer.cosine:8.5f} "
-                         f"{_db(layer.sqnr_db_in_model):>8s}   {_num(layer.input.absmax):>9s} "
-                         f"{_num(layer.input.p999):>8s} {_num(layer.input.channel_ratio):>8s} "
-                         f"{_num(layer.input.kurtosis):>6s} "
-                         f"{_num(layer.weight.peak_to_median) if layer.weight else '-':>8s}")
+            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {format_db(layer.sqnr_db):>6s} {layer.cosine:8.5f} "
+                         f"{format_db(layer.sqnr_db_in_model):>8s}   {format_number(layer.input.absmax):>9s} "
+                         f"{format_number(layer.input.p999):>8s} {format_number(layer.input.channel_ratio):>8s} "
+                         f"{format_number(layer.input.kurtosis):>6s} "
+                         f"{format_number(layer.weight.peak_to_median) if layer.weight else '-':>8s}")
         if top is not None and len(self.layers) > top:
             lines.append(f"... {len(self.layers) - top} more layers in the HTML report")
         lines += ["", "SQNR: dB, the layer's own error (its quantized op on float inputs, output rounding "
@@ -204,7 +204,7 @@ class VerifyReport:
                           f"recommended from +{self.min_gain_db:g} dB):"]
             for s in self.suggestions:
                 mark = "recommended" if s.recommended else "not recommended"
-                lines.append(f"  {s.description}: {_db(s.before.sqnr_db)} -> {_db(s.after.sqnr_db)} dB "
+                lines.append(f"  {s.description}: {format_db(s.before.sqnr_db)} -> {format_db(s.after.sqnr_db)} dB "
                              f"({s.gain_db:+.2f} dB)  {mark}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -265,8 +265,8 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
     say("quantizing")
     base = end_to_end(config)
     if abs(_finite(layer_e2e) - _finite(base.sqnr_db)) > 0.05:
-        notes.append(f"the per-layer run's output SQNR ({_db(layer_e2e)} dB) differs from the Q/DQ "
-                     f"program's ({_db(base.sqnr_db)} dB)")
+        notes.append(f"the per-layer run's output SQNR ({format_db(layer_e2e)} dB) differs from the Q/DQ "
+                     f"program's ({format_db(base.sqnr_db)} dB)")
 
     suggestions: list[Suggestion] = []
     unique_modules = {}
@@ -283,7 +283,7 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         what = f"{len(ops)} {'ops' if len(ops) > 1 else 'op'}: " + ", ".join(sorted({l.op for l in ops}))
         suggestions.append(Suggestion("keep_float", f"keep {layer.module} in float ({what})", cfg, base, after,
                                       after.sqnr_db - base.sqnr_db >= min_gain_db, (layer.module,),
-                                      f"own SQNR {_db(layer.sqnr_db)} dB, rank {layers.index(layer) + 1} "
+                                      f"own SQNR {format_db(layer.sqnr_db)} dB, rank {layers.index(layer) + 1} "
                                       f"of {len(layers)}"))
     helpful = [s for s in suggestions if s.recommended]
     chosen = [m for s in helpful for m in s.modules]
@@ -303,7 +303,7 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         worst = max((l for l in layers if l.op == "linear"), key=lambda l: l.input.channel_ratio, default=None)
         reason = f"{groups} norm->linear group{'s' if groups > 1 else ''} it can smooth"
         if worst is not None:
-            reason += (f"; largest linear-input channel ratio {_num(worst.input.channel_ratio)} "
+            reason += (f"; largest linear-input channel ratio {format_number(worst.input.channel_ratio)} "
                        f"({worst.label(sum(l.module == worst.module for l in layers) == 1)})")
         if on:
             desc = "turn SmoothQuant off (it is on in this config)"
@@ -581,16 +581,7 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
 
 
-def _db(value: float) -> str:
-    return "inf" if math.isinf(value) and value > 0 else f"{value:.2f}"
 
-
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "inf"
-    if value == 0:
-        return "0"
-    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.2e}"
 
 
 def _clip(text: str, width: int) -> str:
