@@ -114,11 +114,31 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
         except Exception as exc:
             raise TranslateError(_first_cause(exc)) from exc
         model = program.model
+        _add_called_functions(model)
         _declare_opset(model)
         onnxscript.optimizer.optimize_ir(model, inline=False)
     _outputs_from_nodes(model)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
+
+
+def _add_called_functions(model) -> None:
+    """Functions that qlower's functions call (group_norm_silu calls group_norm): the exporter
+    adds the function a translation calls, not the ones that calls in turn."""
+    import onnx_ir as ir
+    import onnxscript
+    from .lowering import functions
+    from .lowering.onnx_ops import QLOWER_DOMAIN
+    bodies = {obj.name: obj for obj in vars(functions).values() if isinstance(obj, onnxscript.OnnxFunction)}
+    pending = list(model.functions.values())
+    while pending:
+        for node in pending.pop():
+            key = (node.domain, node.op_type, node.overload)
+            if node.domain == QLOWER_DOMAIN and key not in model.functions and node.op_type in bodies:
+                function = ir.serde.deserialize_function(bodies[node.op_type].to_function_proto())
+                model.functions[key] = function
+                model.opset_imports.setdefault(QLOWER_DOMAIN, 1)
+                pending.append(function)
 
 
 def _declare_opset(model) -> None:

@@ -1,12 +1,13 @@
 """ONNX translations of the block ops: each block op becomes ONE ONNX node.
 
 - The standard op where ONNX has one with the same semantics (opset 23):
-  layer_norm -> LayerNormalization, rms_norm -> RMSNormalization, group_norm -> GroupNormalization,
+  layer_norm -> LayerNormalization, rms_norm -> RMSNormalization,
   attention -> Attention (grouped-query heads, causal, float or boolean masks, symbolic shapes).
 - Otherwise a node in the custom domain `qlower` whose FunctionProto body (an onnxscript
   function, variants as attributes) is the op's decomposition in standard ONNX, so any ONNX
   runtime can run it (ONNX Runtime inlines it when the session loads): skip_layer_norm,
-  group_norm + SiLU (`group_norm`), masked_softmax (`masked_softmax_lengths` in lengths
+  group_norm (`group_norm_silu` with SiLU; two-pass statistics, not GroupNormalization: see
+  functions.py), masked_softmax (`masked_softmax_lengths` in lengths
   mode), rotary_embedding (`rotary_embedding_interleaved`), kv_cache_update, stream_buffer
   (bodies in functions.py).
 - lstm / gru: ONNX LSTM / GRU nodes, one per layer, gates reordered from PyTorch's (i, f, g, o) /
@@ -79,9 +80,8 @@ def translate_skip_layer_norm(x, skip, normalized_shape: Sequence[int], weight=N
 @lowers(q.group_norm.default)
 def translate_group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5, silu: bool = False):
     w, b = _affine(weight, bias, x.shape[1])
-    if silu:
-        return fn.group_norm(x, w, b, num_groups=num_groups, epsilon=eps)
-    return first_output(op.GroupNormalization(x, w, b, num_groups=num_groups, epsilon=eps))
+    body = fn.group_norm_silu if silu else fn.group_norm   # why not GroupNormalization: functions.py
+    return body(x, w, b, num_groups=num_groups, epsilon=eps, spatial=list(range(2, len(x.shape))))
 
 
 @lowers(q.masked_softmax.default)

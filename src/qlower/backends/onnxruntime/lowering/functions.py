@@ -13,9 +13,36 @@ def skip_layer_norm(x, skip, weight, bias, axis: int, epsilon: float) -> FLOAT:
     return op.LayerNormalization(op.Add(x, skip), weight, bias, axis=axis, epsilon=epsilon)
 
 
+# group_norm: two-pass statistics over an [N, G, -1] view, spread back per channel and
+# broadcast over the spatial axes (`spatial`, given by the translation: a function body does not
+# know its input's rank). Not ONNX's GroupNormalization: ONNX Runtime's kernel takes the
+# variance as E[x^2] - E[x]^2, which cancels on rows with a large mean and a small spread (fuzz:
+# every output NaN for 100 + 1e-4 * randn, where eager is finite). No Reshape back to x's shape:
+# onnxscript's optimizer folded Reshape(y, Shape(x)) inside a function body into Reshape(y, []).
 @onnxscript.script(QLOWER, default_opset=op)
-def group_norm(x, weight, bias, num_groups: int, epsilon: float) -> FLOAT:
-    y = op.GroupNormalization(x, weight, bias, num_groups=num_groups, epsilon=epsilon)
+def group_norm(x, weight, bias, num_groups: int, epsilon: float, spatial: list[int]) -> FLOAT:
+    n = op.Shape(x, start=0, end=1)
+    groups = op.Reshape(op.Constant(value_int=num_groups), op.Constant(value_ints=[1]))
+    grouped = op.Reshape(x, op.Concat(n, groups, op.Constant(value_ints=[-1]), axis=0))
+    mean = op.ReduceMean(grouped, op.Constant(value_ints=[2]), keepdims=1)
+    centered = op.Sub(grouped, mean)
+    var = op.ReduceMean(op.Mul(centered, centered), op.Constant(value_ints=[2]), keepdims=1)
+    rstd = op.Reciprocal(op.Sqrt(op.Add(var, op.CastLike(op.Constant(value_float=epsilon), var))))
+    per_group = op.Div(op.Shape(x, start=1, end=2), groups)
+    spread = op.Concat(n, groups, per_group, axis=0)
+    flat = op.Concat(n, op.Constant(value_ints=[-1]), axis=0)
+    axes = op.Constant(value_ints=spatial)
+    mean_c = op.Unsqueeze(op.Reshape(op.Expand(mean, spread), flat), axes)
+    rstd_c = op.Unsqueeze(op.Reshape(op.Expand(rstd, spread), flat), axes)
+    channel_axes = op.Sub(axes, op.Constant(value_ints=[1]))
+    w = op.Unsqueeze(weight, channel_axes)
+    b = op.Unsqueeze(bias, channel_axes)
+    return op.Add(op.Mul(op.Mul(op.Sub(x, mean_c), rstd_c), w), b)
+
+
+@onnxscript.script(QLOWER, default_opset=op)
+def group_norm_silu(x, weight, bias, num_groups: int, epsilon: float, spatial: list[int]) -> FLOAT:
+    y = group_norm(x, weight, bias, num_groups=num_groups, epsilon=epsilon, spatial=spatial)
     return op.Mul(y, op.Sigmoid(y))
 
 
