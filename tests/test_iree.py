@@ -722,3 +722,23 @@ def test_int32_accumulator_dequantize_bit_exact(per_channel):
     for seed in range(3):
         xi = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(seed)) * 2
         assert torch.equal(iree(xi), ref(xi))
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("n,k,s,refused", [(5, 2, 4, True), (5, 3, 3, True), (6, 3, 4, True), (7, 2, 3, False),
+                                           (6, 2, 4, False), (5, 5, 3, False)])
+def test_float_pool_with_one_short_window_is_refused_up_front(kind, n, k, s, refused):
+    """IREE fuzz: float pools whose single window stops short of the input's end failed in
+    iree-compile after the capability accepted them; now refused up front (and exact in PyTorch),
+    while their neighbours still compile on IREE."""
+    import torch.nn.functional as F
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return (F.max_pool2d(x, k, s) if kind == "max" else F.avg_pool2d(x, k, s)) + 1
+    x = torch.randn(1, 2, n, n)
+    cm = qlower.compile(Pool(), (x,), backend="iree")
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert bool(reasons) == refused
+    assert all("single window stops short" in r for r in reasons)
+    torch.testing.assert_close(cm(x), Pool()(x))
