@@ -34,6 +34,18 @@ def test_paired_ratios_pair_samples_of_the_same_round():
     assert paired_ratios([ours, slow_machine_phase, qdq]) == {"m b1": {"ort-int8-qdq": 0.5}}
 
 
+def test_engine_native_stacks_are_ranked_apart_from_canonical_ones():
+    """An engine-native stack (the engine's own int8 arithmetic) never stands in for qlower's
+    canonical result; it gets its own ratios."""
+    from qlower.bench import StackResult, best_peer_ratios, paired_ratios
+    ours = StackResult("m", "qlower-onnxruntime", True, median_ms=4.0, samples=[4.0, 4.0, 4.0])
+    native = StackResult("m", "qlower-openvino-native", True, median_ms=1.0, samples=[1.0, 1.0, 1.0])
+    peer = StackResult("m", "openvino-nncf-int8", True, median_ms=2.0, samples=[2.0, 2.0, 2.0])
+    assert best_peer_ratios([ours, native, peer]) == {"m b1": 2.0}
+    assert best_peer_ratios([ours, native, peer], native=True) == {"m b1": 0.5}
+    assert paired_ratios([ours, native, peer], native=True) == {"m b1": {"openvino-nncf-int8": 0.5}}
+
+
 def test_bench_records_a_failing_stack_instead_of_crashing(tmp_path):
     result = CliRunner().invoke(app, ["bench", "--models", "cnn", "--stacks", "eager-fp32,no-such-stack",
                                       "--quick", "--out", str(tmp_path)])

@@ -468,6 +468,64 @@ def test_engine_native_numerics_keep_calibrated_scales():
     assert any("engine-native numerics" in n for n in cm.report().notes)
 
 
+def _gemm_note(cm) -> str:
+    return next(n for n in cm.report().notes if n.startswith("OpenVINO runs"))
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_engine_native_hands_the_qdq_program_to_openvinos_int8_kernels(name):
+    """numerics='openvino': LowerQDQ does not run (the cluster holds quantize/dequantize around
+    float conv/linear, no qlower integer op), every conv/linear layer runs in u8 on the CPU plugin, the
+    report declares the engine-native numerics, and the outputs stay close to the same program
+    on the reference backend (not bit-exact: OpenVINO's own requantization)."""
+    entry = ZOO[name]
+    model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
+    ep = qlower.quantize(model, x, cal, "int8", backend="openvino")
+    cm = qlower.compile(ep, x, backend="openvino", backend_options=OvOptions(numerics="openvino"))
+    (cluster,) = cm.report().clusters
+    assert cluster.backend == "openvino" and cluster.status == "compiled"
+    assert "qlower::dequantize" in cluster.ops
+    assert not [op for op in cluster.ops if op in ("qlower::linear", "qlower::conv2d", "qlower::requantize")]
+    note = _gemm_note(cm)
+    u8 = int(note.split(" in u8")[0].split(" ")[-1])
+    layers = sum(isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)) for m in model.modules())
+    assert layers > 0 and u8 >= layers, note   # (OpenVINO keeps some activation x activation matmuls in f32)
+    assert any("engine-native numerics (not canonical)" in n for n in cm.report().notes)
+    ref = qlower.compile(ep, x, backend="reference")
+    for seed in range(2):
+        xi = entry.inputs(1, seed=80 + seed)
+        got, want = cm(*xi), ref(*xi)
+        cosine = torch.nn.functional.cosine_similarity(got.flatten().double(), want.flatten().double(), dim=0)
+        assert cosine > 0.999, (name, float(cosine))
+
+
+def test_canonical_numerics_keep_integer_ops_which_openvino_runs_in_float():
+    """Near miss: the default profile lowers to qlower's integer ops (bit-exact), which the CPU
+    plugin executes with float arithmetic, and says so in the report."""
+    entry = ZOO["cnn"]
+    model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
+    cm = qlower.compile(model, x, quantize="int8", calibration=cal, backend="openvino")
+    assert any(op == "qlower::conv2d" for c in cm.report().clusters for op in c.ops)
+    assert "in u8" not in _gemm_note(cm) and "in i8" not in _gemm_note(cm)
+    assert not any("engine-native" in n for n in cm.report().notes)
+
+
+def test_engine_native_pipeline_hook_adapts_only_the_default_pipeline():
+    """The backend's pipeline hook drops the integer lowering under numerics='openvino' only,
+    and a user's explicit passes= are run as given (integer ops again)."""
+    from qlower.passes import LowerPerTokenLinear, LowerQDQ, default_pipeline
+    native = OpenVinoBackend(OvOptions(numerics="openvino")).pipeline(default_pipeline())
+    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear)) for p in native)
+    assert len(native) == len(default_pipeline()) - 2
+    canonical = OpenVinoBackend().pipeline(default_pipeline())
+    assert [type(p) for p in canonical] == [type(p) for p in default_pipeline()]
+    entry = ZOO["cnn"]
+    model, x, cal = entry.model(), entry.inputs(1), entry.calibration(2)
+    cm = qlower.compile(model, x, quantize="int8", calibration=cal, backend="openvino",
+                        backend_options=OvOptions(numerics="openvino"), passes=default_pipeline())
+    assert any(op == "qlower::conv2d" for c in cm.report().clusters for op in c.ops)
+
+
 def test_named_preset_uses_static_activations_on_openvino_explicit_config_respected():
     from qlower.quantize import QuantConfig
     backend = get_backend("openvino")

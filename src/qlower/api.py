@@ -23,19 +23,20 @@ from .runtime.compiled import NAN_POLICIES
 
 
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
-             dynamic_shapes=None, backend: str | None = None) -> torch.export.ExportedProgram:
+             dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
     """Q/DQ ExportedProgram of `model` (an already-quantized program is returned as is).
 
     backend: quantize for this backend as `compile` does (e.g. "onnxruntime": the "int8" preset
     gets 7-bit weights on CPUs without VNNI, and add scales snap to the backend's exact kernels);
-    None quantizes backend-neutrally."""
+    None quantizes backend-neutrally. backend_options: as for `compile` (e.g. OpenVINO's
+    engine-native numerics keep the calibrated scales)."""
     check_module(model)
     _check_quantize_arg(config, "config")
     if calibration is not None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
         calibration = prepare_calibration(calibration, example_inputs)
     if backend is None:
         return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
-    chosen = get_backend(backend)
+    chosen = get_backend(backend, backend_options)
     config, _ = _config_for_backend(config, chosen)
     return _quantize(model, example_inputs, calibration, config, dynamic_shapes,
                      adjust_observers=getattr(chosen, "adjust_observers", None))
@@ -81,13 +82,25 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     if auto_candidates is not None and backend != "auto":
         raise QlowerError(f"auto_candidates is for backend='auto', not backend={backend!r}")
 
+    requantizes = quantizing and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model))
+
+    def pipeline_for(chosen) -> list:
+        """The passes to run: the user's list as given, else the default pipeline as the backend
+        adapts it (`Backend.pipeline`, e.g. OpenVINO's engine-native mode keeps the Q/DQ form)."""
+        if passes is not None:
+            return list(passes)
+        adapt = getattr(chosen, "pipeline", None)
+        return default_pipeline() if adapt is None else adapt(default_pipeline())
+
     def program_key(chosen) -> tuple:
-        """Equal keys: equal quantized programs (onnxruntime snaps add scales, maybe 7-bit weights)."""
-        if not quantizing or (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
-            return ()   # nothing is quantized here: every backend gets the same program
+        """Equal keys: equal programs (onnxruntime snaps add scales, maybe 7-bit weights; a
+        backend may run a different pipeline)."""
+        stages = tuple(type(p).__name__ for p in pipeline_for(chosen))
+        if not requantizes:
+            return (stages,)   # nothing is quantized here: the pipeline alone decides the program
         config, _ = _config_for_backend(quantize, chosen)
         hook = getattr(chosen, "adjust_observers", None)
-        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}")
+        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}", stages)
 
     def build(chosen) -> Program:
         """Capture / quantize for `chosen`, then run the pass pipeline."""
@@ -99,13 +112,14 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
+            adapted = passes is None and program_key(chosen)[-1] != tuple(type(p).__name__ for p in default_pipeline())
             label = ", ".join([f"{config.weight_bits}-bit weights"]
-                              + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])) \
-                if program_key(chosen) else ""
+                              + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])
+                              + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""
         else:
             ep = capture(model, example_inputs, dynamic_shapes)
         gm = _inference_state(ep.module())
-        ctx = PassManager(default_pipeline() if passes is None else list(passes)).run(gm, PassContext(profile=profile))
+        ctx = PassManager(pipeline_for(chosen)).run(gm, PassContext(profile=profile))
         return Program(program_key(chosen), label, ep, gm, ctx, program_notes)
 
     if backend == "auto":

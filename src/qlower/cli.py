@@ -87,11 +87,12 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
                        canonical_inputs=chosen.canonical_inputs,
                        on_pair=lambda so_far: write_outputs(so_far, out, command, machine, chart=False))
     console.print(rich_table(results, machine))
-    for key, ratio in best_peer_ratios(results).items():
-        console.print(f"{key}: qlower best / best peer latency = {ratio:.2f}")
-    for key, peers in paired_ratios(results).items():
-        console.print(f"{key}: qlower / peer, paired per round: "
-                      + ", ".join(f"{peer} {ratio:.2f}" for peer, ratio in peers.items()))
+    for native, who in ((False, "qlower"), (True, "qlower engine-native")):
+        for key, ratio in best_peer_ratios(results, native).items():
+            console.print(f"{key}: {who} best / best peer latency = {ratio:.2f}")
+        for key, peers in paired_ratios(results, native).items():
+            console.print(f"{key}: {who} / peer, paired per round: "
+                          + ", ".join(f"{peer} {ratio:.2f}" for peer, ratio in peers.items()))
     write_outputs(results, out, command, machine)
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'} and {out / 'bench.log'}")
 

@@ -25,6 +25,11 @@ class Executable:
 
 
 class Backend(Protocol):
+    """Required: name, capability, available(), compile(gm). Optional hooks, found with getattr
+    by `api.compile` (a backend without them gets the defaults):
+      quant_config(config, preset) -> (config, note | None): adapt a named preset to the engine;
+      adjust_observers(observed): change calibrated observers before conversion;
+      pipeline(passes) -> passes: adapt the default pass pipeline (never a user's `passes=`)."""
     name: str
     capability: "Capability"   # what it accepts (qlower ops / qlower schema)
 

@@ -19,29 +19,42 @@ from .machine import describe, machine_info
 
 # ------------------------------------------------------------------------------ ratios
 def _ours(r: StackResult) -> bool:
-    """qlower's stacks that keep the canonical numerics (the Q/DQ-form stacks do not)."""
-    return r.stack.startswith("qlower-") and r.stack != "qlower-reference" and "-qdq" not in r.stack
+    """qlower's stacks that keep the canonical numerics (the Q/DQ-form and engine-native stacks
+    do not)."""
+    return r.stack.startswith("qlower-") and r.stack != "qlower-reference" and "-qdq" not in r.stack \
+        and not r.stack.endswith("-native")
+
+
+def _native(r: StackResult) -> bool:
+    """qlower's engine-native stacks (the engine's own int8 arithmetic, declared in the report)."""
+    return r.stack.startswith("qlower-") and r.stack.endswith("-native")
 
 
 def _peer(r: StackResult) -> bool:
     return not r.stack.startswith("qlower-") and r.stack != "eager-fp32"
 
 
-def best_peer_ratios(results: list[StackResult]) -> dict[str, float]:
+def _qlower_kind(native: bool):
+    return _native if native else _ours
+
+
+def best_peer_ratios(results: list[StackResult], native: bool = False) -> dict[str, float]:
     """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster).
-    Only qlower stacks that keep the canonical numerics count as qlower's."""
+    Only qlower stacks that keep the canonical numerics count as qlower's (native=True: only
+    its engine-native stacks)."""
     out = {}
     for key in sorted({(r.model, r.batch) for r in results}):
         rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.median_ms]
-        ours = [r.median_ms for r in rows if _ours(r)]
+        ours = [r.median_ms for r in rows if _qlower_kind(native)(r)]
         peers = [r.median_ms for r in rows if _peer(r)]
         if ours and peers:
             out[f"{key[0]} b{key[1]}"] = min(ours) / min(peers)
     return out
 
 
-def paired_ratios(results: list[StackResult]) -> dict[str, dict[str, float]]:
-    """Per model/batch: qlower's best canonical stack against each non-eager peer, as the median
+def paired_ratios(results: list[StackResult], native: bool = False) -> dict[str, dict[str, float]]:
+    """Per model/batch: qlower's best canonical (native=True: engine-native) stack against each
+    non-eager peer, as the median
     over rounds of (qlower's block time / the peer's block time in the same round). Stacks of a
     round run back to back, so slow phases of a noisy machine hit both sides of each ratio;
     this is steadier than a ratio of medians (measured: one lstm run 1.62 as a ratio of medians,
@@ -49,7 +62,7 @@ def paired_ratios(results: list[StackResult]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for key in sorted({(r.model, r.batch) for r in results}):
         rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.samples]
-        ours = [r for r in rows if _ours(r)]
+        ours = [r for r in rows if _qlower_kind(native)(r)]
         if not ours:
             continue
         best = min(ours, key=lambda r: r.median_ms)
@@ -82,7 +95,10 @@ def write_outputs(results: list[StackResult], out: Path, command: str, machine: 
     (out / "bench.json").write_text(json.dumps({"command": command, "machine": machine,
                                                 "results": [asdict(r) for r in results],
                                                 "qlower_vs_best_peer": best_peer_ratios(results),
-                                                "qlower_vs_peers_paired": paired_ratios(results)}, indent=1))
+                                                "qlower_vs_peers_paired": paired_ratios(results),
+                                                "qlower_native_vs_best_peer": best_peer_ratios(results, native=True),
+                                                "qlower_native_vs_peers_paired": paired_ratios(results, native=True)},
+                                               indent=1))
     lines = [f"Command: `{command}`", ""] + [f"{line}  " for line in describe(machine)] + [
         "",
         "| model | batch | stack | median ms | spread ms | vs eager | GFLOP/s | SQNR dB | cosine | != canonical (max) "
@@ -105,6 +121,12 @@ def write_outputs(results: list[StackResult], out: Path, command: str, machine: 
     lines += ["", "Paired (median over rounds of qlower's block time / the peer's in the same round):", ""]
     lines += [f"- {k}: " + ", ".join(f"{peer} {v:.2f}" for peer, v in peers.items())
               for k, peers in paired_ratios(results).items()]
+    if best_peer_ratios(results, native=True):
+        lines += ["", "qlower's engine-native stacks (the engine's own int8 arithmetic, not canonical), "
+                  "best latency / best peer's, and paired:", ""]
+        lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results, native=True).items()]
+        lines += [f"- {k}: " + ", ".join(f"{peer} {v:.2f}" for peer, v in peers.items())
+                  for k, peers in paired_ratios(results, native=True).items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     if chart:
         _chart(results, out / "bench.png")

@@ -17,10 +17,13 @@ from ..quantize import QuantConfig
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
           "openvino-fp32", "openvino-nncf-int8",
           "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-w8", "qlower-onnxruntime-qdq",
-          "qlower-onnxruntime-qdq-unfused", "qlower-openvino", "qlower-iree", "qlower-reference")
+          "qlower-onnxruntime-qdq-unfused", "qlower-openvino", "qlower-openvino-native", "qlower-iree",
+          "qlower-reference")
 # The Q/DQ-form stacks answer "integer ops, or Q/DQ form and let the engine fuse?": the same
 # quantized program without LowerQDQ, with ONNX Runtime's own QDQ fusions on (-qdq) or off
 # (-qdq-unfused: float kernels between Q/DQ). Both are measured against the canonical numerics.
+# qlower-openvino-native: OpenVINO's engine-native profile (OvOptions(numerics="openvino")): the
+# Q/DQ program on OpenVINO's own int8 kernels, likewise measured against the canonical numerics.
 FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
                   "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
@@ -226,8 +229,11 @@ def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
     config = QuantConfig.from_name(preset) if variant == "w8" else preset
     if variant == "w8":
         config = dataclasses.replace(config, weight_bits=8)
-    ep = qquantize(model, inputs, calibration, config, backend=backend)
     passes, options = None, None
+    if variant == "native":   # OpenVINO's engine-native profile: the Q/DQ program on its int8 kernels
+        from ..backends.openvino import OvOptions
+        options = OvOptions(numerics="openvino")
+    ep = qquantize(model, inputs, calibration, config, backend=backend, backend_options=options)
     if variant.startswith("qdq"):
         passes = [p for p in default_pipeline() if not isinstance(p, LowerQDQ)]
         options = OrtOptions(disabled_optimizers=()) if variant == "qdq" else OrtOptions()

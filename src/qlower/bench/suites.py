@@ -9,7 +9,7 @@ from .stacks import DEFAULT_STACKS, QUICK_STACKS
 # the peers of the realistic suite: every engine's own fp32 and int8 pipeline, and qlower's int8
 # on each backend (a backend that cannot compile a model is an error row)
 REAL_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic", "openvino-fp32", "openvino-nncf-int8",
-               "pt2e-inductor-int8", "qlower-onnxruntime", "qlower-openvino", "qlower-iree")
+               "pt2e-inductor-int8", "qlower-onnxruntime", "qlower-openvino", "qlower-openvino-native", "qlower-iree")
 
 
 @dataclass(frozen=True)

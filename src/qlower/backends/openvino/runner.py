@@ -38,6 +38,22 @@ def compile_onnx(model_bytes: bytes, config: dict):
     return c.compile_model(model, "CPU", config)
 
 
+GEMM_LAYERS = ("FullyConnected", "Convolution", "GroupConvolution", "MatMul", "Deconvolution")
+
+
+def gemm_precisions(compiled) -> dict[str, int]:
+    """How many conv / linear / matmul layers of the compiled model run at each precision, as the
+    CPU plugin reports it (`runtimePrecision` of the executed graph): "u8"/"i8" are its int8
+    kernels, "f32" float arithmetic (ConvInteger / MatMulInteger included)."""
+    counts: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) in GEMM_LAYERS:
+            precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
+            counts[precision] = counts.get(precision, 0) + 1
+    return counts
+
+
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     if t.requires_grad:
         t = t.detach()
