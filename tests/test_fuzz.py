@@ -22,8 +22,9 @@ per-channel, uint8/int8 activations, 7/8-bit weights. For each model:
 - no fallback whose reason starts with "compile failed"/"run failed": the capability accepted a
   cluster the engine rejected.
 
-Default run (CI): derandomized, `_DEFAULT_ORT` examples on onnxruntime and `_DEFAULT_IREE`
-on iree (iree-compile costs ~1-2 s per cluster). `QLOWER_FUZZ_EXAMPLES=N` runs N examples per
+Default run (CI): derandomized, `_DEFAULT_ORT` examples on onnxruntime, `_DEFAULT_IREE`
+on iree (iree-compile costs ~1-2 s per cluster) and `_DEFAULT_OV` on openvino (canonical
+numerics: its int8 outputs are compared bit-exactly with the reference like the others). `QLOWER_FUZZ_EXAMPLES=N` runs N examples per
 backend test, randomized. `QLOWER_FUZZ_LOG=path` records failures as JSON lines instead of
 stopping at the first one (for long runs).
 
@@ -54,12 +55,18 @@ _ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
 _LOG = os.environ.get("QLOWER_FUZZ_LOG")
 _DEFAULT_ORT = 40
 _DEFAULT_IREE = 10
+_DEFAULT_OV = 10
 
 
 def _settings(default_n: int):
     n = int(_ENV_N) if _ENV_N else default_n
     return settings(max_examples=n, deadline=None, derandomize=not _ENV_N, database=None,
                     suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def _openvino_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("openvino") is not None
 
 
 def _iree_available() -> bool:
@@ -555,6 +562,8 @@ def check_program(prog: Program, backends: tuple[str, ...]):
         pairs.append(("float", "onnxruntime"))
     if "iree" in backends and not prog.dynamic:
         pairs.append(("fixed", "iree"))
+    if "openvino" in backends:   # canonical numerics: what OpenVINO runs must be bit-exact too
+        pairs.append(("float", "openvino"))
     for profile, b in pairs:
         try:
             ref = qlower.compile(ep, (x0,), backend="reference", profile=profile, dynamic_shapes=ds)
@@ -601,6 +610,13 @@ def test_fuzz_onnxruntime(prog):
 @given(prog=programs(static_only=True))
 def test_fuzz_iree(prog):
     _run(prog, ("iree",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@_settings(_DEFAULT_OV)
+@given(prog=programs())
+def test_fuzz_openvino(prog):
+    _run(prog, ("openvino",))
 
 
 # ================================================================ regression tests (found)
@@ -688,3 +704,21 @@ def test_regression_iree_pool_ceil_mode_output_size():
     (measured: all 42 failures of 376 max/avg pools); the iree backend now sets ceil_mode=False
     on those first (backends/iree/lowerings.py drop_noop_ceil_mode), an identical computation."""
     _check(Program(in_shape=(1, 2, 3, 9), ops=(Op("avgpool", (0,), (3, 3, 0, True, True, None)),)), ("iree",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_ceil_mode_pool_window_in_padding():
+    """fp32 max_pool2d(kernel 1, stride 2, dilation 2, ceil_mode=True) on a 6x6 input: OpenVINO
+    returned a (4, 4) output where PyTorch's ceil rule drops the last window ((3, 3)): a wrong
+    shape, found by the first openvino fuzz run. The openvino capability now refuses ceil_mode
+    pools where that rule drops a window (backends/pool_geometry.py); they run in PyTorch."""
+    _check(Program(in_shape=(2, 1, 6, 6), ops=(Op("maxpool", (0,), (1, 2, 0, 2, True)),)), ("openvino",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_block_op_function_with_dynamic_batch():
+    """group_norm (a qlower-domain ONNX function) on openvino: "No conversion rule found for
+    operations: qlower.group_norm" -- OpenVINO's ONNX frontend does not convert model-local
+    functions, so the cluster fell back. The backend now inlines them before compiling."""
+    _check(Program(in_shape=(2, 2, 3, 3), ops=(Op("group_norm", (0,), (1, False)), Op("flatten", (1,))),
+                   dynamic=True), ("openvino",))

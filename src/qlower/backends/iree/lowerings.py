@@ -20,6 +20,7 @@ import torch
 from torch.fx import Node
 
 from ...fx import full_args, schema_name
+from ..pool_geometry import POOLS, ceil_mode, ceil_mode_is_noop, drop_noop_ceil_mode, pool_geometry  # noqa: F401 (re-exported)
 
 Check = Callable[[Node], Optional[str]]   # None: lowerable; else the reason it is not
 Emit = Callable[..., object]              # emit(emitter, node, args) -> Val
@@ -171,76 +172,20 @@ def _short_single_window_pool(node: Node) -> str | None:
     5..8, kernel 1-3, stride 1-4 (tests/test_iree.py): the 8 failures were exactly these
     (e.g. n 5, kernel 2, stride 4); one window that ends at the input's end, or two windows
     with a remainder (n 7, kernel 2, stride 3), compile and match. Found by the IREE fuzz run."""
-    if schema_name(node) not in _POOLS or node.target is torch.ops.qlower.max_pool2d.default or _ceil_mode(node):
+    if schema_name(node) not in POOLS or node.target is torch.ops.qlower.max_pool2d.default or ceil_mode(node):
         return None
-    sizes, kernel, stride, padding, dilation = _pool_geometry(node)
+    sizes, kernel, stride, padding, dilation = pool_geometry(node)
     for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation):
-        span = n + 2 * p - d * (k - 1) - 1 if n != DYN else None
+        span = n + 2 * p - d * (k - 1) - 1 if n is not None else None
         if span is not None and 0 < span < s:
             return "a pool whose single window stops short of the input's end is mis-sized by torch-mlir"
     return None
 
 
-_POOLS = {"aten::max_pool2d": 5, "aten::max_pool2d_with_indices": 5, "aten::avg_pool2d": 4,
-          "qlower::max_pool2d": 5}   # schema -> position of ceil_mode
-
-
-def _pool_geometry(node: Node):
-    """(spatial sizes, kernel, stride, padding, dilation) of a 2-D pool."""
-    a = full_args(node)
-    pos = _POOLS[schema_name(node)]
-    pair = (lambda v, default: [int(x) for x in (list(v) * (2 // len(v)) if v else default)])
-    kernel = pair(a[1], None)
-    stride = pair(a[2], kernel)
-    padding = pair(a[3] if not isinstance(a[3], int) else [a[3]], [0, 0])
-    dilation = pair(a[4], [1, 1]) if pos == 5 else [1, 1]
-    return dims(a[0].meta["val"].shape)[-2:], kernel, stride, padding, dilation
-
-
-def ceil_mode_is_noop(node: Node) -> bool | None:
-    """Whether a ceil_mode=True pool has the same output size as with ceil_mode=False (None:
-    unknown, a dynamic spatial dim). PyTorch's ceil rule: ceil((n + 2p - d(k-1) - 1) / s) + 1
-    windows, minus the last one if it would start in the right padding."""
-    sizes, kernel, stride, padding, dilation = _pool_geometry(node)
-    for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation):
-        if n == DYN:
-            return None
-        span = n + 2 * p - d * (k - 1) - 1
-        ceil = -(-span // s) + 1
-        if (ceil - 1) * s >= n + p:
-            ceil -= 1
-        if ceil != span // s + 1:
-            return False
-    return True
-
-
-def drop_noop_ceil_mode(gm) -> int:
-    """Set ceil_mode=False on every 2-D pool where it does not change the output (an identical
-    computation). torch-mlir's ceil-mode pool lowering mis-sizes exactly these and iree-compile
-    rejects the module ("'linalg.generic' op inferred input/output operand ... dimension"):
-    measured over max/avg pools (count_include_pad False and True) with n in 3..9, kernel 1-4,
-    stride 1-4, padding 0..k//2, all 42 failures of 376 were such no-op cases and every pool
-    whose ceil_mode matters compiled and matched (tests/test_fuzz.py regressions). Returns how
-    many pools changed."""
-    changed = 0
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not _ceil_mode(node) or not ceil_mode_is_noop(node):
-            continue
-        pos = _POOLS[schema_name(node)]
-        if len(node.args) > pos:
-            node.update_arg(pos, False)
-        else:
-            node.update_kwarg("ceil_mode", False)
-        changed += 1
-    if changed:
-        gm.recompile()
-    return changed
-
-
 def _noop_ceil_pool(node: Node) -> str | None:
     """A pool whose ceil_mode=True changes nothing: the backend's compile sets it to False first
     (drop_noop_ceil_mode), as torch-mlir mis-sizes these; left as is, they are refused."""
-    if not _ceil_mode(node):
+    if not ceil_mode(node):
         return None
     noop = ceil_mode_is_noop(node)
     if noop is None:
@@ -248,8 +193,3 @@ def _noop_ceil_pool(node: Node) -> str | None:
     if noop:
         return "ceil_mode that does not change the output size is mis-lowered by torch-mlir (iree-compile rejects it)"
     return None
-
-
-def _ceil_mode(node: Node) -> bool:
-    """A 2-D pool with ceil_mode=True."""
-    return schema_name(node) in _POOLS and bool(full_args(node)[_POOLS[schema_name(node)]])

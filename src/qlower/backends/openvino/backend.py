@@ -32,7 +32,7 @@ from ..clusters import compile_each_cluster, fuse_clusters, install_constant, py
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import legalize
 from .pow2_scales import snap_to_power_of_two
-from .runner import INSTALL_HINT, OvCluster, compile_onnx, gemm_precisions, log
+from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, gemm_precisions, log
 
 _COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
 
@@ -73,8 +73,12 @@ def translate(sub: GraphModule, constants: dict[str, torch.Tensor], exact: bool 
     encoder in Q/DQ form: 6.3 ms with the rewrite, 2.1 ms without, 2 threads)."""
     from ..onnxruntime.lowering.onnx_ops import standard_onnx_only
     from ..onnxruntime.translate import translate_cluster
+    import onnx.inliner
     with standard_onnx_only():
         model = translate_cluster(sub, constants)
+    # OpenVINO's ONNX frontend has no conversion rule for model-local functions (measured: "No
+    # conversion rule found for operations: qlower.group_norm"): block ops are inlined here.
+    model = onnx.inliner.inline_local_functions(model)
     if exact:
         legalize(model)
     return model.SerializeToString()
@@ -169,7 +173,7 @@ class OpenVinoBackend:
                 compiled = _COMPILED[key] = compile_onnx(model_bytes, config)
             info.onnx = model_bytes
         except Exception as exc:  # translate or compile failed: this cluster runs in PyTorch
-            info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
+            info.status, info.reason = "fallback", f"compile failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
             compiled = None
         setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info))

@@ -38,6 +38,14 @@ def compile_onnx(model_bytes: bytes, config: dict):
     return c.compile_model(model, "CPU", config)
 
 
+def error_summary(exc: BaseException, limit: int = 300) -> str:
+    """The informative part of an OpenVINO exception: its text starts with source locations
+    ("Exception from src/inference/src/cpp/core.cpp:105:", "Check 'false' failed at ...")."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '")) and not ln.endswith(".cpp:")]
+    return " ".join(useful or lines)[:limit]
+
+
 GEMM_LAYERS = ("FullyConnected", "Convolution", "GroupConvolution", "MatMul", "Deconvolution")
 
 
@@ -92,7 +100,7 @@ class OvCluster(torch.nn.Module):
             outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.request = None
-            self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
+            self.info.status, self.info.reason = "fallback", f"run failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             return self._pytorch(args)
         # copies: the request's output buffers are reused by the next call
