@@ -722,3 +722,23 @@ def test_regression_openvino_block_op_function_with_dynamic_batch():
     functions, so the cluster fell back. The backend now inlines them before compiling."""
     _check(Program(in_shape=(2, 2, 3, 3), ops=(Op("group_norm", (0,), (1, False)), Op("flatten", (1,))),
                    dynamic=True), ("openvino",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_one_by_one_gemm_after_a_gemm():
+    """fp32 x @ W (12 -> 1) then Linear(1, 1): OpenVINO's CPU plugin failed to compile the
+    cluster with one inference thread ("Layout rank can't be larger than tensor rank"); found by
+    a 150-example openvino fuzz run. The capability now refuses 1x1-weight GEMMs there."""
+    _check(Program(in_shape=(2, 12), ops=(Op("matmul_w", (0,), (1,)), Op("linear", (1,), (1, False)),
+                                          Op("mul_c", (2,), ()), Op("masked_softmax", (3,), (0, 1))),
+                   weights="zero", quantize_mul=True), ("openvino",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.parametrize("first", [(2, 3, 3, 0, 1, 1, True), (2, 1, 1, 0, 1, 1, False)])
+def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
+    """conv -> 1x1 conv with stride 2 and padding 1: OpenVINO returned (1, 1, 3, 3) where PyTorch
+    gives (1, 1, 2, 2) -- a wrong shape, found by a 150-example openvino fuzz run (measured: all
+    24 wrong cases of 192 two-conv chains were such convs). The capability now refuses them."""
+    _check(Program(in_shape=(1, 2, 7, 5), ops=(Op("conv", (0,), first), Op("conv", (1,), (1, 1, 2, 1, 1, 1, False))),
+                   inputs="const", seed=6705), ("openvino",))

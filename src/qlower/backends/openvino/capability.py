@@ -23,7 +23,7 @@ import math
 import torch
 from torch.fx import Node
 
-from ...fx import constant_value, full_args
+from ...fx import constant_value, full_args, schema_name
 from ...partition import Capability
 from ..onnxruntime.capability import onnxruntime_capability
 from ..pool_geometry import POOLS, ceil_mode, ceil_mode_drops_a_window
@@ -155,6 +155,58 @@ def _pytorch_ceil_rule(base):
     return predicate
 
 
+_GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}   # schema -> [.., K, N]-ish operand
+
+
+def _not_one_by_one(base):
+    """A float GEMM whose weight is 1x1 (K = N = 1): OpenVINO's CPU plugin fails to compile it
+    after another fully-connected layer ("Layout rank can't be larger than tensor rank", with
+    INFERENCE_NUM_THREADS=1; measured: Linear(5, 1) -> Linear(1, 1) at M 1, 2, 8; (K, N) =
+    (1, 2), (2, 1), (1, 8) compile). Found by the openvino fuzz run; a scalar multiply-add costs
+    nothing in PyTorch."""
+    def predicate(node: Node) -> str | None:
+        why = base(node) if base is not None else None
+        if why is not None:
+            return why
+        args = full_args(node)
+        w = _val(args[_GEMM_WEIGHT[schema_name(node)]])
+        if w is not None and w.dim() >= 2 and tuple(w.shape[-2:]) == (1, 1):
+            return "a 1x1 weight after another fully-connected layer fails to compile in OpenVINO's CPU plugin"
+        return None
+    predicate.__doc__ = "not with a 1x1 weight (OpenVINO fails to compile it after another FC layer)"
+    return predicate
+
+
+# schema -> (weight position, stride position, padding position)
+_CONVS = {"aten::conv2d": (1, 3, 4), "aten::conv1d": (1, 3, 4), "aten::convolution": (1, 3, 4),
+          "qlower::conv2d": (2, 5, 6), "qlower::conv1d": (2, 5, 6)}
+
+
+def _no_strided_padded_pointwise(base):
+    """A 1x1 conv with stride > 1 and padding > 0: fed by another conv, OpenVINO's CPU plugin
+    returns the wrong output size (measured over 192 two-conv chains: all 24 wrong ones were
+    exactly these, e.g. 3x3 conv -> 1x1 stride 2 padding 1 on 6x6 gave 3x3 where PyTorch gives
+    2x2; the same conv on a model input was right). Found by the openvino fuzz run. ResNet-style
+    1x1 stride-2 downsampling has no padding and is unaffected."""
+    def predicate(node: Node) -> str | None:
+        why = base(node) if base is not None else None
+        if why is not None:
+            return why
+        args = full_args(node)
+        w_at, stride_at, pad_at = _CONVS[schema_name(node)]
+        w = _val(args[w_at])
+        stride, padding = args[stride_at], args[pad_at]
+        if w is None or isinstance(padding, str) or w.dim() < 3 or any(k != 1 for k in w.shape[2:]):
+            return None
+        strided = any(int(v) > 1 for v in ([stride] if isinstance(stride, int) else stride))
+        padded = any(int(v) > 0 for v in ([padding] if isinstance(padding, int) else padding))
+        if strided and padded:
+            return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
+        return None
+    predicate.__doc__ = "not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)"
+    return predicate
+
+
 def openvino_capability(numerics: str = "canonical") -> Capability:
     base = onnxruntime_capability()
     cap = Capability("openvino")
@@ -168,6 +220,14 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     cap.register("qlower::mean", _exact_mean(base.ops["qlower::mean"]))
     for name in ("qlower::add", "qlower::mul"):
         cap.register(name, _eight_bit(base.ops.get(name)))
+    for name, predicate in list(cap.ops.items()):   # after the int8 bounds above: wrap them
+        if name in _CONVS:
+            cap.register(name, _no_strided_padded_pointwise(predicate))
+    for name in ("aten::conv2d", "aten::conv1d", "aten::convolution"):
+        if name not in cap.ops:
+            cap.register(name, _no_strided_padded_pointwise(base.ops.get("*")))
+    for name in _GEMM_WEIGHT:
+        cap.register(name, _not_one_by_one(base.ops.get(name, base.ops.get("*"))))
     for name in POOLS:
         cap.register(name, _pytorch_ceil_rule(base.ops.get(name, base.ops.get("*"))))
     if numerics == "canonical":
