@@ -181,13 +181,20 @@ def test_html_is_one_self_contained_file_with_table_and_svg(bad_report, tmp_path
 def test_cli_verify_writes_report_for_a_zoo_model(tmp_path):
     out, js = tmp_path / "report.html", tmp_path / "report.json"
     result = CliRunner().invoke(app, ["verify", "transformer", "--quantize", "transformer", "--out", str(out),
-                                      "--json", str(js), "--calibration", "2", "--inputs", "1", "--suggest", "1"])
+                                      "--json", str(js), "--calibration", "2", "--inputs", "1", "--suggest", "1",
+                                      "--charts", str(tmp_path / "charts")])
     assert result.exit_code == 0, result.output
     assert out.exists() and "<svg" in out.read_text()
     assert "end to end (Q/DQ program vs float): SQNR" in result.output and f"wrote {out}" in result.output
     assert "Traceback" not in result.output and "Failed to load" not in result.output
     data = json.loads(js.read_text())
     assert len(data["layers"]) == 12 and data["suggestions"][0]["action"] == "keep_float"
+    # the charts as standalone SVG files: well-formed XML in the SVG namespace, one bar per layer
+    import xml.etree.ElementTree as ET
+    for kind in ("layer-sqnr", "activation-ranges"):
+        root = ET.parse(tmp_path / "charts" / f"report-{kind}.svg").getroot()
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", kind
+        assert len(root.findall("{http://www.w3.org/2000/svg}rect")) >= 12, kind
 
 
 def test_cli_verify_unknown_model_is_a_clean_error():

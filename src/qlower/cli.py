@@ -196,6 +196,8 @@ def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) 
                                                            "calibrate on (default: --data, else generated)"),
            suggest: int = typer.Option(3, help="how many of the worst layers' modules to try in float"),
            json_out: Optional[Path] = typer.Option(None, "--json", help="also write the report as JSON"),
+           charts: Optional[Path] = typer.Option(None, help="also write the two charts as SVG files into this "
+                                                 "folder (<out stem>-layer-sqnr.svg, <out stem>-activation-ranges.svg)"),
            top: int = typer.Option(10, help="layers printed here (the HTML has all)")):
     """Float vs quantized on the same inputs: per-layer SQNR (worst first), activation outlier
     statistics, measured suggestions (layers to keep float, SmoothQuant), one HTML report."""
@@ -221,11 +223,19 @@ def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) 
     if note:
         report.notes.append(note)
     report.save_html(out)
+    written = [out]
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_dict(), indent=1))
+        written.append(json_out)
+    if charts is not None:
+        from .report.html import charts as chart_svgs
+        charts.mkdir(parents=True, exist_ok=True)
+        for kind, svg in chart_svgs(report).items():
+            path = charts / f"{out.stem}-{kind}.svg"
+            path.write_text(svg)
+            written.append(path)
     console.print(report.summary(top=top), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out}" + (f" and {json_out}" if json_out else ""), markup=False, highlight=False,
-                  soft_wrap=True)
+    console.print("wrote " + ", ".join(str(p) for p in written), markup=False, highlight=False, soft_wrap=True)
 
 
 def _progress_line():

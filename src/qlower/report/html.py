@@ -78,6 +78,21 @@ def render(report: "VerifyReport") -> str:
     return "\n".join(parts)
 
 
+def charts(report: "VerifyReport") -> dict[str, str]:
+    """The report's two charts as standalone SVG documents (for docs, slides, issue trackers):
+    {"layer-sqnr": ..., "activation-ranges": ...}."""
+    unique = {layer.node: report._unique(layer) for layer in report.layers}
+    return {"layer-sqnr": _standalone(_sqnr_chart(report.layers, unique)),
+            "activation-ranges": _standalone(_range_chart(report.layers, unique))}
+
+
+def _standalone(svg: str) -> str:
+    """An inline chart as its own file: the SVG namespace, a white page and a font."""
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            + svg.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" font-family="system-ui, sans-serif" '
+                          'style="background:#fff" ', 1) + "\n")
+
+
 def _suggestions(report: "VerifyReport") -> list[str]:
     out = ["<h2>Suggestions (each measured)</h2>",
            '<p class="sub">Each change was applied: the program was quantized again with it and run on the '
