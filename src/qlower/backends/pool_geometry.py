@@ -45,30 +45,26 @@ def _windows(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
     return span // s + 1, onnx_ceil, torch_ceil
 
 
+def _any_spatial_dim(node: Node, differs) -> bool | None:
+    """Whether `differs(floor, onnx_ceil, torch_ceil)` holds for some spatial dim (None: a
+    dynamic spatial dim, unknown)."""
+    sizes, *geometry = pool_geometry(node)
+    if any(n is None for n in sizes):
+        return None
+    return any(differs(*_windows(n, *kspd)) for n, *kspd in zip(sizes, *geometry))
+
+
 def ceil_mode_is_noop(node: Node) -> bool | None:
     """Whether a ceil_mode=True pool has the same output size as with ceil_mode=False (None:
     unknown, a dynamic spatial dim)."""
-    sizes, *geometry = pool_geometry(node)
-    for n, *kspd in zip(sizes, *geometry):
-        if n is None:
-            return None
-        floor, _, torch_ceil = _windows(n, *kspd)
-        if torch_ceil != floor:
-            return False
-    return True
+    changes = _any_spatial_dim(node, lambda floor, onnx_ceil, torch_ceil: torch_ceil != floor)
+    return None if changes is None else not changes
 
 
 def ceil_mode_drops_a_window(node: Node) -> bool | None:
     """Whether PyTorch's ceil rule drops the last window that ONNX's formula keeps (None:
     unknown, a dynamic spatial dim)."""
-    sizes, *geometry = pool_geometry(node)
-    for n, *kspd in zip(sizes, *geometry):
-        if n is None:
-            return None
-        _, onnx_ceil, torch_ceil = _windows(n, *kspd)
-        if onnx_ceil != torch_ceil:
-            return True
-    return False
+    return _any_spatial_dim(node, lambda floor, onnx_ceil, torch_ceil: onnx_ceil != torch_ceil)
 
 
 def drop_noop_ceil_mode(gm: torch.fx.GraphModule) -> int:
