@@ -303,3 +303,38 @@ def test_compare_rules():
     assert not select._compare(t([1, 2]), t([1, 3]), False, 1e-4, 1e-5)[0]            # integers: exact
     assert "structure" in select._compare((t([1]),), [t([1])], True, 0, 0)[2]
     assert "int32" in select._compare(t([1], dtype=torch.int32), t([1]), True, 0, 0)[2]
+
+
+def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(integer_net, monkeypatch):
+    """The default selector writes its decisions to qlower's disk cache: a fresh selector (a new
+    process) compiles only the winner, says so, and reports the same trials. A tampered entry
+    fails its digest, is deleted and measured again; QLOWER_CACHE_DIR=off keeps nothing."""
+    import qlower.backends as backends
+    for name, cls in FAKES.items():
+        monkeypatch.setitem(backends._BACKENDS, name, cls)
+    first = EngineSelector(AutoSettings(), persist=True)
+    monkeypatch.setattr(select, "_DEFAULT", first)
+    Fake.compiles = []
+    measured = compile_int8(integer_net, ("slow", "fast"))
+    assert first.measured == 1 and sorted(Fake.compiles) == ["fast", "slow"]
+    second = EngineSelector(AutoSettings(), persist=True)     # a new process: empty memory
+    monkeypatch.setattr(select, "_DEFAULT", second)
+    Fake.compiles = []
+    again = compile_int8(integer_net, ("slow", "fast"))
+    assert second.measured == 0 and Fake.compiles == ["fast"]
+    assert "on this machine (qlower's disk cache); not measured again" in again.report().engine_choice
+    assert again.report().engine_trials == measured.report().engine_trials
+    # tamper with the stored decision: it no longer matches its digest
+    from qlower.backends.onnxruntime import cache
+    (entry,) = cache.cache_dir().glob("*.auto.json")
+    entry.write_text(entry.read_text().replace('"fast"', '"slow"'))
+    third = EngineSelector(AutoSettings(), persist=True)
+    monkeypatch.setattr(select, "_DEFAULT", third)
+    assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast" and third.measured == 1
+    # no disk cache: nothing persists
+    monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
+    for _ in range(2):
+        fresh = EngineSelector(AutoSettings(), persist=True)
+        monkeypatch.setattr(select, "_DEFAULT", fresh)
+        compile_int8(integer_net, ("slow", "fast"))
+        assert fresh.measured == 1

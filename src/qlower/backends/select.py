@@ -24,11 +24,13 @@ Settings are read from the environment once, at import (`SETTINGS`).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -124,10 +126,13 @@ class EngineSelector:
     """Chooses the engine for backend="auto"; remembers each decision (bounded LRU) so a
     recompile of the same graph does not measure again."""
 
-    def __init__(self, settings: AutoSettings = SETTINGS):
+    def __init__(self, settings: AutoSettings = SETTINGS, persist: bool = False):
         self.settings = settings
         self._decisions = LRUCache(settings.cache_entries)
         self.measured = 0      # selections that ran measurements (not served from the cache)
+        # persist: decisions are also written to qlower's disk cache ($QLOWER_CACHE_DIR, "off"
+        # disables it), so a compile in a new process measures nothing it measured before
+        self.persist = persist
 
     def clear(self) -> None:
         self._decisions.clear()
@@ -177,15 +182,18 @@ class EngineSelector:
 
         primary = program_for(measured[0])
         key = self._key(primary, measured, program_key, example_inputs, profile)
-        decision = self._decisions.get(key)
+        decision, where = self._decisions.get(key), "in this process"
+        if decision is None and self.persist:
+            decision, where = _load_decision(key), "on this machine (qlower's disk cache)"
         if decision is not None:
             chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
             program = program_for(chosen)
             try:
                 executable = chosen.compile(copy_graph_module(program.gm))
+                self._decisions[key] = decision
                 return Selection(chosen, program, executable, [replace(t) for t in decision.trials],
-                                 decision.explanation + " (decided by an earlier measurement of this graph "
-                                 "in this process; not measured again)", cached=True)
+                                 decision.explanation + f" (decided by an earlier measurement of this graph "
+                                 f"{where}; not measured again)", cached=True)
             except Exception:   # the engine no longer compiles it: measure afresh
                 self._decisions.pop(key, None)
 
@@ -193,6 +201,8 @@ class EngineSelector:
         selection = self._measure(measured, reference, program_for, example_inputs)
         self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
                                          selection.explanation)
+        if self.persist:
+            _store_decision(key, self._decisions[key])
         return selection
 
     def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs) -> Selection:
@@ -308,8 +318,46 @@ class EngineSelector:
             h.update(f"|{b.name}:{getattr(b, 'options', None)!r}:{program_key(b)!r}".encode())
         leaves = torch.utils._pytree.tree_leaves(example_inputs)
         h.update(repr([(getattr(x, "dtype", type(x)), tuple(getattr(x, "shape", ()))) for x in leaves]).encode())
-        h.update(f"|{profile}|{fingerprint()}|{torch.get_num_threads()}|{self.settings}".encode())
+        h.update(f"|{profile}|{fingerprint()}|{torch.get_num_threads()}|{self.settings}|{_engine_versions()}".encode())
         return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- disk
+_DECISION_SUFFIX = ".auto.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _engine_versions() -> str:
+    """qlower's and the engines' versions: a decision measured with other versions is not reused."""
+    from importlib import metadata
+    from .. import __version__
+    out = [f"qlower {__version__}"]
+    for dist in ("onnxruntime", "openvino", "iree-base-compiler", "iree-base-runtime"):
+        try:
+            out.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def _load_decision(key: str) -> "_Decision | None":
+    """A decision stored by an earlier process (digest-checked like every cache entry; a corrupt
+    or unreadable one is deleted and measured again)."""
+    from .onnxruntime import cache
+    data, _ = cache.load_entry(key, _DECISION_SUFFIX)
+    if data is None:
+        return None
+    try:
+        raw = json.loads(data)
+        return _Decision(str(raw["winner"]), [EngineTrial(**t) for t in raw["trials"]], str(raw["explanation"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _store_decision(key: str, decision: "_Decision") -> None:
+    from .onnxruntime import cache
+    cache.store_model(key, json.dumps({"winner": decision.winner, "explanation": decision.explanation,
+                                       "trials": [asdict(t) for t in decision.trials]}).encode(), _DECISION_SUFFIX)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -465,7 +513,7 @@ def _brief(exc: BaseException) -> str:
 # The selector compile(backend="auto") uses. Its decision cache is the one piece of module-level
 # mutable state here: an LRUCache bounded by SETTINGS.cache_entries, holding names and timings only
 # (no engines, no tensors).
-_DEFAULT = EngineSelector(SETTINGS)
+_DEFAULT = EngineSelector(SETTINGS, persist=True)
 
 
 def default_selector() -> EngineSelector:

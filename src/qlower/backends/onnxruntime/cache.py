@@ -96,9 +96,9 @@ def _canonical_text(sub: GraphModule) -> str:
                      f"{sorted((k, arg(v)) for k, v in n.kwargs.items())}" for n in sub.graph.nodes)
 
 
-def _entry_path(key: str) -> Path | None:
+def _entry_path(key: str, suffix: str = ".onnx") -> Path | None:
     d = cache_dir()
-    return d / f"{key}.onnx" if d else None
+    return d / f"{key}{suffix}" if d else None
 
 
 def _digest(key: str, model_bytes: bytes) -> str:
@@ -106,10 +106,11 @@ def _digest(key: str, model_bytes: bytes) -> str:
     return hashlib.sha256(key.encode() + b"\0" + model_bytes).hexdigest()
 
 
-def load_entry(key: str) -> tuple[bytes | None, str]:
+def load_entry(key: str, suffix: str = ".onnx") -> tuple[bytes | None, str]:
     """(model bytes or None, status): "hit" (verified), "absent" (no entry or no disk cache), or
-    "corrupt" (the entry failed verification and was deleted; the caller rebuilds it)."""
-    path = _entry_path(key)
+    "corrupt" (the entry failed verification and was deleted; the caller rebuilds it). `suffix`
+    names the kind of entry (".onnx" models; backend="auto" stores its decisions too)."""
+    path = _entry_path(key, suffix)
     if path is None or not path.exists():
         return None, "absent"
     digest_path = path.with_name(path.name + _DIGEST_SUFFIX)
@@ -129,7 +130,7 @@ def load_model(key: str) -> bytes | None:
     return load_entry(key)[0]
 
 
-def store_model(key: str, model_bytes: bytes) -> None:
+def store_model(key: str, model_bytes: bytes, suffix: str = ".onnx") -> None:
     """Model first, digest last (each written to a temporary file and renamed): a reader that
     comes in between, or a crash, leaves a mismatch, which only costs a rebuild."""
     d = cache_dir()
@@ -137,8 +138,8 @@ def store_model(key: str, model_bytes: bytes) -> None:
         return
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _replace(d / f"{key}.onnx", model_bytes)
-        _replace(d / f"{key}.onnx{_DIGEST_SUFFIX}", _digest(key, model_bytes).encode())
+        _replace(d / f"{key}{suffix}", model_bytes)
+        _replace(d / f"{key}{suffix}{_DIGEST_SUFFIX}", _digest(key, model_bytes).encode())
     except OSError:
         pass  # a read-only or full disk only costs recompilation
 
