@@ -742,3 +742,25 @@ def test_float_pool_with_one_short_window_is_refused_up_front(kind, n, k, s, ref
     assert bool(reasons) == refused
     assert all("single window stops short" in r for r in reasons)
     torch.testing.assert_close(cm(x), Pool()(x))
+
+
+def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch):
+    """A recompile with an empty in-memory cache (a new process) reads the module from qlower's
+    disk cache instead of running iree-compile; a corrupted entry fails its digest and is
+    compiled again; outputs are identical either way."""
+    from qlower.backends.iree import compiler
+    from qlower.backends.onnxruntime import cache
+    entry = ZOO["cnn"]
+    model, x = entry.model(), entry.inputs(1)
+    first = qlower.compile(model, x, backend="iree")
+    assert {c.cache for c in first.report().compiled} == {"miss"}
+    monkeypatch.setattr(compiler, "_VMFB", cache.LRUCache())
+    second = qlower.compile(model, x, backend="iree")
+    assert {c.cache for c in second.report().compiled} == {"disk"}
+    assert torch.equal(first(*x), second(*x))
+    monkeypatch.setattr(compiler, "_VMFB", cache.LRUCache())
+    for path in cache.cache_dir().glob("iree-*.vmfb"):
+        path.write_bytes(path.read_bytes()[:-16] + bytes(16))
+    third = qlower.compile(model, x, backend="iree")
+    assert {c.cache for c in third.report().compiled} == {"miss"}
+    assert torch.equal(first(*x), third(*x))
