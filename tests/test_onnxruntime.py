@@ -386,6 +386,34 @@ def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
     assert torch.allclose(cm(x), model(x), atol=1e-5)
 
 
+class _GlobalMinMax(torch.nn.Module):
+    def forward(self, x):
+        return torch.amax(torch.relu(x)) - torch.amin(x, dim=(), keepdim=True) + torch.amax(x, dim=1)
+
+
+def test_explicit_reduction_dims_contract():
+    """amax/amin over every dim (empty `dim`) get the dims written out (torchlib's aten_amax needs
+    them); a reduction over named dims is a near miss; a second run changes nothing; the values
+    are the same before and after, and the whole model runs in ONNX Runtime."""
+    from qlower.backends.onnxruntime.explicit_reduction_dims import ExplicitReductionDims
+    from qlower.passes import PassContext
+    model, x = _GlobalMinMax().eval(), torch.randn(3, 5)
+    gm = torch.export.export(model, (x,)).module()
+    before = gm(x)
+    from qlower.fx import full_args
+    dims = lambda: [list(full_args(n)[1]) for n in gm.graph.nodes if n.target in (torch.ops.aten.amax.default,
+                                                                                   torch.ops.aten.amin.default)]
+    assert dims() == [[], [], [1]]
+    ctx = PassContext()
+    assert ExplicitReductionDims().run(gm, ctx) is True
+    assert dims() == [[0, 1], [0, 1], [1]] and sum(ctx.rewrites.values()) == 2
+    assert ExplicitReductionDims().run(gm, PassContext()) is False
+    assert torch.equal(gm(x), before)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    assert [(c.backend, c.status) for c in cm.report().clusters] == [("onnxruntime", "compiled")]
+    assert torch.equal(cm(x), model(x))
+
+
 def test_custom_pass_list_keeps_the_qdq_form(integer_net):
     """compile(passes=...) replaces the pipeline: without LowerQDQ the program stays Q/DQ (float
     convs between quantize/dequantize) and still runs, in ONNX Runtime, close to the lowered one."""

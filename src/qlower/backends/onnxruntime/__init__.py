@@ -18,6 +18,7 @@ from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import compile_each_cluster, fuse_clusters, install_constant, pytorch_infos, split_inputs, worst_abs_diff
 from . import cache, cpu
 from .capability import onnxruntime_capability
+from .explicit_reduction_dims import ExplicitReductionDims
 from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
 from .translate import translate_cluster
@@ -201,7 +202,7 @@ def _direct_runner(fused: GraphModule):
 def _legalize(gm: GraphModule) -> list[str]:
     """The backend's legalization passes (fused kernels where they are proven exact)."""
     from ...passes import PassContext, PassManager
-    ctx = PassManager([FuseRequantize()]).run(gm, PassContext())
+    ctx = PassManager([ExplicitReductionDims(), FuseRequantize()]).run(gm, PassContext())
     return [f"{what} x{n}" for what, n in ctx.rewrites.items()]
 
 
