@@ -165,7 +165,9 @@ def test_real_engines_int8_bit_exact_and_the_fastest_kept(selector, integer_net)
     correct = {n: t for n, t in trials.items() if t.status in ("chosen", "slower")}
     assert report.backend in correct and all(t.check == "bit-exact" and t.max_abs_diff == 0 for t in correct.values())
     assert trials[report.backend].median_ms <= min(t.median_ms for t in correct.values()) * 1.05 + 1e-9
-    ref = qlower.compile(integer_net, x, quantize="int8", calibration=calib(X_SHAPE), backend="reference")
+    # the reference backend on the winner's own program (engines adapt the quantization)
+    ep = qlower.quantize(integer_net, x, calib(X_SHAPE), "int8", backend=report.backend)
+    ref = qlower.compile(ep, x, backend="reference")
     for seed in range(3):
         xs = (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(seed)),)
         assert torch.equal(cm(*xs), ref(*xs))
@@ -338,3 +340,34 @@ def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(
         monkeypatch.setattr(select, "_DEFAULT", fresh)
         compile_int8(integer_net, ("slow", "fast"))
         assert fresh.measured == 1
+
+
+def _coarse_activation_scales(observed) -> None:
+    """An engine's observer hook that makes its program clearly less accurate: every
+    activation scale 64x the calibrated one (6 bits of resolution lost)."""
+    from qlower.quantize.observers import pin_qparams
+    for node in observed.graph.nodes:
+        if node.op != "call_module" or not node.args or getattr(node.args[0], "op", None) == "get_attr":
+            continue
+        observer = observed.get_submodule(node.target)
+        if hasattr(observer, "calculate_qparams") and getattr(observer, "dtype", None) in (torch.uint8, torch.int8):
+            scale, zp = observer.calculate_qparams()
+            if scale.numel() == 1:
+                pin_qparams(observer, float(scale) * 64, int(zp))
+
+
+def test_a_faster_engine_on_a_less_accurate_program_is_not_chosen(selector, integer_net, monkeypatch):
+    """Candidates whose backends quantize differently run different programs: each program's
+    SQNR vs the float model is in the report, and the fast engine whose program is > 0.5 dB worse
+    is refused as less-accurate, so the slower engine on the accurate program wins. Near miss:
+    with the same (accurate) program the fast engine wins as before."""
+    import qlower.backends as backends
+    crude = fake("crude", adjust_observers=staticmethod(_coarse_activation_scales))
+    monkeypatch.setitem(backends._BACKENDS, "crude", crude)
+    report = compile_int8(integer_net, ("slow", "crude")).report()
+    trials = by_name(report)
+    assert report.backend == "slow", report.engine_choice
+    assert trials["crude"].status == "less-accurate" and "dB less accurate" in trials["crude"].reason
+    assert trials["slow"].sqnr_db > trials["crude"].sqnr_db + 0.5
+    assert "crude (less-accurate)" in report.engine_choice
+    assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast"

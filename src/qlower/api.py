@@ -113,7 +113,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
             adapted = passes is None and program_key(chosen)[-1] != tuple(type(p).__name__ for p in default_pipeline())
-            label = ", ".join([f"{config.weight_bits}-bit weights"]
+            label = ", ".join([f"{config.weight_bits}-bit weights, {config.activations} activations"]
                               + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])
                               + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""
         else:
@@ -125,7 +125,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     if backend == "auto":
         selector = default_selector()
         backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
-        selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why)
+        selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
+                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes else None)
         chosen, program, executable = selection.backend, selection.program, selection.executable
     else:
         chosen = get_backend(backend, backend_options)
@@ -143,6 +144,15 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
     return CompiledModule(gm, executable, input_specs_of(gm, ep.range_constraints), report, example_inputs, dyn,
                           backend_options=getattr(chosen, "options", None), nan_policy=nan_policy)
+
+
+def _float_outputs(model, example_inputs):
+    """The float model's outputs on the example inputs (engine choice compares the accuracy of
+    different quantized programs with them); the model's buffers are restored afterwards."""
+    from .quantize import _state_restored
+    module = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    with torch.no_grad(), _state_restored(module, [n for n, _ in module.named_buffers()]):
+        return module(*example_inputs)
 
 
 def _check_quantize_arg(value, name: str) -> None:

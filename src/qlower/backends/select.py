@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -71,6 +72,10 @@ class AutoSettings:
     rtol: float = 1e-4               # float outputs: |got - want| <= atol + rtol * max|want|
     atol: float = 1e-5
     cache_entries: int = 32          # decisions kept in memory
+    # candidates running different quantized programs (a backend adapts the preset: static
+    # activations, power-of-two scales): a program whose output SQNR vs the float model on the
+    # example inputs is more than this below the best program's is not chosen for speed
+    accuracy_margin_db: float = 0.5
 
     @classmethod
     def from_env(cls, environ=None) -> "AutoSettings":
@@ -157,10 +162,11 @@ class EngineSelector:
     # ---------------------------------------------------------------- selection
     def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], tuple],
                build: Callable[[Backend], Program], example_inputs: tuple, profile: str,
-               why_unmeasured: str | None = None) -> Selection:
+               why_unmeasured: str | None = None, float_outputs: Callable[[], Any] | None = None) -> Selection:
         """`backends`: the available candidates, in preference order (the reference backend
         among them is the fallback, never measured). `program_key(b)`: which quantized program
-        b needs (cheap); `build(b)`: build it (quantize, lower)."""
+        b needs (cheap); `build(b)`: build it (quantize, lower). `float_outputs()`: the float
+        model's outputs on the example inputs, to compare the accuracy of different programs."""
         from .reference import ReferenceBackend
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
@@ -198,14 +204,15 @@ class EngineSelector:
                 self._decisions.pop(key, None)
 
         self.measured += 1
-        selection = self._measure(measured, reference, program_for, example_inputs)
+        selection = self._measure(measured, reference, program_for, example_inputs, float_outputs)
         self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
                                          selection.explanation)
         if self.persist:
             _store_decision(key, self._decisions[key])
         return selection
 
-    def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs) -> Selection:
+    def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs,
+                 float_outputs=None) -> Selection:
         s = self.settings
         trials: list[EngineTrial] = []
         oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
@@ -243,6 +250,10 @@ class EngineSelector:
                 continue
             trial.status = "slower"   # until it wins
             results[backend.name] = (executable, program, trial)
+
+        want = float_outputs() if len(oracles) > 1 and float_outputs is not None else None
+        if want is not None:
+            self._refuse_less_accurate_programs(oracles, trials, results, want)
 
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
@@ -286,10 +297,29 @@ class EngineSelector:
         else:
             why = (f"{winner}: within {s.tie_margin:.0%} of the fastest ({fastest.backend} {fastest.median_ms:.3f} ms "
                    f"vs {trial.median_ms:.3f} ms) and earlier in the preference order {order}")
-        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster")]
+        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate")]
         if refused:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why)
+
+    def _refuse_less_accurate_programs(self, oracles: dict, trials: list[EngineTrial], results: dict, want) -> None:
+        """Candidates run different quantized programs: each program's output SQNR against the
+        float model (its reference outputs, on the example inputs) goes into its trials, and a
+        candidate whose program is more than `accuracy_margin_db` below the best is refused
+        ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
+        sqnr = {id(o.program): _sqnr_db(o.outputs, want) for o in oracles.values()}
+        best = max(sqnr.values())
+        best_label = next(o.program.label for o in oracles.values() if sqnr[id(o.program)] == best)
+        by_label = {o.program.label: sqnr[id(o.program)] for o in oracles.values()}
+        for t in trials:
+            t.sqnr_db = by_label.get(t.program)
+        for name, (_, program, trial) in list(results.items()):
+            trial.sqnr_db = sqnr[id(program)]
+            if sqnr[id(program)] < best - self.settings.accuracy_margin_db:
+                trial.status = "less-accurate"
+                trial.reason = (f"its program is {best - sqnr[id(program)]:.1f} dB less accurate vs float than "
+                                f"'{best_label}' on the example inputs")
+                del results[name]
 
     def _oracle(self, reference: Backend, program: Program, example_inputs, trials, label) -> "_Oracle":
         """The reference backend on `program`: its outputs on the example inputs (the check) and
@@ -361,6 +391,19 @@ def _store_decision(key: str, decision: "_Decision") -> None:
 
 
 # ---------------------------------------------------------------------------- helpers
+def _sqnr_db(got, want) -> float:
+    """10 log10(sum want^2 / sum (got - want)^2) over every float output (inf when equal)."""
+    signal = noise = 0.0
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        if isinstance(w, torch.Tensor) and w.dtype.is_floating_point and isinstance(g, torch.Tensor):
+            w64, g64 = w.detach().double(), g.detach().double()
+            signal += float(w64.pow(2).sum())
+            noise += float((g64 - w64).pow(2).sum())
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * math.log10(signal / noise) if signal > 0 else float("-inf")
+
+
 def is_quantized_program(program: Program) -> bool:
     from ..quantize import is_quantized
     return is_quantized(program.ep)

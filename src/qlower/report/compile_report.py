@@ -26,7 +26,8 @@ class EngineTrial:
     backend: str
     # chosen | slower (correct, not the fastest) | not-faster (correct, not faster than the
     # reference backend) | mismatch (outputs differ from the reference backend) | failed (compile or
-    # run raised) | oracle (the reference backend: its outputs are the check, its time the baseline)
+    # run raised) | less-accurate (its quantized program is less accurate vs float than another
+    # candidate's) | oracle (the reference backend: its outputs are the check, its time the baseline)
     status: str
     median_ms: float | None = None   # median of the timed calls on the example inputs
     runs: int = 0                    # timed calls behind the median
@@ -36,6 +37,7 @@ class EngineTrial:
     max_abs_diff: float | None = None  # worst |engine - reference| over the outputs
     reason: str | None = None        # why it was refused / lost, or the failure message
     program: str | None = None       # the quantized program it ran, where candidates differ
+    sqnr_db: float | None = None     # that program's output SQNR vs the float model (example inputs)
 
     def describe(self) -> str:
         parts = [f"{self.backend}: {self.status}"]
@@ -49,7 +51,8 @@ class EngineTrial:
             diff = "" if self.max_abs_diff is None else f", max |diff| {self.max_abs_diff:.3g}"
             parts.append(f"{self.check} vs reference{diff}")
         if self.program:
-            parts.append(f"program: {self.program}")
+            parts.append(f"program: {self.program}" + ("" if self.sqnr_db is None else
+                                                       f" (SQNR {self.sqnr_db:.1f} dB vs float)"))
         if self.reason:
             parts.append(self.reason)
         return "; ".join(parts)
