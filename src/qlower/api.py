@@ -114,7 +114,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             program_notes += [str(choice)] if choice is not None else []
             adapted = passes is None and program_key(chosen)[-1] != tuple(type(p).__name__ for p in default_pipeline())
             label = ", ".join([f"{config.weight_bits}-bit weights, {config.activations} activations"]
-                              + ([f"add scales snapped for {chosen.name}"] if hook is not None else [])
+                              + ([f"qparams adjusted for {chosen.name}"] if hook is not None else [])
                               + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""
         else:
             ep = capture(model, example_inputs, dynamic_shapes)
