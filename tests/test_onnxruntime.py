@@ -388,7 +388,9 @@ def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
 
 class _GlobalMinMax(torch.nn.Module):
     def forward(self, x):
-        return torch.amax(torch.relu(x)) - torch.amin(x, dim=(), keepdim=True) + torch.amax(x, dim=1)
+        lo, hi = torch.aminmax(x * 2)
+        return torch.amax(torch.relu(x)) - torch.amin(x, dim=(), keepdim=True) + torch.amax(x, dim=1) + hi - lo \
+            + torch.amax(x[0, 0])
 
 
 def test_explicit_reduction_dims_contract():
@@ -403,10 +405,12 @@ def test_explicit_reduction_dims_contract():
     from qlower.fx import full_args
     dims = lambda: [list(full_args(n)[1]) for n in gm.graph.nodes if n.target in (torch.ops.aten.amax.default,
                                                                                    torch.ops.aten.amin.default)]
-    assert dims() == [[], [], [1]]
+    assert dims() == [[], [], [1], []]
     ctx = PassContext()
     assert ExplicitReductionDims().run(gm, ctx) is True
-    assert dims() == [[0, 1], [0, 1], [1]] and sum(ctx.rewrites.values()) == 2
+    # aminmax became amin + amax over both dims; the 0-d amax became a clone
+    assert dims() == [[0, 1], [0, 1], [0, 1], [0, 1], [1]] and sum(ctx.rewrites.values()) == 6
+    assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.aminmax.default]
     assert ExplicitReductionDims().run(gm, PassContext()) is False
     assert torch.equal(gm(x), before)
     cm = qlower.compile(model, (x,), backend="onnxruntime")

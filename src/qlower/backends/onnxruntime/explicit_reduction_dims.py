@@ -8,11 +8,19 @@ amax, amin and masked.amax/amin failed in the exporter and took their whole clus
 Preconditions: none (any captured graph).
 BEFORE:  m = aten.amax(x, [], keepdim)            # x of rank r >= 1
 AFTER:   m = aten.amax(x, [0, 1, ..., r - 1], keepdim)
-Near misses left alone: a non-empty `dim`; a 0-d input (no dim to name; the capability's
-translation check decides); other reductions.
+BEFORE:  m = aten.amax(x, [], keepdim)            # x 0-d: the max of one value is that value
+AFTER:   m = aten.clone(x)
+BEFORE:  mn, mx = aten.aminmax(x, dim=None, keepdim)   (getitem 0 / 1)
+AFTER:   mn = aten.amin(x, [0..r-1], keepdim)   mx = aten.amax(x, [0..r-1], keepdim)
+A 0-d input with a dim (0 or -1) is a clone too (torchlib emits ReduceMax over axis 0 of a
+0-d tensor, which ONNX Runtime rejects).
+Near misses left alone: a non-empty `dim` on a tensor of rank >= 1 (aminmax: a dim); other
+reductions.
 Postconditions: values identical. Idempotent: a rewritten node has a non-empty `dim`.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 from torch.fx import GraphModule
@@ -21,7 +29,7 @@ from ...fx import full_args
 from ...passes.base import Pass, PassContext
 
 aten = torch.ops.aten
-REDUCTIONS = (aten.amax.default, aten.amin.default)
+REDUCTIONS = (aten.amax.default, aten.amin.default)   # aminmax is split into these first
 
 
 class ExplicitReductionDims(Pass):
@@ -29,17 +37,49 @@ class ExplicitReductionDims(Pass):
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
-        for node in gm.graph.nodes:
-            if node.op != "call_function" or node.target not in REDUCTIONS:
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function":
                 continue
-            x, dim = full_args(node)[:2]
-            rank = x.meta["val"].dim() if "val" in getattr(x, "meta", {}) else 0
-            if list(dim or []) or rank == 0:
-                continue
-            keepdim = full_args(node)[2]
-            node.args, node.kwargs = (x, list(range(rank)), keepdim), {}
-            ctx.rewrites["amax/amin over every dim made explicit"] += 1
-            changed = True
+            if node.target is aten.aminmax.default:
+                parts = self._split_aminmax(gm, node, ctx)
+                changed |= bool(parts)
+                for part in parts:
+                    self._make_explicit(part, ctx)
+            elif node.target in REDUCTIONS:
+                changed |= self._make_explicit(node, ctx)
         if changed:
             gm.recompile()
         return changed
+
+    @staticmethod
+    def _make_explicit(node, ctx: PassContext) -> bool:
+        x, dim, keepdim = full_args(node)[:3]
+        val = x.meta.get("val") if hasattr(x, "meta") else None
+        if not isinstance(val, torch.Tensor) or (list(dim or []) and val.dim() > 0):
+            return False
+        if val.dim() == 0:   # with or without a dim (0 / -1): torchlib's ReduceMax rejects axis 0 of a 0-d tensor
+            node.target, node.args, node.kwargs = aten.clone.default, (x,), {}
+        else:
+            node.args, node.kwargs = (x, list(range(val.dim())), keepdim), {}
+        ctx.rewrites["amax/amin over every dim made explicit"] += 1
+        return True
+
+    @staticmethod
+    def _split_aminmax(gm: GraphModule, node, ctx: PassContext) -> list:
+        """aminmax over every dim: its two results as amin and amax nodes (made explicit next)."""
+        x, dim, keepdim = full_args(node)[:3]
+        users = list(node.users)
+        val = x.meta.get("val") if hasattr(x, "meta") else None
+        zero_d = isinstance(val, torch.Tensor) and val.dim() == 0
+        if (dim is not None and not zero_d) or not all(u.target is operator.getitem for u in users):
+            return []
+        with gm.graph.inserting_before(node):
+            parts = [gm.graph.call_function(target, (x, [], keepdim)) for target in (aten.amin.default, aten.amax.default)]
+        for part, index in zip(parts, (0, 1)):
+            part.meta["val"] = node.meta["val"][index]
+        for user in users:
+            user.replace_all_uses_with(parts[user.args[1]])
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        ctx.rewrites["aminmax over every dim split into amin and amax"] += 1
+        return parts
