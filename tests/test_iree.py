@@ -752,6 +752,7 @@ def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch)
     from qlower.backends.onnxruntime import cache
     entry = ZOO["cnn"]
     model, x = entry.model(), entry.inputs(1)
+    monkeypatch.setattr(compiler, "_VMFB", cache.LRUCache())   # earlier tests compiled this module too
     first = qlower.compile(model, x, backend="iree")
     assert {c.cache for c in first.report().compiled} == {"miss"}
     monkeypatch.setattr(compiler, "_VMFB", cache.LRUCache())
