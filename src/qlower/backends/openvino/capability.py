@@ -35,6 +35,13 @@ NATIVE_DEVIATION = ("the Q/DQ program runs on OpenVINO's int8 kernels with OpenV
                     "by more than float rounding (measured per model in docs/openvino.md)")
 
 
+def _documented(predicate, base, condition: str):
+    """`qlower ops` shows a predicate's first docstring line: the base's condition and this one."""
+    first = (getattr(base, "__doc__", None) or "").strip().splitlines()
+    predicate.__doc__ = f"{first[0]}; {condition}" if first else condition
+    return predicate
+
+
 def _power_of_two(values) -> bool:
     for v in values.reshape(-1).tolist():
         m, e = math.frexp(v)
@@ -151,8 +158,7 @@ def _pytorch_ceil_rule(base):
         if drops is None:
             return "ceil_mode pool with a dynamic spatial size (OpenVINO sizes some ceil_mode pools differently)"
         return "OpenVINO keeps the last ceil_mode window that PyTorch drops (it starts in the padding)" if drops else None
-    predicate.__doc__ = "ceil_mode only where PyTorch's last-window rule changes nothing (static sizes)"
-    return predicate
+    return _documented(predicate, base, "ceil_mode only where PyTorch's last-window rule changes nothing (static sizes)")
 
 
 _GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}   # schema -> [.., K, N]-ish operand
@@ -173,8 +179,7 @@ def _not_one_by_one(base):
         if w is not None and w.dim() >= 2 and tuple(w.shape[-2:]) == (1, 1):
             return "a 1x1 weight after another fully-connected layer fails to compile in OpenVINO's CPU plugin"
         return None
-    predicate.__doc__ = "not with a 1x1 weight (OpenVINO fails to compile it after another FC layer)"
-    return predicate
+    return _documented(predicate, base, "not with a 1x1 weight (OpenVINO fails to compile it after another FC layer)")
 
 
 # schema -> (weight position, stride position, padding position)
@@ -203,8 +208,7 @@ def _no_strided_padded_pointwise(base):
         if strided and padded:
             return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
         return None
-    predicate.__doc__ = "not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)"
-    return predicate
+    return _documented(predicate, base, "not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)")
 
 
 def openvino_capability(numerics: str = "canonical") -> Capability:
