@@ -499,6 +499,22 @@ def test_engine_native_hands_the_qdq_program_to_openvinos_int8_kernels(name):
         assert cosine > 0.999, (name, float(cosine))
 
 
+def test_engine_native_save_load_round_trip(tmp_path):
+    """An engine-native artifact keeps its options: loaded, it runs the Q/DQ program on
+    OpenVINO's int8 kernels again and gives identical outputs."""
+    entry = ZOO["cnn"]
+    model, x = entry.model(), entry.inputs(1)
+    cm = qlower.compile(model, x, quantize="int8", calibration=entry.calibration(2), backend="openvino",
+                        backend_options=OvOptions(numerics="openvino"))
+    cm.save(tmp_path / "m.pt2")
+    loaded = qlower.load(tmp_path / "m.pt2")
+    assert loaded.backend_options == OvOptions(numerics="openvino")
+    assert "in u8" in _gemm_note(loaded) and any("engine-native" in n for n in loaded.report().notes)
+    for seed in range(2):
+        xi = entry.inputs(1, seed=90 + seed)
+        assert torch.equal(cm(*xi), loaded(*xi))
+
+
 def test_canonical_numerics_keep_integer_ops_which_openvino_runs_in_float():
     """Near miss: the default profile lowers to qlower's integer ops (bit-exact), which the CPU
     plugin executes with float arithmetic, and says so in the report."""
