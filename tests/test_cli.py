@@ -1,5 +1,6 @@
 import re
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -34,3 +35,24 @@ def test_schema_and_inspect(tmp_path, small_net):
     art = cm.save(tmp_path / "cm.pt2")
     result = runner.invoke(app, ["inspect", str(art)])
     assert result.exit_code == 0 and "qlower.conv2d" in result.output and "backend: reference" in result.output
+
+
+def test_outputs_into_a_missing_folder(tmp_path):
+    """`qlower verify --out` creates its report folder (like `qlower bench --out`); an export
+    into a missing folder is a typed ArtifactError naming the path, never a raw
+    FileNotFoundError, for every format."""
+    import qlower
+    from qlower.errors import ArtifactError
+    from qlower.zoo import ZOO
+    out = tmp_path / "new" / "reports" / "cnn.html"
+    result = CliRunner().invoke(app, ["verify", "cnn", "--out", str(out), "--json", str(tmp_path / "j" / "r.json"),
+                                      "--inputs", "1", "--calibration", "1", "--suggest", "1"])
+    assert result.exit_code == 0, result.output
+    assert out.exists() and (tmp_path / "j" / "r.json").exists()
+    entry = ZOO["cnn"]
+    cm = qlower.compile(entry.model(), entry.inputs(1), backend="onnxruntime")
+    for fmt in ("onnx", "pt2"):
+        target = tmp_path / "missing" / f"m.{fmt}"
+        with pytest.raises(ArtifactError, match="cannot write"):
+            qlower.export(cm, target, format=fmt)
+        assert not target.parent.exists()

@@ -228,5 +228,6 @@ def _export_onnx(cm: CompiledModule, path: Path) -> Path:
         detail = "; ".join(blockers) or f"{len(compiled)} clusters with PyTorch code between them"
         raise BackendError(f"the model is not one ONNX graph: {detail}",
                            hint="`qlower schema` lists every node and why it is not supported")
-    path.write_bytes(compiled[0].onnx)
+    from .runtime.artifact import atomic_write
+    atomic_write(path, lambda tmp: tmp.write_bytes(compiled[0].onnx))   # typed error, never half a file
     return path

@@ -225,6 +225,7 @@ def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) 
     report.save_html(out)
     written = [out]
     if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report.to_dict(), indent=1))
         written.append(json_out)
     if charts is not None:

@@ -176,6 +176,7 @@ class VerifyReport:
 
     def save_html(self, path: str | Path) -> Path:
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)   # a report folder, like `qlower bench --out`
         path.write_text(self.to_html(), encoding="utf-8")
         return path
 

@@ -55,13 +55,15 @@ def header(cluster: IreeCluster) -> str:
 
 
 def export_iree(cm, path: str | Path, format: str) -> Path:
-    """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path`."""
+    """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path` (atomically;
+    an unwritable path is an ArtifactError)."""
+    from ...runtime.artifact import atomic_write
     path = Path(path)
     cluster = whole_model_cluster(cm)
     if format == "vmfb":
-        path.write_bytes(cluster.vmfb)
+        atomic_write(path, lambda tmp: tmp.write_bytes(cluster.vmfb))
     elif format == "mlir":
-        path.write_text(header(cluster) + cluster.mlir)
+        atomic_write(path, lambda tmp: tmp.write_text(header(cluster) + cluster.mlir))
     else:
         raise ValueError(f"unknown IREE export format {format!r}")
     return path
