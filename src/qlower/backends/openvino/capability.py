@@ -35,10 +35,16 @@ NATIVE_DEVIATION = ("the Q/DQ program runs on OpenVINO's int8 kernels with OpenV
                     "by more than float rounding (measured per model in docs/openvino.md)")
 
 
-def _documented(predicate, base, condition: str):
-    """`qlower ops` shows a predicate's first docstring line: the base's condition and this one."""
-    first = (getattr(base, "__doc__", None) or "").strip().splitlines()
-    predicate.__doc__ = f"{first[0]}; {condition}" if first else condition
+def _refine(base, check):
+    """The onnxruntime capability's predicate `base`, then `check`, a measured OpenVINO gap (a
+    node -> reason | None function whose docstring's first line is its condition). `qlower ops`
+    shows both conditions."""
+    def predicate(node: Node) -> str | None:
+        why = base(node) if base is not None else None
+        return why if why is not None else check(node)
+    base_doc = ((getattr(base, "__doc__", None) or "").strip().splitlines() or [""])[0]
+    condition = check.__doc__.strip().splitlines()[0]
+    predicate.__doc__ = condition if base_doc in ("", "always") else f"{base_doc}; {condition}"
     return predicate
 
 
@@ -50,20 +56,15 @@ def _power_of_two(values) -> bool:
     return True
 
 
-def _canonical_quantize(base):
-    def predicate(node: Node) -> str | None:
-        why = base(node)
-        if why is not None:
-            return why
-        scale = full_args(node)[1]
-        gm = node.graph.owning_module
-        value = constant_value(gm, scale) if gm is not None else None
-        if value is None or value.numel() != 1 or not _power_of_two(value):
-            return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for power-of-two scales " \
-                   "(use OvOptions(numerics='openvino') to accept its rounding)"
-        return None
-    predicate.__doc__ = "one power-of-two scale only (canonical); any scale with numerics='openvino'"
-    return predicate
+def _canonical_quantize(node: Node) -> str | None:
+    """one power-of-two scale only (canonical); any scale with numerics='openvino'"""
+    scale = full_args(node)[1]
+    gm = node.graph.owning_module
+    value = constant_value(gm, scale) if gm is not None else None
+    if value is None or value.numel() != 1 or not _power_of_two(value):
+        return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for power-of-two scales " \
+               "(use OvOptions(numerics='openvino') to accept its rounding)"
+    return None
 
 
 EXACT_SUM = 2**24   # every integer below it is an fp32 value: fp32 accumulation is exact
@@ -78,108 +79,83 @@ def _max_centered(dtype, zp: int) -> int:
     return max(abs(lo - zp), abs(hi - zp))
 
 
-def _bounded_accumulator(base):
-    """conv / linear: sum|w - zw| * max|x - zx| + |bias| < 2^24 for every output channel."""
-    def predicate(node: Node) -> str | None:
-        why = base(node)
-        if why is not None:
-            return why
-        args = full_args(node)
-        gm = node.graph.owning_module
-        w, w_zp = constant_value(gm, args[2]), constant_value(gm, args[3])
-        bias = constant_value(gm, args[4]) if isinstance(args[4], Node) else None
-        x = _val(args[0])
-        if w is None or w_zp is None or x is None:
-            return "weights must be constants"
-        centered = (w.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, *([1] * (w.dim() - 1)))).abs()
-        per_channel = centered.reshape(w.shape[0], -1).sum(1) * _max_centered(x.dtype, int(args[1]))
-        if bias is not None:
-            per_channel = per_channel + bias.to(torch.int64).abs()
-        worst = int(per_channel.max()) if per_channel.numel() else 0
-        if worst >= EXACT_SUM:
-            return f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
+def _bounded_accumulator(node: Node) -> str | None:
+    """sum|w - zw| * max|x - zx| + |bias| < 2^24 (OpenVINO accumulates in fp32)
+
+    conv / linear, for every output channel."""
+    args = full_args(node)
+    gm = node.graph.owning_module
+    w, w_zp = constant_value(gm, args[2]), constant_value(gm, args[3])
+    bias = constant_value(gm, args[4]) if isinstance(args[4], Node) else None
+    x = _val(args[0])
+    if w is None or w_zp is None or x is None:
+        return "weights must be constants"
+    centered = (w.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, *([1] * (w.dim() - 1)))).abs()
+    per_channel = centered.reshape(w.shape[0], -1).sum(1) * _max_centered(x.dtype, int(args[1]))
+    if bias is not None:
+        per_channel = per_channel + bias.to(torch.int64).abs()
+    worst = int(per_channel.max()) if per_channel.numel() else 0
+    if worst >= EXACT_SUM:
+        return f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
+    return None
+
+
+def _bounded_matmul(node: Node) -> str | None:
+    """K * max|a - za| * max|b - zb| < 2^24 (OpenVINO accumulates in fp32)"""
+    a, a_zp, b, b_zp = full_args(node)[:4]
+    av, bv = _val(a), _val(b)
+    k = av.shape[-1] if av is not None else None
+    if not isinstance(k, int):
+        return "matmul over a symbolic inner dimension"
+    worst = k * _max_centered(av.dtype, int(a_zp)) * _max_centered(bv.dtype, int(b_zp))
+    return None if worst < EXACT_SUM else f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
+
+
+def _exact_mean(node: Node) -> str | None:
+    """element count a power of two, or odd and < 4096"""
+    shape, dims = node.args[0].meta["val"].shape, node.args[2]
+    n = math.prod(shape[d] for d in dims)
+    if n & (n - 1) == 0 or (n % 2 == 1 and n < 4096):
         return None
-    predicate.__doc__ = "sum|w - zw| * max|x - zx| + |bias| < 2^24 (OpenVINO accumulates in fp32)"
-    return predicate
+    return f"OpenVINO divides by {n} as a multiply by fp32(1/{n}): ties are not exact"
 
 
-def _bounded_matmul(base):
-    def predicate(node: Node) -> str | None:
-        why = base(node)
-        if why is not None:
-            return why
-        a, a_zp, b, b_zp = full_args(node)[:4]
-        av, bv = _val(a), _val(b)
-        k = av.shape[-1] if av is not None else None
-        if not isinstance(k, int):
-            return "matmul over a symbolic inner dimension"
-        worst = k * _max_centered(av.dtype, int(a_zp)) * _max_centered(bv.dtype, int(b_zp))
-        return None if worst < EXACT_SUM else \
-            f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
-    predicate.__doc__ = "K * max|a - za| * max|b - zb| < 2^24 (OpenVINO accumulates in fp32)"
-    return predicate
+def _eight_bit(node: Node) -> str | None:
+    """8-bit operands (a 65,536-entry table of canonical results)"""
+    args = full_args(node)
+    dtypes = {getattr(_val(args[0]), "dtype", None), getattr(_val(args[3]), "dtype", None), args[10]}
+    return None if dtypes <= {torch.uint8, torch.int8} else "only 8-bit operands become an exact lookup table"
 
 
-def _exact_mean(base):
-    def predicate(node: Node) -> str | None:
-        why = base(node)
-        if why is not None:
-            return why
-        shape, dims = node.args[0].meta["val"].shape, node.args[2]
-        n = math.prod(shape[d] for d in dims)
-        if n & (n - 1) == 0 or (n % 2 == 1 and n < 4096):
-            return None
-        return f"OpenVINO divides by {n} as a multiply by fp32(1/{n}): ties are not exact"
-    predicate.__doc__ = "element count a power of two, or odd and < 4096"
-    return predicate
+def _pytorch_ceil_rule(node: Node) -> str | None:
+    """ceil_mode only where PyTorch's last-window rule changes nothing (static sizes)
 
-
-def _eight_bit(base):
-    def predicate(node: Node) -> str | None:
-        why = base(node) if base is not None else None
-        if why is not None:
-            return why
-        args = full_args(node)
-        dtypes = {getattr(_val(args[0]), "dtype", None), getattr(_val(args[3]), "dtype", None), args[10]}
-        return None if dtypes <= {torch.uint8, torch.int8} else "only 8-bit operands become an exact lookup table"
-    predicate.__doc__ = "8-bit operands (a 65,536-entry table of canonical results)"
-    return predicate
-
-
-def _pytorch_ceil_rule(base):
-    """ceil_mode pools: OpenVINO keeps a last window that starts in the right padding, which
-    PyTorch drops (measured: n 6, kernel 1, stride 2, dilation 2 gave 4 windows instead of 3 --
-    a wrong shape, found by the openvino fuzz run). Accepted where the rule changes nothing."""
-    def predicate(node: Node) -> str | None:
-        why = base(node) if base is not None else None
-        if why is not None or not ceil_mode(node):
-            return why
-        drops = ceil_mode_drops_a_window(node)
-        if drops is None:
-            return "ceil_mode pool with a dynamic spatial size (OpenVINO sizes some ceil_mode pools differently)"
-        return "OpenVINO keeps the last ceil_mode window that PyTorch drops (it starts in the padding)" if drops else None
-    return _documented(predicate, base, "ceil_mode only where PyTorch's last-window rule changes nothing (static sizes)")
+    OpenVINO keeps a last window that starts in the right padding, which PyTorch drops
+    (measured: n 6, kernel 1, stride 2, dilation 2 gave 4 windows instead of 3 -- a wrong shape,
+    found by the openvino fuzz run)."""
+    if not ceil_mode(node):
+        return None
+    drops = ceil_mode_drops_a_window(node)
+    if drops is None:
+        return "ceil_mode pool with a dynamic spatial size (OpenVINO sizes some ceil_mode pools differently)"
+    return "OpenVINO keeps the last ceil_mode window that PyTorch drops (it starts in the padding)" if drops else None
 
 
 _GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}   # schema -> [.., K, N]-ish operand
 
 
-def _not_one_by_one(base):
-    """A float GEMM whose weight is 1x1 (K = N = 1): OpenVINO's CPU plugin fails to compile it
+def _not_one_by_one(node: Node) -> str | None:
+    """not with a 1x1 weight (OpenVINO fails to compile it after another FC layer)
+
+    A float GEMM whose weight is 1x1 (K = N = 1): OpenVINO's CPU plugin fails to compile it
     after another fully-connected layer ("Layout rank can't be larger than tensor rank", with
     INFERENCE_NUM_THREADS=1; measured: Linear(5, 1) -> Linear(1, 1) at M 1, 2, 8; (K, N) =
     (1, 2), (2, 1), (1, 8) compile). Found by the openvino fuzz run; a scalar multiply-add costs
     nothing in PyTorch."""
-    def predicate(node: Node) -> str | None:
-        why = base(node) if base is not None else None
-        if why is not None:
-            return why
-        args = full_args(node)
-        w = _val(args[_GEMM_WEIGHT[schema_name(node)]])
-        if w is not None and w.dim() >= 2 and tuple(w.shape[-2:]) == (1, 1):
-            return "a 1x1 weight after another fully-connected layer fails to compile in OpenVINO's CPU plugin"
-        return None
-    return _documented(predicate, base, "not with a 1x1 weight (OpenVINO fails to compile it after another FC layer)")
+    w = _val(full_args(node)[_GEMM_WEIGHT[schema_name(node)]])
+    if w is not None and w.dim() >= 2 and tuple(w.shape[-2:]) == (1, 1):
+        return "a 1x1 weight after another fully-connected layer fails to compile in OpenVINO's CPU plugin"
+    return None
 
 
 # schema -> (weight position, stride position, padding position)
@@ -187,55 +163,49 @@ _CONVS = {"aten::conv2d": (1, 3, 4), "aten::conv1d": (1, 3, 4), "aten::convoluti
           "qlower::conv2d": (2, 5, 6), "qlower::conv1d": (2, 5, 6)}
 
 
-def _no_strided_padded_pointwise(base):
-    """A 1x1 conv with stride > 1 and padding > 0: fed by another conv, OpenVINO's CPU plugin
-    returns the wrong output size (measured over 192 two-conv chains: all 24 wrong ones were
-    exactly these, e.g. 3x3 conv -> 1x1 stride 2 padding 1 on 6x6 gave 3x3 where PyTorch gives
-    2x2; the same conv on a model input was right). Found by the openvino fuzz run. ResNet-style
-    1x1 stride-2 downsampling has no padding and is unaffected."""
-    def predicate(node: Node) -> str | None:
-        why = base(node) if base is not None else None
-        if why is not None:
-            return why
-        args = full_args(node)
-        w_at, stride_at, pad_at = _CONVS[schema_name(node)]
-        w = _val(args[w_at])
-        stride, padding = args[stride_at], args[pad_at]
-        if w is None or isinstance(padding, str) or w.dim() < 3 or any(k != 1 for k in w.shape[2:]):
-            return None
-        strided = any(int(v) > 1 for v in ([stride] if isinstance(stride, int) else stride))
-        padded = any(int(v) > 0 for v in ([padding] if isinstance(padding, int) else padding))
-        if strided and padded:
-            return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
+def _no_strided_padded_pointwise(node: Node) -> str | None:
+    """not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)
+
+    Fed by another conv, OpenVINO's CPU plugin returns the wrong output size for such a conv
+    (measured over 192 two-conv chains: all 24 wrong ones were exactly these, e.g. 3x3 conv ->
+    1x1 stride 2 padding 1 on 6x6 gave 3x3 where PyTorch gives 2x2; the same conv on a model
+    input was right). Found by the openvino fuzz run. ResNet-style 1x1 stride-2 downsampling has
+    no padding and is unaffected."""
+    args = full_args(node)
+    w_at, stride_at, pad_at = _CONVS[schema_name(node)]
+    w = _val(args[w_at])
+    stride, padding = args[stride_at], args[pad_at]
+    if w is None or isinstance(padding, str) or w.dim() < 3 or any(k != 1 for k in w.shape[2:]):
         return None
-    return _documented(predicate, base, "not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)")
+    strided = any(int(v) > 1 for v in ([stride] if isinstance(stride, int) else stride))
+    padded = any(int(v) > 0 for v in ([padding] if isinstance(padding, int) else padding))
+    if strided and padded:
+        return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
+    return None
 
 
 def openvino_capability(numerics: str = "canonical") -> Capability:
+    """The onnxruntime capability without ONNX Runtime's own fused ops, each measured OpenVINO
+    gap refining the predicate of the op it concerns."""
     base = onnxruntime_capability()
     cap = Capability("openvino")
     for name, predicate in base.ops.items():
-        if name.startswith("qlower_ort::"):
-            continue
-        cap.register(name, predicate)
-    for name in ("qlower::conv2d", "qlower::conv1d", "qlower::linear"):
-        cap.register(name, _bounded_accumulator(base.ops[name]))
-    cap.register("qlower::matmul", _bounded_matmul(base.ops["qlower::matmul"]))
-    cap.register("qlower::mean", _exact_mean(base.ops["qlower::mean"]))
-    for name in ("qlower::add", "qlower::mul"):
-        cap.register(name, _eight_bit(base.ops.get(name)))
-    for name, predicate in list(cap.ops.items()):   # after the int8 bounds above: wrap them
-        if name in _CONVS:
-            cap.register(name, _no_strided_padded_pointwise(predicate))
-    for name in ("aten::conv2d", "aten::conv1d", "aten::convolution"):
-        if name not in cap.ops:
-            cap.register(name, _no_strided_padded_pointwise(base.ops.get("*")))
-    for name in _GEMM_WEIGHT:
-        cap.register(name, _not_one_by_one(base.ops.get(name, base.ops.get("*"))))
-    for name in POOLS:
-        cap.register(name, _pytorch_ceil_rule(base.ops.get(name, base.ops.get("*"))))
+        if not name.startswith("qlower_ort::"):
+            cap.register(name, predicate)
+
+    def refine(names, check):
+        for name in names:
+            cap.register(name, _refine(cap.ops.get(name, base.ops.get("*")), check))
+
+    refine(("qlower::conv2d", "qlower::conv1d", "qlower::linear"), _bounded_accumulator)
+    refine(("qlower::matmul",), _bounded_matmul)
+    refine(("qlower::mean",), _exact_mean)
+    refine(("qlower::add", "qlower::mul"), _eight_bit)
+    refine(_CONVS, _no_strided_padded_pointwise)
+    refine(_GEMM_WEIGHT, _not_one_by_one)
+    refine(POOLS, _pytorch_ceil_rule)
     if numerics == "canonical":
-        cap.register("qlower::quantize", _canonical_quantize(base.ops["qlower::quantize"]))
+        refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
         cap.register(name, _divides_at_run_time)
     return cap
