@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import statistics
 import time
@@ -253,7 +252,7 @@ class EngineSelector:
 
         want = float_outputs() if len(oracles) > 1 and float_outputs is not None else None
         if want is not None:
-            self._refuse_less_accurate_programs(oracles, trials, results, want)
+            self._refuse_less_accurate_programs(oracles, results, want)
 
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
@@ -302,23 +301,21 @@ class EngineSelector:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why)
 
-    def _refuse_less_accurate_programs(self, oracles: dict, trials: list[EngineTrial], results: dict, want) -> None:
+    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
         float model (its reference outputs, on the example inputs) goes into its trials, and a
         candidate whose program is more than `accuracy_margin_db` below the best is refused
         ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
-        sqnr = {id(o.program): _sqnr_db(o.outputs, want) for o in oracles.values()}
-        best = max(sqnr.values())
-        best_label = next(o.program.label for o in oracles.values() if sqnr[id(o.program)] == best)
-        by_label = {o.program.label: sqnr[id(o.program)] for o in oracles.values()}
-        for t in trials:
-            t.sqnr_db = by_label.get(t.program)
+        from ..report.metrics import sqnr_db
+        for oracle in oracles.values():
+            oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
+        best = max(oracles.values(), key=lambda o: o.trial.sqnr_db)
         for name, (_, program, trial) in list(results.items()):
-            trial.sqnr_db = sqnr[id(program)]
-            if sqnr[id(program)] < best - self.settings.accuracy_margin_db:
+            trial.sqnr_db = oracles[id(program)].trial.sqnr_db
+            if trial.sqnr_db < best.trial.sqnr_db - self.settings.accuracy_margin_db:
                 trial.status = "less-accurate"
-                trial.reason = (f"its program is {best - sqnr[id(program)]:.1f} dB less accurate vs float than "
-                                f"'{best_label}' on the example inputs")
+                trial.reason = (f"its program is {best.trial.sqnr_db - trial.sqnr_db:.1f} dB less accurate vs "
+                                f"float than '{best.program.label}' on the example inputs")
                 del results[name]
 
     def _oracle(self, reference: Backend, program: Program, example_inputs, trials, label) -> "_Oracle":
@@ -391,19 +388,6 @@ def _store_decision(key: str, decision: "_Decision") -> None:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _sqnr_db(got, want) -> float:
-    """10 log10(sum want^2 / sum (got - want)^2) over every float output (inf when equal)."""
-    signal = noise = 0.0
-    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
-        if isinstance(w, torch.Tensor) and w.dtype.is_floating_point and isinstance(g, torch.Tensor):
-            w64, g64 = w.detach().double(), g.detach().double()
-            signal += float(w64.pow(2).sum())
-            noise += float((g64 - w64).pow(2).sum())
-    if noise == 0.0:
-        return float("inf")
-    return 10.0 * math.log10(signal / noise) if signal > 0 else float("-inf")
-
-
 def is_quantized_program(program: Program) -> bool:
     from ..quantize import is_quantized
     return is_quantized(program.ep)
