@@ -92,15 +92,17 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         adapt = getattr(chosen, "pipeline", None)
         return default_pipeline() if adapt is None else adapt(default_pipeline())
 
+    def stages(chosen) -> tuple[str, ...]:
+        return tuple(type(p).__name__ for p in pipeline_for(chosen))
+
     def program_key(chosen) -> tuple:
         """Equal keys: equal programs (onnxruntime snaps add scales, maybe 7-bit weights; a
         backend may run a different pipeline)."""
-        stages = tuple(type(p).__name__ for p in pipeline_for(chosen))
         if not requantizes:
-            return (stages,)   # nothing is quantized here: the pipeline alone decides the program
+            return (stages(chosen),)   # nothing is quantized here: the pipeline alone decides the program
         config, _ = _config_for_backend(quantize, chosen)
         hook = getattr(chosen, "adjust_observers", None)
-        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}", stages)
+        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}", stages(chosen))
 
     def build(chosen) -> Program:
         """Capture / quantize for `chosen`, then run the pass pipeline."""
@@ -112,7 +114,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
-            adapted = passes is None and program_key(chosen)[-1] != tuple(type(p).__name__ for p in default_pipeline())
+            adapted = passes is None and stages(chosen) != tuple(type(p).__name__ for p in default_pipeline())
             label = ", ".join([f"{config.weight_bits}-bit weights, {config.activations} activations"]
                               + ([f"qparams adjusted for {chosen.name}"] if hook is not None else [])
                               + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""

@@ -120,15 +120,8 @@ def _torchlib():
 
 
 @functools.lru_cache(maxsize=1)
-def _decomposable() -> frozenset:
-    """Ops torch.onnx decomposes before translating (its decomposition table)."""
-    from torch.onnx._internal.exporter._decomp import create_onnx_friendly_decomposition_table
-    return frozenset(create_onnx_friendly_decomposition_table(set()))
-
-
-@functools.lru_cache(maxsize=1)
 def _exporter_decompositions() -> dict:
-    """The table torch.onnx decomposes with: everything torchlib (plus qlower) does not translate."""
+    """The table torch.onnx decomposes with (ops torchlib, plus qlower, does not translate)."""
     from torch.onnx._internal.exporter import _decomp
     return _decomp.create_onnx_friendly_decomposition_table(set(_decomp.get_onnx_implemented_overloads(_torchlib())))
 
@@ -168,7 +161,7 @@ def translatable(node: Node) -> str | None:
         return gap(node)
     if _torchlib().is_registered(target):
         return _dtypes_ok(node)
-    if not (target in _decomposable() or _composite(target)):
+    if not (target in _exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"
     missing = _untranslatable_in_decomposition(node)
     if missing is not None:
