@@ -14,15 +14,15 @@ KEY_A, KEY_B = "a" * 64, "b" * 64
 
 
 def test_entry_roundtrip_and_bad_entries_are_discarded(tmp_path):
-    cache.store_model(KEY_A, b"model A bytes")
-    cache.store_model(KEY_B, b"model B bytes")
+    cache.store_entry(KEY_A, b"model A bytes")
+    cache.store_entry(KEY_B, b"model B bytes")
     assert cache.load_entry(KEY_A) == (b"model A bytes", "hit")
     path_a, path_b = cache._entry_path(KEY_A), cache._entry_path(KEY_B)
     for damage in (lambda d: d[:-3],                       # truncated
                    lambda d: d[:-1] + bytes([d[-1] ^ 1]),   # flipped bit
                    lambda d: path_b.read_bytes(),           # another key's valid model
                    None):                                   # no digest (an older qlower's entry)
-        cache.store_model(KEY_A, b"model A bytes")
+        cache.store_entry(KEY_A, b"model A bytes")
         if damage is None:
             path_a.with_name(path_a.name + ".sha256").unlink()
         else:
@@ -35,7 +35,7 @@ def test_entry_roundtrip_and_bad_entries_are_discarded(tmp_path):
 
 def test_disk_cache_off(monkeypatch):
     monkeypatch.setenv(cache.CACHE_ENV, "off")
-    cache.store_model(KEY_A, b"x")
+    cache.store_entry(KEY_A, b"x")
     assert cache.load_entry(KEY_A) == (None, "absent")
 
 

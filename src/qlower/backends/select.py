@@ -383,7 +383,7 @@ def _load_decision(key: str) -> "_Decision | None":
 
 def _store_decision(key: str, decision: "_Decision") -> None:
     from .onnxruntime import cache
-    cache.store_model(key, json.dumps({"winner": decision.winner, "explanation": decision.explanation,
+    cache.store_entry(key, json.dumps({"winner": decision.winner, "explanation": decision.explanation,
                                        "trials": [asdict(t) for t in decision.trials]}).encode(), _DECISION_SUFFIX)
 
 

@@ -55,7 +55,7 @@ def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, st
     vmfb = bytes(ic.compile_str(asm, target_backends=[options.target_backend], input_type=input_type,
                                 extra_args=flags))
     _VMFB[key] = vmfb
-    cache.store_model(key, vmfb, ".vmfb")
+    cache.store_entry(key, vmfb, ".vmfb")
     return vmfb, "miss"
 
 

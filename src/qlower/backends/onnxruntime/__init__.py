@@ -261,7 +261,7 @@ class OnnxRuntimeBackend:
             return cached, runtime_inputs, "disk"
         model_bytes = translate_cluster(sub, constants).SerializeToString()
         _MODELS[key] = model_bytes
-        cache.store_model(key, model_bytes)
+        cache.store_entry(key, model_bytes)
         return model_bytes, runtime_inputs, "rebuilt" if status == "corrupt" else "miss"
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:

@@ -130,9 +130,10 @@ def load_model(key: str) -> bytes | None:
     return load_entry(key)[0]
 
 
-def store_model(key: str, model_bytes: bytes, suffix: str = ".onnx") -> None:
-    """Model first, digest last (each written to a temporary file and renamed): a reader that
-    comes in between, or a crash, leaves a mismatch, which only costs a rebuild."""
+def store_entry(key: str, model_bytes: bytes, suffix: str = ".onnx") -> None:
+    """Store an entry (`suffix` names its kind, as for `load_entry`). Data first, digest last
+    (each written to a temporary file and renamed): a reader that comes in between, or a crash,
+    leaves a mismatch, which only costs a rebuild."""
     d = cache_dir()
     if d is None:
         return
