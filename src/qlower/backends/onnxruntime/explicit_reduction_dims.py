@@ -23,9 +23,9 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
-from ...fx import full_args
+from ...fx import call, full_args
 from ...passes.base import Pass, PassContext
 
 aten = torch.ops.aten
@@ -54,13 +54,13 @@ class ExplicitReductionDims(Pass):
     @staticmethod
     def _make_explicit(node, ctx: PassContext) -> bool:
         x, dim, keepdim = full_args(node)[:3]
-        val = x.meta.get("val") if hasattr(x, "meta") else None
-        if not isinstance(val, torch.Tensor) or (list(dim or []) and val.dim() > 0):
+        rank = _rank(x)
+        if rank is None or (list(dim or []) and rank > 0):
             return False
-        if val.dim() == 0:   # with or without a dim (0 / -1): torchlib's ReduceMax rejects axis 0 of a 0-d tensor
+        if rank == 0:   # with or without a dim (0 / -1): torchlib's ReduceMax rejects axis 0 of a 0-d tensor
             node.target, node.args, node.kwargs = aten.clone.default, (x,), {}
         else:
-            node.args, node.kwargs = (x, list(range(val.dim())), keepdim), {}
+            node.args, node.kwargs = (x, list(range(rank)), keepdim), {}
         ctx.rewrites["amax/amin over every dim made explicit"] += 1
         return True
 
@@ -69,17 +69,18 @@ class ExplicitReductionDims(Pass):
         """aminmax over every dim: its two results as amin and amax nodes (made explicit next)."""
         x, dim, keepdim = full_args(node)[:3]
         users = list(node.users)
-        val = x.meta.get("val") if hasattr(x, "meta") else None
-        zero_d = isinstance(val, torch.Tensor) and val.dim() == 0
-        if (dim is not None and not zero_d) or not all(u.target is operator.getitem for u in users):
+        if (dim is not None and _rank(x) != 0) or not all(u.target is operator.getitem for u in users):
             return []
         with gm.graph.inserting_before(node):
-            parts = [gm.graph.call_function(target, (x, [], keepdim)) for target in (aten.amin.default, aten.amax.default)]
-        for part, index in zip(parts, (0, 1)):
-            part.meta["val"] = node.meta["val"][index]
+            parts = [call(gm, target, (x, [], keepdim), like=node) for target in (aten.amin.default, aten.amax.default)]
         for user in users:
             user.replace_all_uses_with(parts[user.args[1]])
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
         ctx.rewrites["aminmax over every dim split into amin and amax"] += 1
         return parts
+
+
+def _rank(x) -> int | None:
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    return val.dim() if isinstance(val, torch.Tensor) else None
