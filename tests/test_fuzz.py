@@ -702,7 +702,7 @@ def test_regression_iree_pool_ceil_mode_output_size():
     ("'linalg.generic' op inferred input/output operand #1 has shape's dimension #0 to be 6, but
     found 3"). torch-mlir mis-sizes exactly the pools whose ceil_mode does not change the output
     (measured: all 42 failures of 376 max/avg pools); the iree backend now sets ceil_mode=False
-    on those first (backends/iree/lowerings.py drop_noop_ceil_mode), an identical computation."""
+    on those first (backends/pool_geometry.py drop_noop_ceil_mode), an identical computation."""
     _check(Program(in_shape=(1, 2, 3, 9), ops=(Op("avgpool", (0,), (3, 3, 0, True, True, None)),)), ("iree",))
 
 

@@ -550,7 +550,7 @@ def test_ceil_mode_noop_rule_matches_pytorch_output_sizes():
     """drop_noop_ceil_mode's rule (ceil_mode=True changes nothing) against PyTorch's own output
     sizes, over pools where ceil mode does and does not matter; the rewrite then flips exactly
     the no-op ones (torch-mlir mis-sizes those, docs/iree.md)."""
-    from qlower.backends.iree.lowerings import ceil_mode_is_noop, drop_noop_ceil_mode
+    from qlower.backends.pool_geometry import ceil_mode_is_noop, drop_noop_ceil_mode
 
     class Pools(torch.nn.Module):
         def __init__(self, k, s, p, d):

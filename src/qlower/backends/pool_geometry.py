@@ -37,9 +37,15 @@ def ceil_mode(node: Node) -> bool:
     return schema_name(node) in POOLS and bool(full_args(node)[POOLS[schema_name(node)]])
 
 
+def window_span(n: int, k: int, p: int, d: int) -> int:
+    """How far the first window's start can move: n + 2p - d(k - 1) - 1 (floor mode has
+    span // stride + 1 windows)."""
+    return n + 2 * p - d * (k - 1) - 1
+
+
 def _windows(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
     """(floor-mode windows, ceil-mode windows as ONNX's formula gives them, PyTorch's ceil-mode)."""
-    span = n + 2 * p - d * (k - 1) - 1
+    span = window_span(n, k, p, d)
     onnx_ceil = -(-span // s) + 1
     torch_ceil = onnx_ceil - 1 if (onnx_ceil - 1) * s >= n + p else onnx_ceil
     return span // s + 1, onnx_ceil, torch_ceil

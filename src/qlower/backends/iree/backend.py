@@ -10,12 +10,12 @@ back to PyTorch (reason in the report, logged once on `qlower.iree`) and stays t
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -28,9 +28,10 @@ from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster
+from ..pool_geometry import drop_noop_ceil_mode
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
-from .lowerings import SIZE_OPS, TOSA_LOWERINGS, drop_noop_ceil_mode, float_check, is_size, kind_of, symbolic_size
+from .lowerings import SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, symbolic_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter

@@ -20,7 +20,7 @@ import torch
 from torch.fx import Node
 
 from ...fx import full_args, schema_name
-from ..pool_geometry import POOLS, ceil_mode, ceil_mode_is_noop, drop_noop_ceil_mode, pool_geometry  # noqa: F401 (re-exported)
+from ..pool_geometry import POOLS, ceil_mode, ceil_mode_is_noop, pool_geometry, window_span
 
 Check = Callable[[Node], Optional[str]]   # None: lowerable; else the reason it is not
 Emit = Callable[..., object]              # emit(emitter, node, args) -> Val
@@ -176,15 +176,14 @@ def _short_single_window_pool(node: Node) -> str | None:
         return None
     sizes, kernel, stride, padding, dilation = pool_geometry(node)
     for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation):
-        span = n + 2 * p - d * (k - 1) - 1 if n is not None else None
-        if span is not None and 0 < span < s:
+        if n is not None and 0 < window_span(n, k, p, d) < s:
             return "a pool whose single window stops short of the input's end is mis-sized by torch-mlir"
     return None
 
 
 def _noop_ceil_pool(node: Node) -> str | None:
     """A pool whose ceil_mode=True changes nothing: the backend's compile sets it to False first
-    (drop_noop_ceil_mode), as torch-mlir mis-sizes these; left as is, they are refused."""
+    (pool_geometry.drop_noop_ceil_mode), as torch-mlir mis-sizes these; left as is, they are refused."""
     if not ceil_mode(node):
         return None
     noop = ceil_mode_is_noop(node)
