@@ -61,7 +61,7 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
         seconds, clusters = partition_scaling(partition_nodes)
         console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
         return
-    from .bench import best_peer_ratios, machine_info, paired_ratios, rich_table, run_plan, suites, write_outputs
+    from .bench import machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
     from .errors import QlowerError
     try:
         chosen = suites.get("quick" if quick else suite)
@@ -87,12 +87,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
                        canonical_inputs=chosen.canonical_inputs,
                        on_pair=lambda so_far: write_outputs(so_far, out, command, machine, chart=False))
     console.print(rich_table(results, machine))
-    for native, who in ((False, "qlower"), (True, "qlower engine-native")):
-        for key, ratio in best_peer_ratios(results, native).items():
-            console.print(f"{key}: {who} best / best peer latency = {ratio:.2f}")
-        for key, peers in paired_ratios(results, native).items():
-            console.print(f"{key}: {who} / peer, paired per round: "
-                          + ", ".join(f"{peer} {ratio:.2f}" for peer, ratio in peers.items()))
+    for line in ratio_lines(results):
+        console.print(line)
     write_outputs(results, out, command, machine)
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'} and {out / 'bench.log'}")
 

@@ -73,6 +73,18 @@ def paired_ratios(results: list[StackResult], native: bool = False) -> dict[str,
     return out
 
 
+def ratio_lines(results: list[StackResult]) -> list[str]:
+    """The ratio summary (terminal and bench.md): qlower's canonical stacks, then its
+    engine-native ones, against the best peer and paired per round against each peer."""
+    lines = []
+    for native, who in ((False, "qlower"), (True, "qlower engine-native")):
+        lines += [f"{key}: {who} best / best peer latency = {ratio:.2f}"
+                  for key, ratio in best_peer_ratios(results, native).items()]
+        lines += [f"{key}: {who} / peer, paired per round: " + ", ".join(f"{peer} {r:.2f}" for peer, r in peers.items())
+                  for key, peers in paired_ratios(results, native).items()]
+    return lines
+
+
 def canonical_cell(r: StackResult) -> str:
     """'0' (bit-exact), '12 (3.1e-07)' (elements differing, largest difference), '-' for peers."""
     if r.canonical_diff is None:
@@ -116,17 +128,10 @@ def write_outputs(results: list[StackResult], out: Path, command: str, machine: 
     if flops:
         lines += ["", "GFLOP per call (fp32 count, eager, 2 per multiply-add): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in flops.items())]
-    lines += ["", "qlower's best stack latency / best peer's (below 1: qlower faster):", ""]
-    lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results).items()]
-    lines += ["", "Paired (median over rounds of qlower's block time / the peer's in the same round):", ""]
-    lines += [f"- {k}: " + ", ".join(f"{peer} {v:.2f}" for peer, v in peers.items())
-              for k, peers in paired_ratios(results).items()]
-    if best_peer_ratios(results, native=True):
-        lines += ["", "qlower's engine-native stacks (the engine's own int8 arithmetic, not canonical), "
-                  "best latency / best peer's, and paired:", ""]
-        lines += [f"- {k}: {v:.2f}" for k, v in best_peer_ratios(results, native=True).items()]
-        lines += [f"- {k}: " + ", ".join(f"{peer} {v:.2f}" for peer, v in peers.items())
-                  for k, peers in paired_ratios(results, native=True).items()]
+    lines += ["", "Latency ratios, qlower / peer (below 1: qlower faster; paired: the median over rounds of "
+              "qlower's block time / the peer's in the same round; engine-native stacks run the engine's own "
+              "int8 arithmetic, not the canonical numerics):", ""]
+    lines += [f"- {line}" for line in ratio_lines(results)]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     if chart:
         _chart(results, out / "bench.png")
