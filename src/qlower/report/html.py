@@ -267,8 +267,5 @@ def _config(report: "VerifyReport") -> str:
     return _config_code(report.config)
 
 
-
-
-
 def _short(label: str, width: int = 18) -> str:
     return label if len(label) <= width else "…" + label[-(width - 1):]

@@ -14,8 +14,11 @@ def _flat(outputs) -> torch.Tensor:
 def sqnr_db(reference, test) -> float:
     """Signal-to-quantization-noise ratio in dB (inf when identical)."""
     r, t = _flat(reference), _flat(test)
-    noise = (r - t).pow(2).sum().item()
-    signal = r.pow(2).sum().item()
+    return energy_ratio_db(r.pow(2).sum().item(), (r - t).pow(2).sum().item())
+
+
+def energy_ratio_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise): inf without noise, -inf without signal (the one SQNR formula)."""
     if noise == 0.0:
         return math.inf
     return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf

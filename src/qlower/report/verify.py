@@ -34,7 +34,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..quantize.config import QuantConfig
-from .metrics import cosine, format_db, format_number, max_abs, sqnr_db
+from .metrics import cosine, energy_ratio_db, format_db, format_number, max_abs, sqnr_db
 
 aten = torch.ops.aten
 # op -> index of the activation input whose statistics are reported
@@ -479,9 +479,7 @@ class _PairAcc:
         self.tt += float(t @ t)
 
     def sqnr(self) -> float:
-        if self.noise == 0.0:
-            return math.inf
-        return 10.0 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+        return energy_ratio_db(self.signal, self.noise)
 
     def cosine(self) -> float:
         denom = math.sqrt(self.signal * self.tt)
@@ -580,9 +578,6 @@ def _config_code(config) -> str:
 
 def _finite(value: float) -> float:
     return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
-
-
-
 
 
 def _clip(text: str, width: int) -> str:
