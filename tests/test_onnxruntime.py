@@ -491,3 +491,38 @@ def test_relu_and_clamp_on_quantized_values_stay_in_onnxruntime_and_exact():
     for _ in range(3):
         xi = (torch.randn(1, 3, 10, 10),)
         assert torch.equal(cm(*xi), ref(*xi))
+
+
+def test_translation_retraces_only_clusters_that_need_decomposition(monkeypatch):
+    """torch.onnx re-traces every program with fake tensors to decompose it (0.5 of the 0.86 s a
+    cluster took to translate). qlower does that only when a node needs it: a cluster of ops
+    torchlib translates as they are (linear, gelu, softmax) is not re-traced; one with an op the
+    exporter decomposes (aten.std.correction) or an in-place op is. Both stay exact vs eager."""
+    from torch.export import ExportedProgram
+    calls = []
+    original = ExportedProgram.run_decompositions
+    monkeypatch.setattr(ExportedProgram, "run_decompositions",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.softmax(torch.nn.functional.gelu(self.fc(x)), -1)
+
+    class Decomposed(Plain):
+        def forward(self, x):
+            h = self.fc(x)
+            h.add_(1.0)
+            return h - h.std(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    for net, retraced in ((Plain(), 0), (Decomposed(), 1)):
+        calls.clear()
+        cm = qlower.compile(net.eval(), (x,), backend="onnxruntime")
+        assert [c.status for c in cm.report().clusters] == ["compiled"]
+        assert len(calls) == retraced, type(net).__name__
+        torch.testing.assert_close(cm(x), net(x))

@@ -119,11 +119,9 @@ def _torchlib():
     return _registry()
 
 
-@functools.lru_cache(maxsize=1)
 def _exporter_decompositions() -> dict:
-    """The table torch.onnx decomposes with (ops torchlib, plus qlower, does not translate)."""
-    from torch.onnx._internal.exporter import _decomp
-    return _decomp.create_onnx_friendly_decomposition_table(set(_decomp.get_onnx_implemented_overloads(_torchlib())))
+    from .translate import exporter_decompositions
+    return exporter_decompositions()
 
 
 def _composite(target) -> bool:

@@ -105,21 +105,78 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
     outputs its outputs in order; constants are initializers."""
     import onnx_ir as ir
     import onnxscript
-    from torch.onnx._internal.exporter import _core
     with _quiet(), torch.no_grad(), torch_deprecation_silenced():
         ep = _capture(sub, constants)
         try:
             with bound_constants(_constants_by_input(ep)):
-                program = _core.export(ep, registry=_registry(), opset_version=None, optimize=False, verbose=False)
+                model = _to_onnx(_prepared_for_onnx(ep))
         except Exception as exc:
             raise TranslateError(_first_cause(exc)) from exc
-        model = program.model
         _add_called_functions(model)
         _declare_opset(model)
         onnxscript.optimizer.optimize_ir(model, inline=False)
     _outputs_from_nodes(model)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
+
+
+@functools.lru_cache(maxsize=1)
+def _translated_as_is() -> frozenset:
+    """The ATen overloads torchlib (or qlower's table) translates directly."""
+    from torch.onnx._internal.exporter import _decomp
+    return frozenset(_decomp.get_onnx_implemented_overloads(_registry()))
+
+
+@functools.lru_cache(maxsize=1)
+def exporter_decompositions() -> dict:
+    """The table torch.onnx decomposes with: every op neither torchlib nor qlower translates.
+    Built once per process (~0.15 s; torch.onnx rebuilds it on every export)."""
+    from torch.onnx._internal.exporter import _decomp
+    return _decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is()))
+
+
+def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
+    """True unless every node is translated as it stands: a non-mutating overload torchlib or
+    qlower implements, or Python's `operator` (getitem, SymInt arithmetic). Anything else
+    (in-place ops, CompositeImplicitAutograd ops such as aten.to.dtype or batch_norm that
+    decompose on re-trace, higher-order ops) takes torch.onnx's full decomposition."""
+    direct = _translated_as_is()
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target not in direct or target._schema.is_mutable:
+                return True
+        elif getattr(target, "__module__", None) != "_operator":
+            return True
+    return False
+
+
+def _prepared_for_onnx(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """What `torch.onnx.export` does to an ExportedProgram before translating it (decompose with
+    its table, explicit type promotion, no assertion nodes), except that the decomposition, a
+    full re-trace with fake tensors, runs only when some node needs it: a cluster of ops torchlib
+    translates as they are comes out unchanged. Measured (40 fuzz examples, 63 clusters, one
+    thread): the re-trace and the table were 0.51 of the 0.86 s each cluster took to translate."""
+    from torch.onnx._internal.exporter import _fx_passes
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):   # as torch.onnx: 0/1 dims stay symbolic
+        if _needs_decomposition(ep):
+            ep = ep.run_decompositions(exporter_decompositions())
+        graph_module = ep.graph_module
+        _fx_passes.insert_type_promotion_nodes(graph_module)
+        ep._graph_module = _fx_passes.remove_assertion_nodes(graph_module)
+    return ep
+
+
+def _to_onnx(ep: torch.export.ExportedProgram):
+    """torch.onnx's translation step (torchlib + qlower's table) on a prepared program: an onnx_ir model."""
+    from torch.onnx._internal.exporter import _core, _flags
+
+    @_flags.set_onnx_exporting_flag   # torch.onnx.is_in_onnx_export() is True while translating, as in export
+    def translate():
+        return _core._exported_program_to_onnx_program(ep, registry=_registry()).model
+    return translate()
 
 
 def _add_called_functions(model) -> None:
