@@ -371,3 +371,22 @@ def test_a_faster_engine_on_a_less_accurate_program_is_not_chosen(selector, inte
     assert trials["slow"].sqnr_db > trials["crude"].sqnr_db + 0.5
     assert "crude (less-accurate)" in report.engine_choice
     assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast"
+
+
+def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net, monkeypatch):
+    """The decision is keyed by what every program is built from (captured graph, weights,
+    calibration), so a recompile builds the winner's program alone, even when the winner is not
+    the first candidate and runs a program of its own (before: the first candidate's program was
+    built just to compute the key, a second quantization)."""
+    calls = []
+    real = api._quantize
+    monkeypatch.setattr(api, "_quantize", lambda *a, **kw: calls.append(kw.get("adjust_observers")) or real(*a, **kw))
+    first = compile_int8(integer_net, ("onnxruntime", "fast"))
+    assert first.report().backend == "fast", first.report().engine_choice
+    assert len(calls) == 2 and sum(c is not None for c in calls) == 1   # onnxruntime's program has a hook
+    calls.clear()
+    again = compile_int8(integer_net, ("onnxruntime", "fast"))
+    assert again.report().backend == "fast" and "not measured again" in again.report().engine_choice
+    assert calls == [None]
+    x = (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(5)),)
+    assert torch.equal(again(*x), first(*x))

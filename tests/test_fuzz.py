@@ -53,9 +53,9 @@ from qlower import blockops
 
 _ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
 _LOG = os.environ.get("QLOWER_FUZZ_LOG")
-_DEFAULT_ORT = 40
-_DEFAULT_IREE = 10
-_DEFAULT_OV = 10
+_DEFAULT_ORT = 180
+_DEFAULT_IREE = 40
+_DEFAULT_OV = 80
 
 
 def _settings(default_n: int):

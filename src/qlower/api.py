@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import torch
 
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import auto_backends, default_selector, get_backend, op_counts
-from .backends.select import Program
+from .backends.select import Program, source_digest
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .errors import InputError, QlowerError, QuantizeError
 from .fx import copy_graph_module
@@ -104,14 +105,21 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         hook = getattr(chosen, "adjust_observers", None)
         return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}", stages(chosen))
 
+    @functools.cache
+    def source() -> torch.export.ExportedProgram:
+        """The model captured once; every candidate's program is built from it."""
+        return capture(model, example_inputs, dynamic_shapes)
+
     def build(chosen) -> Program:
-        """Capture / quantize for `chosen`, then run the pass pipeline."""
+        """Quantize `source()` for `chosen` (an accuracy target measures the float model itself),
+        then run the pass pipeline."""
         program_notes, label = [], ""
         if quantizing:
             config, note = _config_for_backend(quantize, chosen)
             program_notes += [note] if note else []
             hook = getattr(chosen, "adjust_observers", None)
-            ep = _quantize(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers=hook)
+            ep = _quantize(model if config.target is not None else source(), example_inputs, calibration, config,
+                           dynamic_shapes, adjust_observers=hook)
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
             adapted = passes is None and stages(chosen) != tuple(type(p).__name__ for p in default_pipeline())
@@ -119,7 +127,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
                               + ([f"qparams adjusted for {chosen.name}"] if hook is not None else [])
                               + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""
         else:
-            ep = capture(model, example_inputs, dynamic_shapes)
+            ep = source()
         gm = _inference_state(ep.module())
         ctx = PassManager(pipeline_for(chosen)).run(gm, PassContext(profile=profile))
         return Program(program_key(chosen), label, ep, gm, ctx, program_notes)
@@ -128,7 +136,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         selector = default_selector()
         backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
         selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
-                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes else None)
+                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes else None,
+                                    source_digest=lambda: source_digest(source(), calibration if requantizes else None))
         chosen, program, executable = selection.backend, selection.program, selection.executable
     else:
         chosen = get_backend(backend, backend_options)

@@ -161,11 +161,15 @@ class EngineSelector:
     # ---------------------------------------------------------------- selection
     def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], tuple],
                build: Callable[[Backend], Program], example_inputs: tuple, profile: str,
-               why_unmeasured: str | None = None, float_outputs: Callable[[], Any] | None = None) -> Selection:
+               why_unmeasured: str | None = None, float_outputs: Callable[[], Any] | None = None,
+               source_digest: Callable[[], str] | None = None) -> Selection:
         """`backends`: the available candidates, in preference order (the reference backend
         among them is the fallback, never measured). `program_key(b)`: which quantized program
         b needs (cheap); `build(b)`: build it (quantize, lower). `float_outputs()`: the float
-        model's outputs on the example inputs, to compare the accuracy of different programs."""
+        model's outputs on the example inputs, to compare the accuracy of different programs.
+        `source_digest()`: what every program is built from (captured graph, weights,
+        calibration); with it a remembered decision builds only the winner's program, without
+        it the first candidate's program is built to key the decision."""
         from .reference import ReferenceBackend
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
@@ -185,8 +189,8 @@ class EngineSelector:
                 programs[key] = build(b)
             return programs[key]
 
-        primary = program_for(measured[0])
-        key = self._key(primary, measured, program_key, example_inputs, profile)
+        source = source_digest() if source_digest is not None else graph_digest(program_for(measured[0]).gm)
+        key = self._key(source, measured, program_key, example_inputs, profile)
         decision, where = self._decisions.get(key), "in this process"
         if decision is None and self.persist:
             decision, where = _load_decision(key), "on this machine (qlower's disk cache)"
@@ -336,11 +340,11 @@ class EngineSelector:
     def _backend(candidates, name):
         return next(b for b in candidates if b.name == name)
 
-    def _key(self, program: Program, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
-        """The decision's cache key: the lowered graph (code and every constant), the candidates
-        with their options and programs, input shapes/dtypes, profile, CPU and thread count."""
+    def _key(self, source: str, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
+        """The decision's cache key: the digest of what the programs are built from, the
+        candidates with their options and programs, input shapes/dtypes, profile, CPU and thread count."""
         from .onnxruntime.cpu import fingerprint
-        h = hashlib.sha256(graph_digest(program.gm).encode())
+        h = hashlib.sha256(source.encode())
         for b in backends:
             h.update(f"|{b.name}:{getattr(b, 'options', None)!r}:{program_key(b)!r}".encode())
         leaves = torch.utils._pytree.tree_leaves(example_inputs)
@@ -417,12 +421,31 @@ def graph_digest(gm: GraphModule) -> str:
             continue
         t = _resolve(gm, str(node.target))
         if isinstance(t, torch.Tensor):
-            t = t.detach().contiguous()
-            h.update(f"{node.target}:{t.dtype}:{tuple(t.shape)}:".encode())
-            h.update(hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"").digest())
+            _update_with_tensor(h, str(node.target), t)
         else:
             h.update(f"{node.target}:{type(t).__name__}".encode())
     return h.hexdigest()
+
+
+def source_digest(ep: torch.export.ExportedProgram, calibration=None) -> str:
+    """sha256 of an exported program (graph code, every weight, buffer and constant, the ranges
+    of its symbolic dims) and of the calibration inputs: what a quantized program is built from."""
+    h = hashlib.sha256(ep.graph_module.code.encode())
+    h.update(repr(sorted((str(k), str(v)) for k, v in ep.range_constraints.items())).encode())
+    tensors = sorted({**ep.state_dict, **ep.constants}.items())
+    tensors += [(f"calibration{i}", t) for i, t in enumerate(torch.utils._pytree.tree_leaves(calibration or []))]
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor):
+            _update_with_tensor(h, name, t)
+        else:
+            h.update(f"{name}:{type(t).__name__}:{t!r}".encode())
+    return h.hexdigest()
+
+
+def _update_with_tensor(h, name: str, t: torch.Tensor) -> None:
+    t = t.detach().contiguous()
+    h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+    h.update(hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"").digest())
 
 
 def _resolve(module, path: str):
