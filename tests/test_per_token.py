@@ -92,6 +92,38 @@ def test_program_quantizes_each_linear_input_per_token_and_leaves_conv_static():
     assert conv.args[0].target == torch.ops.quantized_decomposed.dequantize_per_tensor.default
 
 
+class Qkv(torch.nn.Module):
+    """Three projections of one activation (attention's q/k/v) and one of another."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x):
+        h = self.q(x) * self.k(x) + self.v(x)
+        return self.o(torch.relu(h))
+
+
+def test_linears_reading_one_activation_share_its_per_token_quantization():
+    """q/k/v read x: one token_scale/quantize for the three (each copy costs ~10 ONNX Runtime
+    nodes); o reads another activation (relu's output): its own. After lowering, ONNX Runtime
+    still equals the reference bit for bit, and the lowered program the Q/DQ program."""
+    torch.manual_seed(0)
+    model, x = Qkv().eval(), (torch.randn(2, 5, 16),)
+    ep = qlower.quantize(model, x, _calibration((2, 5, 16)), PER_TOKEN)
+    gm = ep.graph_module
+    scales = [n for n in gm.graph.nodes if n.target == Q.token_scale.default]
+    assert _count(gm, Q.quantize_per_token.default) == 2
+    assert [n.args[0].op for n in scales] == ["placeholder", "call_function"]   # x, then relu(h)
+    projections = [n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default][:3]
+    assert len({p.args[0] for p in projections}) == 1
+    ref = qlower.compile(ep, x, backend="reference")
+    ort = qlower.compile(ep, x, backend="onnxruntime")
+    assert ort.report().rewrites["linear -> linear (per-token)"] == 4
+    z = (torch.randn(2, 5, 16) * 3,)
+    assert torch.equal(ort(*z), ref(*z))
+    torch.testing.assert_close(ref(*z), ep.module()(*z), rtol=1e-5, atol=1e-5)
+
+
 def test_static_config_has_no_per_token_ops():
     torch.manual_seed(0)
     ep = qlower.quantize(Mlp().eval(), (torch.randn(3, 32),), _calibration((3, 32)), QuantConfig())
