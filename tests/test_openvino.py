@@ -549,3 +549,15 @@ def test_named_preset_uses_static_activations_on_openvino_explicit_config_respec
     assert config.activations == "static" and "per-token" in note
     explicit = QuantConfig(activations="per-token")
     assert backend.quant_config(explicit, preset=False) == (explicit, None)
+    assert not config.quantize_attention   # canonical numerics: SDPA stays one float op
+
+
+def test_engine_native_preset_quantizes_attention_matmuls():
+    """Engine-native presets decompose SDPA so OpenVINO runs its two matmuls in int8 (the fp32
+    ones were the measured gap to NNCF); an explicit QuantConfig is taken as given."""
+    from qlower.quantize import QuantConfig
+    backend = get_backend("openvino", OvOptions(numerics="openvino"))
+    config, note = backend.quant_config(QuantConfig.from_name("transformer"), preset=True)
+    assert config.quantize_attention and "attention matmuls quantized" in note
+    explicit = QuantConfig()
+    assert backend.quant_config(explicit, preset=False) == (explicit, None)

@@ -9,6 +9,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 from ..capture import capture, check_example_inputs
 from ..errors import QuantizeError
 from ..shapes import dynamic_spec, user_input_values
+from .attention import decompose_attention
 from .calibrate import calibrate
 from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
@@ -58,6 +59,8 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
 def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dynamic_shapes,
                    adjust_observers) -> torch.export.ExportedProgram:
     ep = capture(model, example_inputs, dynamic_shapes)
+    if config.quantize_attention:
+        ep = decompose_attention(ep)
     gm = ep.module()
     state_names = [name for name, _ in gm.named_buffers()]
     with _state_restored(gm, state_names):

@@ -101,6 +101,10 @@ class QuantConfig:
     # Quantize matmuls of two activations (attention's Q @ K^T and P @ V). Off keeps them float:
     # softmax probabilities span many decades that one uint8 scale cannot hold (docs/accuracy.md).
     quantize_activation_matmul: bool = True
+    # Decompose torch's scaled_dot_product_attention into its matmuls before annotation so
+    # that they are quantized too (quantize/attention.py). Off keeps it one float op. Set by the
+    # OpenVINO backend's engine-native mode for named presets, where it closes the gap to NNCF.
+    quantize_attention: bool = False
     # Mixed precision: keep the most sensitive layers float until this accuracy holds
     # (AccuracyTarget, or a number: an SQNR target in dB). None: every supported layer is int8.
     target: AccuracyTarget | None = None

@@ -1,0 +1,46 @@
+"""Attention's matmuls made visible to the quantizer (QuantConfig.quantize_attention).
+
+`torch.nn.functional.scaled_dot_product_attention` is captured as one ATen op, which the
+quantizer leaves float: its two matmuls (Q·Kᵀ, P·V) then run in fp32 on every engine. On
+OpenVINO that is most of the engine-native gap to NNCF (MiniLM-size encoder, seq 128, batch 8,
+per-layer profile: the 12 fp32 attention MatMuls 18.1 ms of 90 ms, NNCF's int8 ones 8.1 ms;
+head dim 32 makes them many small GEMMs, ~6x slower per multiply-add in fp32 than the int8
+linears). This decomposes the op into its math form before annotation, so the quantizer puts
+Q/DQ on q, k, v and the softmax probabilities like on any activation matmul.
+
+BEFORE:  o = aten.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=0, is_causal, scale)
+AFTER:   a = matmul(q * scale, kᵀ) (+ mask, or -inf where a bool/causal mask is False)
+         o = matmul(softmax(a, -1), v)
+(grouped-query attention repeats k, v per head group first.) Float function unchanged up to
+the rounding of a different summation order (tests/test_quantize.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+SDPA = aten.scaled_dot_product_attention.default
+
+
+def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # dropout_p is ignored: quantization runs in eval mode, where callers pass 0
+    if enable_gqa:
+        k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+        v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    a = torch.matmul(q * s, k.transpose(-2, -1))
+    if is_causal:
+        keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        a = a.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        a = a.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else a + attn_mask
+    return torch.matmul(torch.softmax(a, -1), v)
+
+
+def decompose_attention(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The program with every scaled_dot_product_attention in its math form (unchanged if none)."""
+    if not any(n.target is SDPA for n in ep.graph.nodes):
+        return ep
+    return ep.run_decompositions({SDPA: _sdpa_math})
