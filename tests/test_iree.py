@@ -765,3 +765,22 @@ def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch)
     third = qlower.compile(model, x, backend="iree")
     assert {c.cache for c in third.report().compiled} == {"miss"}
     assert torch.equal(first(*x), third(*x))
+
+
+def test_block_ops_iree_lacks_are_decomposed_for_iree_only_and_reported():
+    """Issue 16's block-op rule: the block-op transformer's layer_norm block ops are decomposed
+    for IREE (which has no lowering for them) and the report says so; the model stays one IREE
+    cluster with 0 fallbacks, and onnxruntime keeps them as block ops (decomposition is per
+    backend, not in the shared pipeline)."""
+    entry = ZOO["transformer-blockops"]
+    program = qlower.quantize(entry.model(), entry.inputs(1), entry.calibration(2))
+    iree = qlower.compile(program, entry.inputs(1), backend="iree", profile="fixed")
+    report = iree.report()
+    _one_iree_cluster(iree)
+    assert any(n.startswith("decomposed qlower::layer_norm") and "iree lacks it" in n for n in report.notes)
+    assert not any(op.startswith("qlower::layer_norm") for c in report.compiled for op in c.ops)
+    ort = qlower.compile(program, entry.inputs(1), backend="onnxruntime")
+    assert not any("decomposed" in n for n in ort.report().notes)
+    ref = qlower.compile(program, entry.inputs(1), backend="reference", profile="fixed")
+    x = entry.inputs(1, seed=5)
+    assert torch.equal(iree(*x), ref(*x))
