@@ -298,3 +298,28 @@ def test_int8_linear_on_a_1d_input_compiles_and_runs():
     cm, ref = qlower.compile(ep, (x,), backend="onnxruntime"), qlower.compile(ep, (x,), backend="reference")
     assert not cm.report().fallbacks
     assert torch.equal(cm(x), ref(x)) and cm(x).shape == (4,)
+
+
+def test_model_computing_nan_on_finite_calibration_is_a_typed_error_naming_the_node():
+    """Found by the fuzz run: on a width-1 input, a dilated max-pool window lying entirely in the
+    padding gives -inf and the group_norm after it NaN; the observer's NaN range used to fail
+    inside convert as a raw AssertionError ("min nan should be less than max nan"). Near miss:
+    without dilation every window touches the input and the model quantizes."""
+    class Net(torch.nn.Module):
+        def __init__(self, dilation):
+            super().__init__()
+            self.fc, self.dilation = torch.nn.Linear(4, 1), dilation
+
+        def forward(self, x):
+            h = torch.nn.functional.max_pool2d(self.fc(x), 2, stride=1, padding=1, dilation=self.dilation,
+                                               ceil_mode=True)
+            return torch.nn.functional.group_norm(h, 1)
+
+    x = torch.randn(1, 1, 5, 4)
+    cal = [(torch.randn(1, 1, 5, 4),) for _ in range(2)]
+    bad = Net(dilation=2).eval()
+    assert not torch.isfinite(bad(x)).all()     # the float model itself is non-finite here
+    with pytest.raises(qlower.QuantizeError, match="non-finite value") as info:
+        qlower.quantize(bad, (x,), cal)
+    assert info.value.node and info.value.source and "test_bad_inputs.py" in info.value.source
+    qlower.quantize(Net(dilation=1).eval(), (x,), cal)

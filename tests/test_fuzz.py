@@ -742,3 +742,10 @@ def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
     24 wrong cases of 192 two-conv chains were such convs). The capability now refuses them."""
     _check(Program(in_shape=(1, 2, 7, 5), ops=(Op("conv", (0,), first), Op("conv", (1,), (1, 1, 2, 1, 1, 1, False))),
                    inputs="const", seed=6705), ("openvino",))
+
+
+def test_regression_nan_activation_from_a_pool_window_in_the_padding():
+    """A dilated ceil_mode max-pool on a width-1 tensor has a window entirely in the padding
+    (-inf), the group_norm after it NaN: quantizing raised a raw AssertionError inside convert.
+    Now a QuantizeError naming the values (tests/test_bad_inputs.py has the minimized model)."""
+    _check(Program(in_shape=(1, 1, 5, 4), ops=(Op(kind='matmul_w', srcs=(0,), args=(1,)), Op(kind='group_norm', srcs=(1,), args=(1, False)), Op(kind='maxpool', srcs=(2,), args=(2, 1, 1, 2, True)), Op(kind='group_norm', srcs=(3,), args=(1, False)), Op(kind='matmul_w', srcs=(4,), args=(4,)), Op(kind='mul', srcs=(5, 0), args=())), dynamic=False, weights='tiny', inputs='normal', seed=2, act='uint8', per_channel=False, weight_bits=7, quantize_mul=False))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import warnings
 
 import torch
@@ -107,7 +108,8 @@ def source_of(node: Node) -> str | None:
     if not trace:
         return None
     frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    return frames[-1] if frames else None
+    users = [f for f in frames if f"{os.sep}torch{os.sep}" not in f]   # not torch.nn's own forward
+    return (users or frames)[-1] if frames else None
 
 
 def schema_of(node: Node) -> str:

@@ -11,11 +11,13 @@ import dataclasses
 from collections.abc import Iterable
 
 import torch
+from torch.fx import Node
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..capture import check_example_inputs
 from ..errors import QlowerError, QuantizeError
+from ..fx import schema_name, source_of
 
 _HINT = "calibration must yield input tuples like the example inputs, e.g. [(x1,), (x2,)]"
 
@@ -40,7 +42,34 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
                     raise QuantizeError(f"calibration batch {i} failed in the model: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}", hint=_HINT) from exc
                 bar.advance(task)
+    _check_observed_ranges(observed)
     return total
+
+
+def _check_observed_ranges(observed: torch.nn.Module) -> None:
+    """Finite inputs can still give a non-finite activation (a max-pool window that lies in
+    the padding is -inf; a norm of it is NaN). Its observer then holds a NaN/inf range, which
+    would fail later inside convert as "min nan should be less than max nan" (found by the fuzz
+    run). Name the value instead: the node an observer watches and its source line."""
+    modules = dict(observed.named_modules())
+    for node in observed.graph.nodes:
+        obs = modules.get(node.target) if node.op == "call_module" else None
+        lo, hi = getattr(obs, "min_val", None), getattr(obs, "max_val", None)
+        if not (isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel()):
+            continue
+        # (+inf, -inf) is an observer that saw no element (zero-size tensors): convert uses defaults
+        if not bool((lo.isnan() | hi.isnan() | (lo == float("-inf")) | (hi == float("inf"))).any()):
+            continue
+        # an observer shared by range-preserving ops (max_pool, reshape) watches several values
+        values = [n.args[0] for n in observed.graph.nodes if n.op == "call_module" and modules.get(n.target) is obs
+                  and n.args and isinstance(n.args[0], Node)] or [node]
+        value = values[-1]
+        raise QuantizeError(f"the float model computes a non-finite value at {', '.join(repr(v.name) for v in values)} "
+                            f"(one observed range [{lo.min().item()}, {hi.max().item()}]) on the calibration data",
+                            node=value.name, schema=schema_name(value) if value.op == "call_function" else None,
+                            source=source_of(value),
+                            hint="a NaN or inf activation cannot be quantized: check the model on these inputs "
+                                 "(e.g. a pooling window entirely in the padding gives -inf)")
 
 
 def prepare_calibration(calibration, example_inputs) -> list:
