@@ -749,3 +749,10 @@ def test_regression_nan_activation_from_a_pool_window_in_the_padding():
     (-inf), the group_norm after it NaN: quantizing raised a raw AssertionError inside convert.
     Now a QuantizeError naming the values (tests/test_bad_inputs.py has the minimized model)."""
     _check(Program(in_shape=(1, 1, 5, 4), ops=(Op(kind='matmul_w', srcs=(0,), args=(1,)), Op(kind='group_norm', srcs=(1,), args=(1, False)), Op(kind='maxpool', srcs=(2,), args=(2, 1, 1, 2, True)), Op(kind='group_norm', srcs=(3,), args=(1, False)), Op(kind='matmul_w', srcs=(4,), args=(4,)), Op(kind='mul', srcs=(5, 0), args=())), dynamic=False, weights='tiny', inputs='normal', seed=2, act='uint8', per_channel=False, weight_bits=7, quantize_mul=False))
+
+
+def test_regression_int8_pool_window_in_the_padding_last():
+    """The same -inf activation as above, with the pool as the last op: the int8 reference
+    gave NaN where ONNX Runtime gave a number ("NaN in one output only"). Quantization now
+    refuses the non-finite range up front (a typed QuantizeError, counted as an event)."""
+    _check(Program(in_shape=(1, 4, 6, 6), ops=(Op(kind='ln_block', srcs=(0,), args=()), Op(kind='conv', srcs=(1,), args=(1, 1, 1, 1, 2, 1, False)), Op(kind='linear', srcs=(2,), args=(1, False)), Op(kind='maxpool', srcs=(3,), args=(2, 1, 1, 2, False))), dynamic=False, weights='const', inputs='const', seed=1369, act='int8', per_channel=False, weight_bits=8, quantize_mul=True))
