@@ -113,15 +113,14 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
 _SUPPORTED_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
 
 
-@functools.lru_cache(maxsize=1)
+def _translator():
+    """translate.py, imported on first use (it builds torchlib's registry)."""
+    from . import translate
+    return translate
+
+
 def _torchlib():
-    from .translate import _registry
-    return _registry()
-
-
-def _exporter_decompositions() -> dict:
-    from .translate import exporter_decompositions
-    return exporter_decompositions()
+    return _translator()._registry()
 
 
 def _composite(target) -> bool:
@@ -159,7 +158,7 @@ def translatable(node: Node) -> str | None:
         return gap(node)
     if _torchlib().is_registered(target):
         return _dtypes_ok(node)
-    if not (target in _exporter_decompositions() or _composite(target)):
+    if not (target in _translator().exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"
     missing = _untranslatable_in_decomposition(node)
     if missing is not None:
@@ -205,7 +204,7 @@ def _decomposition_gap(key) -> str | None:
         return [build(x) for x in m]
     try:
         graph = make_fx(lambda *a: target(*a, **{k: build(v) for k, v in kwargs}),
-                        decomposition_table=_exporter_decompositions())(*[build(a) for a in args]).graph
+                        decomposition_table=_translator().exporter_decompositions())(*[build(a) for a in args]).graph
     except Exception:   # no meta kernel, data-dependent decomposition, ...: let the exporter decide
         return None
     # in-place ops (copy_, squeeze_) are functionalized away by export before translation
