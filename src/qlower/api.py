@@ -1,7 +1,6 @@
 """The public face: compile(), quantize(), capture(), export(), load()."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
