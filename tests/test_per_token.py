@@ -24,12 +24,12 @@ def test_scale_is_row_max_over_127_and_one_for_zero_rows():
     assert s[2, 0].item() == torch.tensor(0.5, dtype=torch.float32).div(127).item()
 
 
-def test_quantize_is_symmetric_round_half_even_offset_128():
+def test_quantize_is_round_half_even_offset_128_saturating():
     s = torch.tensor([[1.0]])
-    x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 127.0, -127.0, 200.0, -200.0]])
+    x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 127.0, -127.0, -127.5, -128.0, 200.0, -200.0]])
     q = numerics.quantize_per_token(x, s)
     assert q.dtype == torch.uint8
-    assert (q.to(torch.int32) - 128).tolist() == [[0, 2, 2, 0, -2, 127, -127, 127, -127]]
+    assert (q.to(torch.int32) - 128).tolist() == [[0, 2, 2, 0, -2, 127, -127, -128, -128, 127, -128]]
     # the row maximum always lands on +-127, never on the unused code 0 (-128)
     x = torch.randn(64, 33) * torch.rand(64, 1) * 50
     q = numerics.quantize_per_token(x, numerics.per_token_scale(x))
@@ -44,11 +44,23 @@ def test_dequantize_error_is_at_most_half_a_step_per_row():
     assert (err <= s * 0.5 * (1 + 1e-6)).all()
 
 
-def test_accumulator_scale_is_formed_first_in_fp32():
-    acc = torch.tensor([[3, -7]], dtype=torch.int32)
-    st, sw = torch.tensor([[0.1]]), torch.tensor([0.3, 0.7])
+def test_only_a_subnormal_scale_reaches_minus_128():
+    """The row maximum of a normal row lands on +-127; a subnormal s_t is inexact (here 190
+    units of 2^-149 over 127 rounds to 1 unit), so x / s_t = -190 saturates at -128."""
+    x = torch.full((1, 4), -190 * 2.0 ** -149)
+    s = numerics.per_token_scale(x)
+    assert s.item() == 2.0 ** -149
+    assert (numerics.quantize_per_token(x, s).to(torch.int32) - 128).tolist() == [[-128] * 4]
+
+
+def test_accumulator_is_scaled_per_channel_then_per_token():
+    g = torch.Generator().manual_seed(0)
+    acc = torch.randint(-2 ** 20, 2 ** 20, (64, 32), generator=g, dtype=torch.int32)
+    st, sw = torch.rand(64, 1, generator=g) / 127, torch.rand(32, generator=g) / 127
     y = numerics.dequantize_per_token_accumulator(acc, st, sw)
-    assert torch.equal(y, acc.float() * (st * sw))
+    assert torch.equal(y, (acc.float() * sw) * st)
+    # the order is part of the contract: the other association differs in the last bit
+    assert (y != acc.float() * (st * sw)).sum() > 100
 
 
 # ------------------------------------------------------------------------------ models
@@ -210,6 +222,56 @@ def test_onnxruntime_bit_exact_against_reference(vnni, bits):
     for i in range(6):
         xi = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(i)) * (10.0 ** (i - 3))
         assert torch.equal(ort(xi), ref(xi))
+
+
+def _onnx_ops(cm) -> list[str]:
+    import onnx
+    return [n.op_type for c in cm.report().compiled for n in onnx.load_from_string(c.onnx).graph.node]
+
+
+@pytest.mark.parametrize("bits", [8, 7])
+def test_onnxruntime_form_is_one_quantize_and_one_fused_gemm_per_linear(vnni, bits):
+    """Per activation one blocked QuantizeLinear (no Div/Max over it); per linear one
+    MatMulIntegerToFloat and one Mul by the token scale (no Cast, no [rows, cols] scale product)."""
+    torch.manual_seed(5)
+    model, x = Mlp().eval(), torch.randn(2, 7, 32)
+    ep = qlower.quantize(model, (x,), _calibration((2, 7, 32)), QuantConfig(activations="per-token", weight_bits=bits))
+    ops = _onnx_ops(qlower.compile(ep, (x,), backend="onnxruntime"))
+    assert ops.count("MatMulIntegerToFloat") == 2 and "MatMulInteger" not in ops and "Cast" not in ops, ops
+    assert ops.count("QuantizeLinear") == 2 and "Max" not in ops, ops
+
+
+def _per_token_lowered(bias=False):
+    torch.manual_seed(6)
+    model, x = Mlp(bias=bias).eval(), torch.randn(2, 5, 32)
+    ep = qlower.quantize(model, (x,), _calibration((2, 5, 32)), PER_TOKEN)
+    return qlower.compile(ep, (x,), backend="reference").graph_module, x
+
+
+def test_fuse_per_token_pass_keeps_values_and_is_idempotent():
+    from qlower.backends.onnxruntime.fuse_per_token import FusePerTokenLinear
+    gm, x = _per_token_lowered(bias=True)
+    want = gm(x)
+    assert FusePerTokenLinear().run(gm, PassContext())
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count("qlower_ort.linear_per_token.default") == 2
+    assert "qlower.dequantize_per_token_acc.default" not in targets and "qlower.linear.default" not in targets
+    assert torch.equal(gm(x), want)   # the fused op's kernel is the canonical composition
+    assert not FusePerTokenLinear().run(gm, PassContext())
+
+
+def test_fuse_per_token_pass_near_miss_accumulator_with_a_second_user():
+    from qlower.backends.onnxruntime.fuse_per_token import FusePerTokenLinear
+    gm, x = _per_token_lowered()
+    acc = next(n for n in gm.graph.nodes if n.target is Q.linear.default)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        extra = gm.graph.call_function(torch.ops.aten.sum.default, (acc,))
+    out.args = ((*out.args[0], extra) if isinstance(out.args[0], (tuple, list)) else (out.args[0], extra),)
+    gm.recompile()
+    FusePerTokenLinear().run(gm, PassContext())
+    assert acc in gm.graph.nodes   # still there, still a qlower.linear with both users
+    assert len(acc.users) == 2
 
 
 def test_ort_fusion_with_row_scales_stays_off():

@@ -207,7 +207,8 @@ def clamp_range_for_activation(kind: str, scale: float, zero_point: int, qmin: i
 
 
 # ---------------------------------------------------------------- per-token dynamic quantization
-PER_TOKEN_BOUND = 127       # |RNE(x / s_t)| <= 127: symmetric, like the int8 weights
+PER_TOKEN_BOUND = 127       # s_t = max|x| / 127: the row maximum lands on +-127, like the int8 weights
+PER_TOKEN_QMIN = -128       # uint8 saturation; reached only with a subnormal (inexact) s_t
 PER_TOKEN_ZERO_POINT = 128  # stored as uint8 q + 128: one value of [1, 255] per int8 level
 
 
@@ -221,9 +222,12 @@ def per_token_scale(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_per_token(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """q = clamp(RNE(x / s_t), -127, 127) + 128 as uint8 (scale broadcast along the last dim)."""
+    """q = clamp(RNE(x / s_t), -128, 127) + 128 as uint8 (scale broadcast along the last dim):
+    uint8 saturation, as one standard QuantizeLinear(x, s_t, 128) computes it. With a normal s_t,
+    |x / s_t| <= 127 + a few ulps, so the levels stay symmetric (+-127); only a subnormal s_t
+    (max |x| < 127 * 2^-126), which is inexact, can reach -128 or saturate."""
     r = torch.round(x.to(torch.float32) / scale.to(torch.float32))
-    r = torch.clamp(r, -float(PER_TOKEN_BOUND), float(PER_TOKEN_BOUND))
+    r = torch.clamp(r, float(PER_TOKEN_QMIN), float(PER_TOKEN_BOUND))
     return (r + PER_TOKEN_ZERO_POINT).to(torch.uint8)
 
 
@@ -233,6 +237,7 @@ def dequantize_per_token(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_per_token_accumulator(acc: torch.Tensor, token_scale: torch.Tensor, weight_scale) -> torch.Tensor:
-    """y = fp32(acc) * fp32(s_t * s_w): the accumulator scale is formed first, in fp32, as
-    `accumulator_scale` forms fp32(sx * sw) for static activations."""
-    return acc.to(torch.float32) * (token_scale.to(torch.float32) * _as_f32(weight_scale))
+    """y = fp32(fp32(fp32(acc) * s_w) * s_t): the per-channel weight scale first (what an integer
+    GEMM's float epilogue applies per output column, e.g. ONNX Runtime's MatMulIntegerToFloat),
+    then the per-row token scale. Two fp32 roundings, in this order, on every backend."""
+    return (acc.to(torch.float32) * _as_f32(weight_scale)) * token_scale.to(torch.float32)

@@ -8,11 +8,11 @@ BEFORE:
     y = linear(qlower.dequantize_per_token(q, s), dequantize_per_channel(w_i8, sw, 0, axis=0), b)
 AFTER:
     acc = qlower.linear(q, 128, w_i8, 0[], None)                     # int32, exact
-    y   = qlower.dequantize_per_token_acc(acc, s, sw[]) (+ b)         # fp32(acc) * fp32(s * sw)
+    y   = qlower.dequantize_per_token_acc(acc, s, sw[]) (+ b)         # fp32(fp32(acc) * sw) * s
 (addmm(b, x, DQ(W)) and x @ DQ(W) with a constant W are first rewritten to linear, as LowerQDQ does.)
 Refusals (node left in Q/DQ form, which the reference kernels still run exactly): weight not a
 constant integer tensor, weight quantized along another axis than the output channel, an int32
-accumulator that could overflow (sum |w - zw| * 127 per output channel).
+accumulator that could overflow (sum |w - zw| * 128 per output channel).
 Postconditions: no dequantize_per_token feeds a lowered linear; the float function equals the
 Q/DQ program's up to the rounding of the float GEMM it replaces (tests/test_per_token.py).
 Idempotent: the AFTER form has no dequantize_per_token feeding a linear.
@@ -73,8 +73,9 @@ class LowerPerTokenLinear(Pass):
         out_ch = w_int.shape[0]
         w_zp = torch.tensor(w.qp.zero_point, dtype=torch.int32).expand(out_ch).contiguous()
         bound = (w_int.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, 1)).abs().sum(1).max()
-        if int(bound) * numerics.PER_TOKEN_BOUND > numerics.INT32_MAX:
-            ctx.refuse(self.name, node, f"int32 accumulator could overflow (bound {int(bound) * numerics.PER_TOKEN_BOUND})")
+        worst = int(bound) * -numerics.PER_TOKEN_QMIN   # |q - 128| <= 128
+        if worst > numerics.INT32_MAX:
+            ctx.refuse(self.name, node, f"int32 accumulator could overflow (bound {worst})")
             return False
         w_scale = torch.tensor(w.qp.scale, dtype=torch.float32).expand(out_ch).contiguous()
         bias = arg(node, 2, "bias")

@@ -59,3 +59,15 @@ def matmul_requant(a: torch.Tensor, a_zp: int, b: torch.Tensor, b_zp: int, acc_s
 @matmul_requant.register_fake
 def _(a, a_zp, b, b_zp, acc_scale, out_scale, out_zp, qmin, qmax, dtype, axis):
     return q.matmul(a, a_zp, b, b_zp).to(dtype)
+
+
+@torch.library.custom_op(f"{_NS}::linear_per_token", mutates_args=())
+def linear_per_token(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor, token_scale: torch.Tensor,
+                     w_scale: torch.Tensor) -> torch.Tensor:
+    """A per-token linear's GEMM and accumulator dequantization (no bias: it is added after)."""
+    return q.dequantize_per_token_acc(q.linear(x, x_zp, w, w_zp, None), token_scale, w_scale)
+
+
+@linear_per_token.register_fake
+def _(x, x_zp, w, w_zp, token_scale, w_scale):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)

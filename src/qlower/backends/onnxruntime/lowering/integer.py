@@ -30,7 +30,7 @@ from ....fx import constant_value, full_args
 from ..cpu import has_vnni, s8_weights_exact
 from ..kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
 from . import lowers
-from .onnx_ops import first_output, QGemm, QLinearAdd, QLinearGlobalAveragePool, const, i64, np_dtype, np_of, op, value_of
+from .onnx_ops import first_output, MatMulIntegerToFloat, QGemm, QLinearAdd, QLinearGlobalAveragePool, const, i64, np_dtype, np_of, op, value_of
 from .onnx_ops import contrib_ops_allowed
 
 q = torch.ops.qlower
@@ -316,12 +316,12 @@ def token_scale(x):
 
 @lowers(q.quantize_per_token.default)
 def quantize_per_token(x, scale):
-    """Div, Max, QuantizeLinear(scale 1, zero point 128): RNE(v) + 128 saturated to [0, 255],
-    with v clamped below at -127 first (rounding is monotone and -127 an integer, so clamping
-    before or after rounding agree; the top needs no clamp: 255 - 128 = 127). Three ops where
-    Round/Clip/Add/Cast took four more passes over the activation."""
-    v = op.Max(op.Div(x, scale), const(-float(numerics.PER_TOKEN_BOUND), np.float32))
-    return op.QuantizeLinear(v, const(1.0, np.float32), const(numerics.PER_TOKEN_ZERO_POINT, np.uint8))
+    """One blocked QuantizeLinear (opset 21: a scale per row, block = the whole last dim):
+    saturate_u8(RNE(x / s_t) + 128), a true fp32 division (tests/test_per_token.py checks ties
+    and their neighbours). The zero point must have the scale's (dynamic) shape: Expand of 128.
+    Replaced Div, Max(-127), QuantizeLinear(1, 128): two passes over the activation fewer."""
+    zero_point = op.Expand(const(numerics.PER_TOKEN_ZERO_POINT, np.uint8), op.Shape(scale))
+    return op.QuantizeLinear(x, scale, zero_point, axis=-1, block_size=x.shape[-1])
 
 
 @lowers(q.dequantize_per_token.default)
@@ -330,6 +330,22 @@ def dequantize_per_token(x, scale):
     return op.Mul(op.Cast(centered, to=_FLOAT), scale)
 
 
+def _weight_scale(weight_scale):
+    return const(value_of(weight_scale).reshape(-1), np.float32)
+
+
 @lowers(q.dequantize_per_token_acc.default)
 def dequantize_per_token_acc(acc, scale, weight_scale):
-    return op.Mul(op.Cast(acc, to=_FLOAT), op.Mul(scale, const(value_of(weight_scale).reshape(-1), np.float32)))
+    return op.Mul(op.Mul(op.Cast(acc, to=_FLOAT), _weight_scale(weight_scale)), scale)
+
+
+@lowers(ort.linear_per_token.default)
+def linear_per_token(x, x_zp: int, w, w_zp, token_scale, weight_scale):
+    """MatMulIntegerToFloat (A_scale 1, B_scale s_w: its epilogue computes fp32(acc) * s_w per
+    column) -> Mul(s_t); the standard-op form elsewhere."""
+    if not contrib_ops_allowed():
+        return dequantize_per_token_acc(linear(x, x_zp, w, w_zp, None), token_scale, weight_scale)
+    wn, zn = _weights(w, w_zp, transpose=True)
+    scaled = MatMulIntegerToFloat(x, wn, const(1.0, np.float32), _weight_scale(weight_scale),
+                                  _zero_point(x_zp, x), zn)
+    return op.Mul(scaled, token_scale)
