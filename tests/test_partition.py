@@ -96,3 +96,52 @@ def test_allow_and_deny_lists(monkeypatch):
     assert cap.why_not(next(n for n in g.nodes if short(n) == "sigmoid")) == "aten::sigmoid: refused by predicate"
     monkeypatch.setenv("QLOWER_OP_ALLOWLIST", "aten::sigmoid")
     assert cap.supports(next(n for n in g.nodes if short(n) == "sigmoid"))
+
+
+# ------------------------------------------------------------ in-place writes through a view
+class _RenormedEmbedding(torch.nn.Module):
+    """nn.Embedding(max_norm=) exports as embedding_renorm_(detach(weight), ...) followed by an
+    embedding that reads the weight: ordered only through the aliasing, not by a data edge."""
+    def __init__(self):
+        super().__init__()
+        self.e = torch.nn.Embedding(10, 4, max_norm=1.0)
+
+    def forward(self, i):
+        return self.e(i) * 2
+
+
+def test_reader_after_a_write_through_a_view_sees_the_written_values():
+    import qlower
+    torch.manual_seed(0)
+    model, i = _RenormedEmbedding(), torch.tensor([[1, 2, 3]])
+    twin = _RenormedEmbedding()
+    twin.load_state_dict(model.state_dict())
+    want = twin(i)
+    cm = qlower.compile(model, (i,), backend="onnxruntime")
+    assert torch.equal(cm(i), want)
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert any("a view of" in r and "embedding_renorm_ writes into" in r for r in reasons), reasons
+
+
+def test_mutation_hazards_order_readers_and_pin_written_views():
+    from qlower.fx import mutation_hazards
+    gm = torch.export.export(_RenormedEmbedding(), (torch.tensor([[1, 2]]),)).module()
+    nodes = {n.name: n for n in gm.graph.nodes}
+    hazards = mutation_hazards(gm.graph)
+    assert [n.name for n in hazards.after[nodes["embedding"]]] == ["embedding_renorm_"]
+    assert list(hazards.pinned) == [nodes["detach"]]
+
+
+def test_mutation_hazards_near_miss_views_without_writes():
+    from qlower.fx import mutation_hazards
+
+    class Views(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return x @ self.w.detach().t() + self.w[0]
+    gm = torch.export.export(Views(), (torch.randn(2, 4),)).module()
+    hazards = mutation_hazards(gm.graph)
+    assert not hazards.after and not hazards.pinned

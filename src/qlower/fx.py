@@ -5,6 +5,7 @@ import contextlib
 import copy
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch._guards import detect_fake_mode
@@ -25,14 +26,71 @@ def is_dequantize(node) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
 
 
+def _alias_args(node: Node):
+    """(argument node, written?) for each argument `node` aliases per its schema (Tensor(a) or
+    Tensor(a!)): a view returns an alias of the first kind, an in-place op writes the second."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return
+    for arg, formal in zip(node.args, schema.arguments):
+        if isinstance(arg, Node) and formal.alias_info is not None:
+            yield arg, formal.alias_info.is_write
+
+
+def _aliases_and_writers(node: Node) -> tuple[set[Node], list[Node]]:
+    """The views of `node` (transitively, itself included) and the ops writing into any of them."""
+    aliases, writers, stack = {node}, [], [node]
+    while stack:
+        value = stack.pop()
+        for user in value.users:
+            for arg, written in _alias_args(user):
+                if arg is not value:
+                    continue
+                if written:
+                    writers.append(user)
+                elif user not in aliases:   # the op returns a view of `value`
+                    aliases.add(user)
+                    stack.append(user)
+    return aliases, writers
+
+
 def mutated_in_place(node: Node) -> bool:
-    """Whether some op writes into this value (module state such as a KV cache)."""
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if user.op == "call_function" and schema is not None and schema.is_mutable and user.args \
-                and user.args[0] is node:
-            return True
-    return False
+    """Whether some op writes into this value (module state such as a KV cache), directly or
+    through a view of it (`embedding_renorm_(detach(weight), ...)`, as nn.Embedding(max_norm=)
+    exports: the embedding that reads the weight afterwards must see the written values)."""
+    return bool(_aliases_and_writers(node)[1])
+
+
+@dataclass
+class MutationHazards:
+    """What partitioning must respect about in-place writes that data edges do not carry."""
+    after: dict[Node, list[Node]]   # node -> ops it must follow (write before read, read before write)
+    pinned: dict[Node, str]         # views that an op writes through: they must stay PyTorch views
+
+
+def mutation_hazards(graph) -> MutationHazards:
+    """A node reading a value (or a view of it) after an in-place op wrote it depends on that op,
+    and the op depends on the readers before it; a view written through must stay a view of the
+    value (an engine would compute a copy, and the write would miss the value)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    hazards = MutationHazards({}, {})
+    for root in graph.nodes:
+        if root.op not in ("placeholder", "get_attr"):
+            continue
+        aliases, writers = _aliases_and_writers(root)
+        if not writers:
+            continue
+        for view in aliases - {root}:
+            hazards.pinned[view] = (f"a view of {root.name} that {schema_name(writers[0])} writes into: "
+                                    "stays in PyTorch")
+        readers = {u for a in aliases for u in a.users if u not in aliases}
+        for writer in writers:
+            for reader in readers - {writer}:
+                if order[reader] > order[writer]:
+                    hazards.after.setdefault(reader, []).append(writer)
+                else:
+                    hazards.after.setdefault(writer, []).append(reader)
+    return hazards
 
 
 def mutated_attributes(gm: GraphModule) -> set[str]:

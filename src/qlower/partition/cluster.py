@@ -26,18 +26,20 @@ class Clustering:
 
 
 def cluster_graph(graph: Graph, capability: Capability, min_size: int = 1) -> Clustering:
+    from ..fx import mutation_hazards
+    hazards = mutation_hazards(graph)   # in-place writes order their readers like data edges
     stage: dict[Node, int] = {}
     supported: dict[Node, bool] = {}
     unsupported: dict[str, str] = {}
     for node in graph.nodes:
         if node.op in ("placeholder", "get_attr", "output", "call_module") or _graph_assertion(node):
             continue  # inputs, constants, export's input guards and runtime asserts stay in PyTorch
-        reason = capability.why_not(node)
+        reason = hazards.pinned.get(node) or capability.why_not(node)
         supported[node] = reason is None
         if reason is not None:
             unsupported[node.name] = reason
         s = 0
-        for p in node.all_input_nodes:
+        for p in (*node.all_input_nodes, *hazards.after.get(node, ())):
             if p in supported:
                 s = max(s, stage[p] + (supported[p] != supported[node]))
         stage[node] = s
