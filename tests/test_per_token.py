@@ -185,7 +185,7 @@ def test_pass_leaves_statically_quantized_linear_alone():
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_pass_keeps_the_function(bias):
-    """Lowered (int32 GEMM, fp32(acc) * fp32(s_t * s_w)) vs the Q/DQ program (float GEMM of the
+    """Lowered (int32 GEMM, fp32(fp32(acc) * s_w) * s_t) vs the Q/DQ program (float GEMM of the
     dequantized values): the same products, rounded differently — a few fp32 ulps apart."""
     torch.manual_seed(0)
     x = torch.randn(5, 32)

@@ -15,9 +15,9 @@ Contract (all tensors on CPU):
              reference utilities derive it; y = clamp(((int64(acc) * m + 2^(shift-1)) >> shift) + zy)
 - per-token dynamic quantization (linear inputs, scale computed at run time per row):
   s_t = fp32(max_k |x[t, k]|) / 127 (IEEE fp32 division; s_t = 1 where the row is all zero),
-  q = clamp(RNE(x / s_t), -127, 127) + 128 stored as uint8 with zero point 128 (symmetric
-  values, so no zero-point row sums; uint8 storage so the u8 x s8 GEMM kernels apply),
-  and the int32 accumulator is dequantized as y = fp32(acc) * fp32(s_t * s_w).
+  q = clamp(RNE(x / s_t), -128, 127) + 128 stored as uint8 with zero point 128 (uint8
+  saturation; the row maximum lands on +-127; uint8 storage so the u8 x s8 GEMM kernels apply),
+  and the int32 accumulator is dequantized as y = fp32(fp32(fp32(acc) * s_w) * s_t).
 """
 from __future__ import annotations
 

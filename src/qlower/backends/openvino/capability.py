@@ -215,7 +215,7 @@ def _divides_at_run_time(node: Node) -> str | None:
     """never: run-time scales (per-token quantization)"""
     # Measured on a two-linear per-token model against the reference backend: with these ops in
     # OpenVINO the outputs differed (its graph transformations turn a division by a run-time
-    # value into a multiply by the reciprocal, and regroup fp32(acc) * fp32(s_t * s_w));
+    # value into a multiply by the reciprocal, and regroup the products of the accumulator and the two scales);
     # refusing the three made the same model bit-exact (tests/test_openvino.py).
     return "OpenVINO rewrites division by / multiplication with run-time scales (reciprocal, regrouped " \
            "products): per-token quantization is not exact there"
