@@ -835,3 +835,11 @@ def test_regression_layer_norm_of_constant_rows_on_openvino():
     _check(Program(in_shape=(2, 1, 5), ops=(Op('add_c', (0,)), Op('add', (1, 0)), Op('layer_norm', (2,)),
                                             Op('add', (3, 1)), Op('matmul_w', (4,), (1,)), Op('add', (5, 5))),
                    dynamic=True, weights='const', inputs='const', seed=0, per_channel=False), ("openvino",))
+
+
+def test_regression_two_flattens_of_one_input():
+    """Two flattens of one input: the optimizer folded both shape constants under colliding
+    names and one initializer was lost; ONNX Runtime rejected the cluster, which fell back
+    (found by a 9,840-example randomized run). translate.py registers every folded constant."""
+    _check(Program(in_shape=(1, 1, 7, 3), ops=(Op('flatten', (0,)), Op('flatten', (0,)), Op('add', (2, 1))),
+                   seed=3, per_channel=False))

@@ -116,6 +116,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
         _add_called_functions(model)
         _declare_opset(model)
         onnxscript.optimizer.optimize_ir(model, inline=False)
+    _register_folded_constants(model)
     _outputs_from_nodes(model)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
@@ -207,6 +208,28 @@ def _declare_opset(model) -> None:
     model.opset_imports[""] = OPSET
     for function in model.functions.values():
         function.opset_imports[""] = OPSET
+
+
+def _register_folded_constants(model) -> None:
+    """Constants the optimizer folded and gave colliding names (two `flatten`s of one input:
+    `runtime_0/shape` and `runtime_0/shape_1`) keep only one initializer entry, so the model read
+    an undefined value and ONNX Runtime rejected the cluster (found by fuzzing): every constant a
+    node reads is registered under its own, unique name."""
+    graph = model.graph
+    names = {v.name for v in graph.inputs}
+    for node in graph:
+        for value in node.inputs:
+            if value is None or value.producer() is not None or value.const_value is None:
+                continue
+            if graph.initializers.get(value.name) is value:
+                continue
+            base, k = value.name or "folded", 0
+            while value.name in names or (value.name in graph.initializers
+                                          and graph.initializers[value.name] is not value):
+                k += 1
+                value.name = f"{base}__{k}"
+            graph.register_initializer(value)
+            names.add(value.name)
 
 
 def _outputs_from_nodes(model) -> None:
