@@ -31,7 +31,21 @@ def test_paired_ratios_pair_samples_of_the_same_round():
     ours = StackResult("m", "qlower-onnxruntime", True, median_ms=2.0, samples=[1.0, 2.0, 9.0])
     slow_machine_phase = StackResult("m", "ort-int8-qdq", True, median_ms=4.0, samples=[2.0, 4.0, 18.0])
     qdq = StackResult("m", "qlower-onnxruntime-qdq", True, median_ms=0.1, samples=[0.1, 0.1, 0.1])  # not canonical
-    assert paired_ratios([ours, slow_machine_phase, qdq]) == {"m b1": {"ort-int8-qdq": 0.5}}
+    assert paired_ratios([ours, slow_machine_phase, qdq]) == {"m b1 int8": {"ort-int8-qdq": 0.5}}
+
+
+def test_ratios_compare_like_precision_only():
+    """qlower's fp32 stack beating an int8 peer must not hide that qlower's int8 stack is slower
+    than that peer (the ratio lines reported such a case as a lead before)."""
+    from qlower.bench import StackResult, best_peer_ratios, paired_ratios, ratio_lines
+    int8 = StackResult("m", "qlower-onnxruntime", True, median_ms=3.0, samples=[3.0, 3.0, 3.0])
+    fp32 = StackResult("m", "qlower-onnxruntime-fp32", True, median_ms=1.0, samples=[1.0, 1.0, 1.0])
+    dyn = StackResult("m", "ort-int8-dynamic", True, median_ms=2.0, samples=[2.0, 2.0, 2.0])
+    ort32 = StackResult("m", "ort-fp32", True, median_ms=1.0, samples=[1.0, 1.0, 1.0])
+    rows = [int8, fp32, dyn, ort32]
+    assert best_peer_ratios(rows) == {"m b1 fp32": 1.0, "m b1 int8": 1.5}
+    assert paired_ratios(rows) == {"m b1 fp32": {"ort-fp32": 1.0}, "m b1 int8": {"ort-int8-dynamic": 1.5}}
+    assert "m b1 int8: qlower best / best peer latency = 1.50" in ratio_lines(rows)
 
 
 def test_engine_native_stacks_are_ranked_apart_from_canonical_ones():
@@ -41,9 +55,9 @@ def test_engine_native_stacks_are_ranked_apart_from_canonical_ones():
     ours = StackResult("m", "qlower-onnxruntime", True, median_ms=4.0, samples=[4.0, 4.0, 4.0])
     native = StackResult("m", "qlower-openvino-native", True, median_ms=1.0, samples=[1.0, 1.0, 1.0])
     peer = StackResult("m", "openvino-nncf-int8", True, median_ms=2.0, samples=[2.0, 2.0, 2.0])
-    assert best_peer_ratios([ours, native, peer]) == {"m b1": 2.0}
-    assert best_peer_ratios([ours, native, peer], native=True) == {"m b1": 0.5}
-    assert paired_ratios([ours, native, peer], native=True) == {"m b1": {"openvino-nncf-int8": 0.5}}
+    assert best_peer_ratios([ours, native, peer]) == {"m b1 int8": 2.0}
+    assert best_peer_ratios([ours, native, peer], native=True) == {"m b1 int8": 0.5}
+    assert paired_ratios([ours, native, peer], native=True) == {"m b1 int8": {"openvino-nncf-int8": 0.5}}
 
 
 def test_bench_records_a_failing_stack_instead_of_crashing(tmp_path):

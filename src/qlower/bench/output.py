@@ -34,34 +34,46 @@ def _peer(r: StackResult) -> bool:
     return not r.stack.startswith("qlower-") and r.stack != "eager-fp32"
 
 
+def precision(stack: str) -> str:
+    """'fp32' or 'int8': what a stack computes in. Ratios compare like with like (measured: on
+    the small zoo models qlower's fp32 stack often beats every int8 peer, and a best-of-all-stacks
+    ratio then reported an int8 gap as a lead)."""
+    return "fp32" if stack.endswith("-fp32") else "int8"
+
+
 def _qlower_kind(native: bool):
     return _native if native else _ours
 
 
+def _groups(results: list[StackResult]):
+    """(label, rows) per model, batch and precision: 'hf-llama b1 int8'."""
+    for model, batch, prec in sorted({(r.model, r.batch, precision(r.stack)) for r in results}):
+        yield f"{model} b{batch} {prec}", [r for r in results if (r.model, r.batch) == (model, batch)
+                                           and precision(r.stack) == prec and r.ok and r.median_ms]
+
+
 def best_peer_ratios(results: list[StackResult], native: bool = False) -> dict[str, float]:
-    """Per model/batch: best qlower latency / best non-qlower, non-eager peer latency (<1 is faster).
-    Only qlower stacks that keep the canonical numerics count as qlower's (native=True: only
-    its engine-native stacks)."""
+    """Per model/batch/precision: best qlower latency / best non-qlower, non-eager peer latency of
+    the same precision (<1 is faster). Only qlower stacks that keep the canonical numerics count
+    as qlower's (native=True: only its engine-native stacks)."""
     out = {}
-    for key in sorted({(r.model, r.batch) for r in results}):
-        rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.median_ms]
+    for label, rows in _groups(results):
         ours = [r.median_ms for r in rows if _qlower_kind(native)(r)]
         peers = [r.median_ms for r in rows if _peer(r)]
         if ours and peers:
-            out[f"{key[0]} b{key[1]}"] = min(ours) / min(peers)
+            out[label] = min(ours) / min(peers)
     return out
 
 
 def paired_ratios(results: list[StackResult], native: bool = False) -> dict[str, dict[str, float]]:
-    """Per model/batch: qlower's best canonical (native=True: engine-native) stack against each
-    non-eager peer, as the median
-    over rounds of (qlower's block time / the peer's block time in the same round). Stacks of a
-    round run back to back, so slow phases of a noisy machine hit both sides of each ratio;
-    this is steadier than a ratio of medians (measured: one lstm run 1.62 as a ratio of medians,
-    1.07 paired; reruns 0.85 / 0.98)."""
+    """Per model/batch/precision: qlower's best canonical (native=True: engine-native) stack
+    against each non-eager peer of the same precision, as the median over rounds of (qlower's
+    block time / the peer's block time in the same round). Stacks of a round run back to back,
+    so slow phases of a noisy machine hit both sides of each ratio; this is steadier than a ratio
+    of medians (measured: one lstm run 1.62 as a ratio of medians, 1.07 paired; reruns 0.85 / 0.98)."""
     out: dict[str, dict[str, float]] = {}
-    for key in sorted({(r.model, r.batch) for r in results}):
-        rows = [r for r in results if (r.model, r.batch) == key and r.ok and r.samples]
+    for label, rows in _groups(results):
+        rows = [r for r in rows if r.samples]
         ours = [r for r in rows if _qlower_kind(native)(r)]
         if not ours:
             continue
@@ -69,13 +81,14 @@ def paired_ratios(results: list[StackResult], native: bool = False) -> dict[str,
         peers = {r.stack: statistics.median(a / b for a, b in zip(best.samples, r.samples))
                  for r in rows if _peer(r)}
         if peers:
-            out[f"{key[0]} b{key[1]}"] = peers
+            out[label] = peers
     return out
 
 
 def ratio_lines(results: list[StackResult]) -> list[str]:
     """The ratio summary (terminal and bench.md): qlower's canonical stacks, then its
-    engine-native ones, against the best peer and paired per round against each peer."""
+    engine-native ones, against the best peer of the same precision and paired per round
+    against each such peer."""
     lines = []
     for native, who in ((False, "qlower"), (True, "qlower engine-native")):
         lines += [f"{key}: {who} best / best peer latency = {ratio:.2f}"
