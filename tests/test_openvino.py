@@ -558,6 +558,6 @@ def test_engine_native_preset_quantizes_attention_matmuls():
     from qlower.quantize import QuantConfig
     backend = get_backend("openvino", OvOptions(numerics="openvino"))
     config, note = backend.quant_config(QuantConfig.from_name("transformer"), preset=True)
-    assert config.quantize_attention and "attention matmuls quantized" in note
+    assert config.quantize_attention and config.quantize_activation_matmul and "attention matmuls quantized" in note
     explicit = QuantConfig()
     assert backend.quant_config(explicit, preset=False) == (explicit, None)

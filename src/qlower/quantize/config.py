@@ -136,11 +136,17 @@ class QuantConfig:
                    # SmoothQuant. SmolLM2-135M (docs/accuracy.md): next-token top-1 vs fp32
                    # 0% (int8) -> 68.4% (static) -> 85.9% (per-token); zoo transformers +0.7 to
                    # +3.6 dB over static. Costs 1.15x latency on hf-llama-base (onnxruntime).
+                   # Attention's matmuls stay float, as they do inside torch's SDPA: on the zoo
+                   # transformers with explicit attention (decoder, transformer, bert, vit; batch
+                   # 1, onnxruntime, one thread) float matmuls were 5-7% faster and 0.7-3.6 dB
+                   # more accurate (docs/performance.md, sixth run).
                    "transformer": QuantConfig(observer="histogram", quantize_add=False, activations="per-token",
-                                              requantize_outputs=False, smoothquant=SmoothQuant()),
+                                              requantize_outputs=False, smoothquant=SmoothQuant(),
+                                              quantize_activation_matmul=False),
                    # the static form of the above: faster (no per-row max / division), less accurate
                    "transformer-static": QuantConfig(observer="histogram", quantize_add=False,
-                                                     requantize_outputs=False, smoothquant=SmoothQuant()),
+                                                     requantize_outputs=False, smoothquant=SmoothQuant(),
+                                                     quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
                    "int8-7bit-weights": QuantConfig(weight_bits=7)}
         if name not in presets:

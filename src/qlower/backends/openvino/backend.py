@@ -101,10 +101,11 @@ class OpenVinoBackend:
         if preset and config.activations == "per-token":
             config = dataclasses.replace(config, activations="static")
             notes.append("static activations: OpenVINO does not compute per-token quantization canonically")
-        if preset and self.options.native and config.quantize_activation_matmul and not config.quantize_attention:
+        if preset and self.options.native and not (config.quantize_activation_matmul and config.quantize_attention):
             # measured (MiniLM-size encoder, seq 128, batch 8): fp32 attention matmuls were the
-            # whole gap to NNCF, which runs them in int8 (quantize/attention.py)
-            config = dataclasses.replace(config, quantize_attention=True)
+            # whole gap to NNCF, which runs them in int8 (quantize/attention.py); the canonical
+            # presets keep them float (ONNX Runtime has no fused int8 batched matmul)
+            config = dataclasses.replace(config, quantize_attention=True, quantize_activation_matmul=True)
             notes.append("attention matmuls quantized (OpenVINO runs them in int8)")
         return config, "; ".join(notes) or None
 
