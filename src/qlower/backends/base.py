@@ -22,6 +22,11 @@ class Executable:
     notes: list[str] = field(default_factory=list)   # backend decisions worth a line in the report
     # False when `run` never records autograd history itself (saves the no_grad context per call)
     needs_no_grad: bool = True
+    # Graph inputs (placeholder names) whose finiteness the engine computes on every run, inside
+    # its own kernels; `on_nonfinite(handler)` installs `handler(name, tensor)`, called when one
+    # may hold NaN/inf. The CompiledModule's NaN policy then skips its own check of these inputs.
+    engine_checked_inputs: frozenset[str] = frozenset()
+    on_nonfinite: Callable[[Callable], None] | None = None
 
 
 class Backend(Protocol):
