@@ -15,13 +15,18 @@ Q = torch.ops.qlower
 
 
 # ------------------------------------------------------------------------------ numerics
-def test_scale_is_row_max_over_127_and_one_for_zero_rows():
-    x = torch.tensor([[1.0, -254.0, 3.0], [0.0, 0.0, 0.0], [0.5, 0.25, -0.125]])
+def test_scale_is_row_max_over_127_and_never_zero():
+    tiny = 2.0 ** -149
+    x = torch.tensor([[1.0, -254.0, 3.0], [0.0, 0.0, 0.0], [0.5, 0.25, -0.125], [0.0, 63 * tiny, 0.0],
+                      [0.0, -200 * tiny, 0.0]])
     s = numerics.per_token_scale(x)
-    assert s.shape == (3, 1)
+    assert s.shape == (5, 1)
     assert s[0, 0].item() == 2.0
-    assert s[1, 0].item() == 1.0
+    assert s[1, 0].item() == tiny == s[3, 0].item()         # would be 0: the smallest positive fp32
     assert s[2, 0].item() == torch.tensor(0.5, dtype=torch.float32).div(127).item()
+    assert s[4, 0].item() == 2 * tiny                          # 200/127 units rounds to 2
+    q = numerics.quantize_per_token(x, s).to(torch.int32) - 128
+    assert q[1].tolist() == [0, 0, 0] and q[3].tolist() == [0, 63, 0] and q[4].tolist() == [0, -100, 0]
 
 
 def test_quantize_is_round_half_even_offset_128_saturating():
@@ -231,14 +236,16 @@ def _onnx_ops(cm) -> list[str]:
 
 @pytest.mark.parametrize("bits", [8, 7])
 def test_onnxruntime_form_is_one_quantize_and_one_fused_gemm_per_linear(vnni, bits):
-    """Per activation one blocked QuantizeLinear (no Div/Max over it); per linear one
+    """Per activation the scale in four nodes (Abs, ReduceMax, Div, Max: no Equal/Where guard)
+    and one blocked QuantizeLinear (no Div/Max over the activation); per linear one
     MatMulIntegerToFloat and one Mul by the token scale (no Cast, no [rows, cols] scale product)."""
     torch.manual_seed(5)
     model, x = Mlp().eval(), torch.randn(2, 7, 32)
     ep = qlower.quantize(model, (x,), _calibration((2, 7, 32)), QuantConfig(activations="per-token", weight_bits=bits))
     ops = _onnx_ops(qlower.compile(ep, (x,), backend="onnxruntime"))
     assert ops.count("MatMulIntegerToFloat") == 2 and "MatMulInteger" not in ops and "Cast" not in ops, ops
-    assert ops.count("QuantizeLinear") == 2 and "Max" not in ops, ops
+    assert ops.count("QuantizeLinear") == 2 and ops.count("Div") == ops.count("Max") == 2, ops
+    assert "Where" not in ops and "Equal" not in ops, ops
 
 
 def _per_token_lowered(bias=False):
@@ -387,7 +394,8 @@ def test_onnxruntime_quantize_per_token_on_ties_and_neighbours():
     up, down = torch.nextafter(ties, torch.tensor(1e9)), torch.nextafter(ties, torch.tensor(-1e9))
     rows = [torch.cat([ties, torch.tensor([127.0])]), torch.cat([up, torch.tensor([-127.0])]),
             torch.cat([down, torch.tensor([127.0])]), torch.zeros(255), torch.full((255,), 1e-30),
-            torch.randn(255) * 1e-3]
+            torch.randn(255) * 1e-3, torch.arange(255, dtype=torch.float32) * 2.0 ** -149,
+            torch.full((255,), 60 * 2.0 ** -149)]
     x = torch.stack(rows)
     ort = qlower.compile(_TokenQuantize(), (x,), backend="onnxruntime")
     ref = qlower.compile(_TokenQuantize(), (x,), backend="reference")

@@ -311,7 +311,7 @@ def mean(x, zero_point: int, dims: Sequence[int], keepdim: bool, qmin: int, qmax
 def token_scale(x):
     amax = op.ReduceMax(op.Abs(x), i64([-1]), keepdims=1)
     s = op.Div(amax, const(float(numerics.PER_TOKEN_BOUND), np.float32))
-    return op.Where(op.Equal(s, const(0.0, np.float32)), const(1.0, np.float32), s)
+    return op.Max(s, const(numerics.PER_TOKEN_MIN_SCALE, np.float32))
 
 
 @lowers(q.quantize_per_token.default)
