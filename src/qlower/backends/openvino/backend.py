@@ -32,7 +32,7 @@ from ..clusters import compile_each_cluster, fuse_clusters, install_constant, py
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import legalize
 from .pow2_scales import snap_to_power_of_two
-from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, gemm_precisions, log
+from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
 _COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
 
@@ -179,10 +179,12 @@ class OpenVinoBackend:
             if compiled is None:
                 compiled = _COMPILED[key] = compile_onnx(model_bytes, config)
             info.onnx = model_bytes
+            feed = feed_positions(model_bytes, compiled)
         except Exception as exc:  # translate or compile failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
-            compiled = None
-        setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info))
+            compiled, feed = None, None
+        setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info,
+                                              feed))
         call.args = tuple(inputs.runtime_args)
         return info

@@ -38,6 +38,15 @@ def compile_onnx(model_bytes: bytes, config: dict):
     return c.compile_model(model, "CPU", config)
 
 
+def feed_positions(model_bytes: bytes, compiled) -> list[int] | None:
+    """Per input of the compiled model, the position of the ONNX graph input it came from (the
+    cluster's runtime arguments are in ONNX input order); None when they are all there in order."""
+    import onnx
+    graph_inputs = [i.name for i in onnx.load_from_string(model_bytes).graph.input]
+    feed = [next(graph_inputs.index(n) for n in port.get_names() if n in graph_inputs) for port in compiled.inputs]
+    return None if feed == list(range(len(graph_inputs))) else feed
+
+
 def error_summary(exc: BaseException, limit: int = 300) -> str:
     """The informative part of an OpenVINO exception: its text starts with source locations
     ("Exception from src/inference/src/cpp/core.cpp:105:", "Check 'false' failed at ...")."""
@@ -73,8 +82,12 @@ class OvCluster(torch.nn.Module):
     Called with the cluster's runtime inputs only (constants are bound as in the ORT backend)."""
 
     def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
-                 output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo):
+                 output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo,
+                 feed: list[int] | None = None):
         super().__init__()
+        # runtime argument positions of the compiled model's inputs, in its order; None: all of
+        # them in order (OpenVINO drops ONNX inputs nothing reads, e.g. a KV-cache step's sizes)
+        self.feed = feed
         self.fallback = fallback
         self.constants = constants
         self.arity = arity
@@ -96,7 +109,8 @@ class OvCluster(torch.nn.Module):
         if request is None:
             return self._pytorch(args)
         try:
-            request.infer([_as_numpy(a) for a in args], share_inputs=True)
+            fed = args if self.feed is None else [args[i] for i in self.feed]
+            request.infer([_as_numpy(a) for a in fed], share_inputs=True)
             outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.request = None
