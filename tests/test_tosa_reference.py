@@ -62,6 +62,7 @@ pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip
 from qlower import numerics  # noqa: E402
 from qlower.backends import get_backend  # noqa: E402
 from qlower.backends.iree.runner import IreeCluster  # noqa: E402
+from qlower.backends.iree import IreeOptions  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ops = torch.ops.qlower
@@ -227,7 +228,8 @@ def compile_pair(module, inputs):
     captures models (constants become get_attr nodes)."""
     gm = torch.export.export(module, inputs).module()
     ref_exe = get_backend("reference").compile(copy.deepcopy(gm))
-    exe = get_backend("iree").compile(copy.deepcopy(gm))
+    # pure TOSA: the direct tosa.conv2d form (the default im2col form is linalg, which tosa-opt rejects)
+    exe = get_backend("iree", IreeOptions(conv_im2col=False)).compile(copy.deepcopy(gm))
     bad = [(c.id, c.status, c.reason) for c in exe.clusters if c.backend != "iree" or c.status != "compiled"]
     assert not bad, bad
     return (ref_exe, exe, *_the_cluster(exe))

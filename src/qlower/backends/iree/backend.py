@@ -157,7 +157,7 @@ class IreeBackend:
         try:
             pending.runtime_args = _derive_sizes(sub, runtime_args)
             _check_tensor_outputs(sub)
-            pending.emitted = TosaEmitter(sub).emit() if kind == "tosa" else import_float_cluster(sub)
+            pending.emitted = TosaEmitter(sub, self.options).emit() if kind == "tosa" else import_float_cluster(sub)
         except Exception as exc:
             self._failed(pending, exc)
         return pending

@@ -13,11 +13,17 @@ class IreeOptions:
     by default and its int8 matmul/conv kernels are ~3x faster with it (issue 16 measured 256^3
     i8 matmul 0.99 -> 0.30 ms). im2col turns convs into one matmul each, which data tiling then
     packs; both flags are plain iree-compile options.
+
+    conv_im2col: qlower writes each int8 non-depthwise conv with a kernel > 1x1 (or a stride) as
+    its own im2col (zero-point padding, one gather, one i8 x i8 -> i32 `linalg.matmul`) instead of
+    `tosa.conv2d`, because IREE 3.13's im2col rewrite fails on integer convs and the direct conv
+    is slow (docs/iree.md, "What limits IREE on the int8 CNN"). False emits `tosa.conv2d`.
     """
     target_backend: str = "llvm-cpu"
     target_cpu: str = "host"
     data_tiling: bool = True
     im2col_convs: bool = True
+    conv_im2col: bool = True
     driver: str = "local-sync"            # local-task: IREE's thread pool (see docs/iree.md)
     min_cluster_size: int = 1
     extra_flags: tuple[str, ...] = ()

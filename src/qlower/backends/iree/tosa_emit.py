@@ -143,9 +143,12 @@ class Builder:
 class TosaEmitter:
     """Emits a cluster GraphModule (constants bound as get_attr) as func.func @main."""
 
-    def __init__(self, sub: GraphModule):
+    def __init__(self, sub: GraphModule, options=None):
+        from .options import IreeOptions
         self.sub = sub
+        self.options = options or IreeOptions()
         self.env: dict[Node, Val] = {}
+        self.private_functions = 0
 
     def constant(self, node) -> torch.Tensor | None:
         return constant_value(self.sub, node)
@@ -221,6 +224,16 @@ class TosaEmitter:
                 self.env[node] = self._emit_float(node)
             else:
                 raise NotImplementedError(f"{schema_name(node)} is lowered neither to TOSA nor by the importer")
+
+    def call_text_function(self, text: str, name: str, args: list, result_types: list):
+        """Parse `text` (one `func.func private @name`), move it into the module and call it with
+        `args` (ir.Values); IREE inlines the call. Returns the call's results."""
+        from iree.compiler import ir
+        parsed = ir.Module.parse(text)
+        fn = next(op for op in parsed.body.operations if op.operation.name == "func.func")
+        self.module_ip.insert(fn.operation.detach_from_parent())
+        self.private_functions += 1
+        return self.b.func.CallOp(result_types, name, args).results
 
     def _emit_float(self, node: Node):
         """A float op inside an integer cluster: imported alone (FX importer), lowered to linalg

@@ -381,11 +381,17 @@ def _window(em: TosaEmitter, x: Val, kernel, stride, padding, dilation) -> tuple
 
 @tosa_lowering("qlower::conv2d", check=_conv_check)
 def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
-    """NCHW -> NHWC, tosa.conv2d / depthwise_conv2d (i32 acc), NHWC -> NCHW; IREE cancels the
-    transposes between consecutive convs."""
+    """NCHW -> NHWC, a groups-1 conv as qlower's im2col + i8 matmul (_conv_im2col; with
+    IreeOptions(conv_im2col=False) tosa.conv2d) or tosa.depthwise_conv2d (i32 acc), NHWC -> NCHW;
+    IREE cancels the transposes between consecutive convs."""
     x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
     b, ir = em.b, em.b.ir
     w, wzp = _weight(em, node, w_n, w_zp)
+    if groups == 1 and em.options.conv_im2col:
+        x = b.transpose(em.value(x_n), [0, 2, 3, 1])
+        acc = _conv_im2col(em, x, x_zp - x.offset, w, wzp, _bias(em, bias_n, w.shape[0]), list(stride),
+                           list(padding), list(dilation), dims(node.meta["val"].shape))
+        return b.transpose(acc, [0, 3, 1, 2])
     x, pads = _window(em, b.transpose(em.value(x_n), [0, 2, 3, 1]), w.shape[2:], stride, padding, dilation)
     n, cout, oh, ow = dims(node.meta["val"].shape)
     out_t = b.ttype([n, oh, ow, cout], torch.int32)
@@ -400,6 +406,99 @@ def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
         dw = w.reshape(cin, cout // cin, kh, kw).transpose(2, 3, 0, 1)
         acc = b.tosa.depthwise_conv2d(out_t, x.value, b.const(dw), *common)
     return b.transpose(Val(acc, torch.int32, [n, oh, ow, cout]), [0, 3, 1, 2])
+
+
+def _shape_text(shape) -> str:
+    return "x".join("?" if d == DYN else str(d) for d in shape)
+
+
+def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
+                 dilation, out_nchw) -> Val:
+    """A groups-1 int8 conv as its own im2col, in linalg (a private function `main` calls):
+    x (NHWC, stored i8) padded with its stored zero point (`tensor.pad`), one strided
+    `tensor.extract_slice` [N, OH, OW, C] per kernel tap, `tensor.concat` along channels,
+    collapsed to [N*OH*OW, KH*KW*C], one i8 x i8 -> i32 `linalg.matmul` with the
+    [KH*KW*C, Cout] weight whose accumulator starts at the bias (IREE data-tiles it).
+
+    Zero points: sum((x - zx)(w - zw)) = sum(x w) - zx sum(w) - zw sum(x) + K zx zw over a
+    window of the padded input (every padded element is zx, so each window has K terms).
+    With zw = 0 (symmetric weights) the zx term is a constant per output channel, folded into
+    the bias (int32 arithmetic wraps, so every intermediate may overflow as long as the
+    accumulator fits, which the lowering pass proved); otherwise `linalg.quantized_matmul`
+    takes both zero points. A 1x1 kernel with stride 1 needs no slices.
+
+    Why not tosa.conv2d: IREE 3.13's own im2col rewrite fails on it, and the direct conv runs
+    at a fraction of the int8 matmul path's speed (docs/iree.md)."""
+    b = em.b
+    cout, cin, kh, kw = w.shape
+    n, h, wd, c = x.shape
+    _, _, oh, ow = out_nchw
+    k = kh * kw * cin
+    wmat = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(k, cout)   # OIHW -> [KH*KW*C, O]
+    if wzp == 0:
+        # bias - zx * colsum(w), wrapped to int32 like the device arithmetic
+        folded = bias.astype(np.int64) - xzp * wmat.astype(np.int64).sum(axis=0)
+        bias = ((folded + 2**31) % 2**32 - 2**31).astype(np.int32)
+    need = [(o - 1) * s + (kk - 1) * d + 1 for o, s, kk, d in zip((oh, ow), stride, (kh, kw), dilation)]
+    low = list(padding)
+    high = [max(0, nd - size - p) for nd, size, p in zip(need, (h, wd), low)]
+    padded = [size + lo + hi for size, lo, hi in zip((h, wd), low, high)]
+    name = f"conv_im2col_{em.private_functions}"
+    xt, m = _shape_text(x.shape), DYN if n == DYN else n * oh * ow
+    lines = [f"func.func private @{name}(%x: tensor<{xt}xi8>, %w: tensor<{k}x{cout}xi8>, "
+             f"%bias: tensor<{cout}xi32>) -> tensor<{_shape_text([n, oh, ow, cout])}xi32> {{"]
+    dyn_n, dyn_m = "", ""
+    if n == DYN:
+        lines += ["  %c0 = arith.constant 0 : index", "  %n = tensor.dim %x, %c0 : tensor<" + xt + "xi8>",
+                  f"  %ohw = arith.constant {oh * ow} : index", "  %m = arith.muli %n, %ohw : index"]
+        dyn_n, dyn_m = "%n", "%m"
+    src, src_t = "%x", xt
+    if any(low) or any(high):
+        src_t = _shape_text([n, *padded, c])
+        lines += [f"  %pv = arith.constant {xzp} : i8",
+                  f"  %xp = tensor.pad %x low[0, {low[0]}, {low[1]}, 0] high[0, {high[0]}, {high[1]}, 0] {{",
+                  "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):", "    tensor.yield %pv : i8",
+                  f"  }} : tensor<{xt}xi8> to tensor<{src_t}xi8>"]
+        src = "%xp"
+    if (kh, kw) != (1, 1) or list(stride) != [1, 1]:
+        (sh, sw), (dh, dw) = stride, dilation
+        # one strided slice per kernel tap, concatenated along channels (a single gathering
+        # linalg.generic fused with the matmul operand packing, but IREE does not vectorize its
+        # (oh * s + kh) reads: the zoo CNN at batch 8 took 1.28 ms that way, 0.74 ms with slices)
+        sl_t = _shape_text([n, oh, ow, c])
+        size_n = "%n" if n == DYN else str(n)
+        names = []
+        for i in range(kh):
+            for j in range(kw):
+                nm = f"%s{i}_{j}"
+                names.append(nm)
+                lines.append(f"  {nm} = tensor.extract_slice {src}[0, {i * dh}, {j * dw}, 0] "
+                             f"[{size_n}, {oh}, {ow}, {c}] [1, {sh}, {sw}, 1] : tensor<{src_t}xi8> to "
+                             f"tensor<{sl_t}xi8>")
+        cat_t = _shape_text([n, oh, ow, k])
+        lines += [f"  %cat = tensor.concat dim(3) " + ", ".join(names) + " : ("
+                  + ", ".join([f"tensor<{sl_t}xi8>"] * len(names)) + f") -> tensor<{cat_t}xi8>",
+                  f"  %a2 = tensor.collapse_shape %cat [[0, 1, 2], [3]] : tensor<{cat_t}xi8> into "
+                  f"tensor<{_shape_text([m, k])}xi8>"]
+    else:
+        lines += [f"  %a2 = tensor.collapse_shape {src} [[0, 1, 2], [3]] : tensor<{src_t}xi8> into "
+                  f"tensor<{_shape_text([m, k])}xi8>"]
+    mt = _shape_text([m, cout])
+    lines += [f"  %e = tensor.empty({dyn_m}) : tensor<{mt}xi32>",
+              f"  %init = linalg.broadcast ins(%bias : tensor<{cout}xi32>) outs(%e : tensor<{mt}xi32>) dimensions = [0]"]
+    if wzp == 0:
+        lines.append(f"  %r = linalg.matmul ins(%a2, %w : tensor<{_shape_text([m, k])}xi8>, tensor<{k}x{cout}xi8>) "
+                     f"outs(%init : tensor<{mt}xi32>) -> tensor<{mt}xi32>")
+    else:
+        lines += [f"  %zx = arith.constant {xzp} : i32", f"  %zw = arith.constant {wzp} : i32",
+                  f"  %r = linalg.quantized_matmul ins(%a2, %w, %zx, %zw : tensor<{_shape_text([m, k])}xi8>, "
+                  f"tensor<{k}x{cout}xi8>, i32, i32) outs(%init : tensor<{mt}xi32>) -> tensor<{mt}xi32>"]
+    out_t = _shape_text([n, oh, ow, cout])
+    lines += [f"  %y = tensor.expand_shape %r [[0, 1, 2], [3]] output_shape [{dyn_n or n}, {oh}, {ow}, {cout}] : "
+              f"tensor<{mt}xi32> into tensor<{out_t}xi32>", f"  return %y : tensor<{out_t}xi32>", "}"]
+    result_t = b.ttype([n, oh, ow, cout], torch.int32)
+    (out,) = em.call_text_function("\n".join(lines), name, [x.value, b.const(wmat), b.const(bias)], [result_t])
+    return Val(out, torch.int32, [n, oh, ow, cout])
 
 
 def _matmul3(em: TosaEmitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
