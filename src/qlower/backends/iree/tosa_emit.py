@@ -33,6 +33,9 @@ class Val:
     dtype: torch.dtype   # the dtype the FX graph gives it
     shape: list[int]
     offset: int = 0
+    # (source, perm) when this value is `tosa.transpose(source, perm)`: a later transpose composes
+    # with it, so NCHW <-> NHWC pairs around convs, requantize and pools cancel at emission
+    transposed_from: tuple | None = field(default=None, repr=False, compare=False)
 
 
 def offset_of(dtype: torch.dtype) -> int:
@@ -123,11 +126,15 @@ class Builder:
         return Val(out, v.dtype, list(size), v.offset)
 
     def transpose(self, v: Val, perm: list[int]) -> Val:
+        perm = list(perm)
+        if v.transposed_from is not None:   # transpose of a transpose: one transpose of the source
+            src, first = v.transposed_from
+            return self.transpose(src, [first[p] for p in perm])
         if perm == list(range(len(perm))):
             return v
         shape = [v.shape[p] for p in perm]
         out = self.tosa.transpose(self.ttype(shape, v.dtype), v.value, perm)
-        return Val(out, v.dtype, shape, v.offset)
+        return Val(out, v.dtype, shape, v.offset, (v, perm))
 
     def ext_i32(self, v: Val) -> Val:
         """i8 -> i32, sign-extending the stored value (offset unchanged)."""
