@@ -14,10 +14,11 @@ class IreeOptions:
     i8 matmul 0.99 -> 0.30 ms). im2col turns convs into one matmul each, which data tiling then
     packs; both flags are plain iree-compile options.
 
-    conv_im2col: qlower writes each int8 non-depthwise conv with a kernel > 1x1 (or a stride) as
-    its own im2col (zero-point padding, one gather, one i8 x i8 -> i32 `linalg.matmul`) instead of
-    `tosa.conv2d`, because IREE 3.13's im2col rewrite fails on integer convs and the direct conv
-    is slow (docs/iree.md, "What limits IREE on the int8 CNN"). False emits `tosa.conv2d`.
+    conv_im2col: qlower writes each int8/uint8 conv with groups 1 (1x1 included; depthwise keeps
+    tosa.depthwise_conv2d) as its own im2col (zero-point padding, strided slices + concat, one
+    i8 x i8 -> i32 `linalg.matmul`) instead of `tosa.conv2d`, because IREE 3.13's im2col rewrite
+    fails on integer convs and the direct conv is slow (docs/iree.md, "What limits IREE on the
+    int8 CNN"). False emits `tosa.conv2d` (pure TOSA, what tests/test_tosa_reference.py runs).
     """
     target_backend: str = "llvm-cpu"
     target_cpu: str = "host"
