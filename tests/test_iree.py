@@ -1,6 +1,5 @@
 """IREE backend: bit-exact against the reference kernels per op and end to end, fallback, float
 clusters through the FX importer. Skipped without the `iree` extra."""
-import copy
 import logging
 import shlex
 import subprocess
@@ -16,6 +15,7 @@ pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip
 
 import qlower  # noqa: E402
 from qlower.backends import get_backend  # noqa: E402
+from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree import IreeBackend, IreeOptions, iree_capability  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
 
@@ -26,7 +26,7 @@ def compile_both(module, *inputs):
     """(reference outputs, IREE outputs, executable) for a module of qlower ops, captured as
     the pipeline captures models (constants become get_attr nodes)."""
     gm = torch.export.export(module, inputs).module()
-    exe = IreeBackend().compile(copy.deepcopy(gm))
+    exe = compile_graph(IreeBackend(), gm)
     with torch.no_grad():
         return gm(*inputs), exe.run(*inputs), exe
 
@@ -539,7 +539,7 @@ def test_dynamic_dims_iree_cannot_lower_are_refused_with_a_reason():
     x = random_q((1, 2, 6, 6), torch.int8)
     ep = torch.export.export(Conv(), (x,), dynamic_shapes={"x": {3: torch.export.Dim("w", min=3, max=32)}})
     gm = ep.module()
-    exe = IreeBackend().compile(copy.deepcopy(gm))
+    exe = compile_graph(IreeBackend(), gm)
     reasons = [c.reason for c in exe.clusters if c.status == "fallback"]
     assert any("height and width of a conv input must be static" in (r or "") for r in reasons), reasons
     x = random_q((1, 2, 6, 9), torch.int8, seed=2)

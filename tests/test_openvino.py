@@ -3,7 +3,6 @@ graphs, exhaustive where the domain is small), quantize with a non-power-of-two 
 under the canonical profile (and declared under the engine-native one), no ONNX Runtime contrib
 op reaches OpenVINO, fp32 zoo models are one cluster within float tolerance, fallbacks work.
 Skipped without the `openvino` extra."""
-import copy
 import sys
 
 import onnx
@@ -14,6 +13,7 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 
 import qlower  # noqa: E402
 from qlower.backends import AUTO_ORDER, get_backend  # noqa: E402
+from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.openvino import OpenVinoBackend, OvOptions, openvino_capability  # noqa: E402
 from qlower.errors import BackendError  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
@@ -30,7 +30,7 @@ def compile_both(module, *inputs, options=None):
     """(reference outputs, openvino outputs, executable) for a module of qlower ops, captured as
     the pipeline captures models (constants become get_attr nodes)."""
     gm = torch.export.export(module, inputs).module()
-    exe = OpenVinoBackend(options).compile(copy.deepcopy(gm))
+    exe = compile_graph(OpenVinoBackend(options), gm)
     with torch.no_grad():
         return gm(*inputs), exe.run(*inputs), exe
 

@@ -43,7 +43,6 @@ tests/test_tosa_reference.py`.
 """
 from __future__ import annotations
 
-import copy
 import fcntl
 import os
 import re
@@ -61,6 +60,7 @@ pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip
 
 from qlower import numerics  # noqa: E402
 from qlower.backends import get_backend  # noqa: E402
+from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree.runner import IreeCluster  # noqa: E402
 from qlower.backends.iree import IreeOptions  # noqa: E402
 
@@ -227,9 +227,9 @@ def compile_pair(module, inputs):
     cluster outputs -> model outputs) for a module of qlower ops, captured as the pipeline
     captures models (constants become get_attr nodes)."""
     gm = torch.export.export(module, inputs).module()
-    ref_exe = get_backend("reference").compile(copy.deepcopy(gm))
+    ref_exe = compile_graph(get_backend("reference"), gm)
     # pure TOSA: the direct tosa.conv2d form (the default im2col form is linalg, which tosa-opt rejects)
-    exe = get_backend("iree", IreeOptions(conv_im2col=False)).compile(copy.deepcopy(gm))
+    exe = compile_graph(get_backend("iree", IreeOptions(conv_im2col=False)), gm)
     bad = [(c.id, c.status, c.reason) for c in exe.clusters if c.backend != "iree" or c.status != "compiled"]
     assert not bad, bad
     return (ref_exe, exe, *_the_cluster(exe))

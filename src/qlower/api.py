@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
-from .backends import auto_backends, default_selector, get_backend, op_counts
+from .backends import EXPORT_FORMATS, auto_backends, default_selector, get_backend, op_counts
+from .backends.base import compile_graph
 from .backends.select import Program, source_digest
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .errors import InputError, QlowerError, QuantizeError
-from .fx import copy_graph_module
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized
@@ -141,7 +141,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     else:
         chosen = get_backend(backend, backend_options)
         program = build(chosen)
-        executable = chosen.compile(copy_graph_module(program.gm))  # backends may restructure their copy
+        executable = compile_graph(chosen, program.gm)
     ep, gm, ctx = program.ep, program.gm, program.ctx
     notes += program.notes
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
@@ -206,19 +206,16 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
             Both need one IREE cluster covering the model (else a BackendError names the
             blocking nodes); an nn.Module / program is compiled (unquantized) for iree first."""
     path = Path(path)
-    if format not in ("pt2", "onnx", "mlir", "vmfb"):
+    if format != "pt2" and format not in EXPORT_FORMATS:
         raise QlowerError(f"export format {format!r} is not available",
-                          hint="use 'pt2', 'onnx', 'mlir' or 'vmfb'")
-    if format in ("onnx", "mlir", "vmfb"):
-        backend = "onnxruntime" if format == "onnx" else "iree"
+                          hint="use one of " + ", ".join(repr(f) for f in ("pt2", *EXPORT_FORMATS)))
+    if format in EXPORT_FORMATS:
+        backend = get_backend(EXPORT_FORMATS[format])
         if not isinstance(model_or_cm, CompiledModule):
             if example_inputs is None:
                 raise QlowerError(f"exporting a model to {format} needs example_inputs")
-            model_or_cm = compile(model_or_cm, example_inputs, backend=backend)
-        if format == "onnx":
-            return _export_onnx(model_or_cm, path)
-        from .backends.iree.export import export_iree
-        return export_iree(model_or_cm, path, format)
+            model_or_cm = compile(model_or_cm, example_inputs, backend=backend.name)
+        return backend.export(model_or_cm, path, format)
     if isinstance(model_or_cm, CompiledModule):
         return model_or_cm.save(path)
     if example_inputs is None and not isinstance(model_or_cm, torch.export.ExportedProgram):
@@ -226,18 +223,3 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
     return save_pt2(capture(model_or_cm, example_inputs), path)
 
 
-def _export_onnx(cm: CompiledModule, path: Path) -> Path:
-    from .errors import BackendError
-    report = cm.report()
-    if report.backend != "onnxruntime":
-        raise BackendError(f"ONNX export needs a model compiled for onnxruntime, not {report.backend!r}",
-                           hint="compile with backend='onnxruntime'")
-    blockers = [f"{next(iter(c.ops))}: {c.reason}" for c in report.clusters if c.status != "compiled"]
-    compiled = [c for c in report.clusters if c.status == "compiled"]
-    if blockers or len(compiled) != 1 or compiled[0].onnx is None or cm._executable.run is cm._executable.module:
-        detail = "; ".join(blockers) or f"{len(compiled)} clusters with PyTorch code between them"
-        raise BackendError(f"the model is not one ONNX graph: {detail}",
-                           hint="`qlower schema` lists every node and why it is not supported")
-    from .runtime.artifact import atomic_write
-    atomic_write(path, lambda tmp: tmp.write_bytes(compiled[0].onnx))   # typed error, never half a file
-    return path

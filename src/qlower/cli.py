@@ -97,19 +97,20 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
 def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program, Q/DQ program or qlower artifact)"),
            out: Path = typer.Argument(..., help="output file"),
            format: str = typer.Option("onnx", help="onnx | mlir | vmfb | pt2"),
-           profile: str = typer.Option("float", help="requantization profile for mlir/vmfb: float | fixed (TOSA)")):
+           profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the reference run it, ONNX Runtime does not)")):
     """Export a saved program as one ONNX file, one IREE module (.mlir as emitted, or compiled
     .vmfb for iree-run-module) or .pt2; says which nodes prevent it otherwise."""
     from .api import compile as qcompile
     from .api import export as qexport
     from .capture import load_pt2
     from .errors import QlowerError
-    backend = {"onnx": "onnxruntime", "mlir": "iree", "vmfb": "iree"}.get(format, "reference")
+    from .backends import EXPORT_FORMATS
+    backend = EXPORT_FORMATS.get(format, "reference")
     try:
         ep = load_pt2(path)
         example = tuple(torch_zeros_like(n.meta["val"]) for n in ep.graph.nodes
                         if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
-        cm = qcompile(ep, example, backend=backend, profile=profile if backend == "iree" else "float")
+        cm = qcompile(ep, example, backend=backend, profile=profile)
         qexport(cm, out, format=format)
     except QlowerError as exc:
         _fail(exc)

@@ -16,6 +16,8 @@ _BACKENDS = {"reference": ReferenceBackend, "onnxruntime": OnnxRuntimeBackend, "
 # quantize(backend="auto")): the first available wins. compile(backend="auto") measures
 # select.AUTO_CANDIDATES instead (docs/architecture.md, "Engine choice").
 AUTO_ORDER = ("onnxruntime", "reference")
+# qlower.export's engine formats -> the backend that writes them (its `export(cm, path, format)`)
+EXPORT_FORMATS = {f: name for name, cls in _BACKENDS.items() for f in getattr(cls, "export_formats", ())}
 _OPTION_TYPES = {"onnxruntime": ("onnxruntime", "OrtOptions"), "iree": ("iree", "IreeOptions"),
                  "openvino": ("openvino", "OvOptions")}
 

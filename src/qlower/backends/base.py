@@ -1,4 +1,7 @@
-"""What a backend is: a name, whether it can run here, and compile(graph) -> executable."""
+"""What a backend is: a name, whether it can run here, its legalization passes and
+compile(graph) -> executable. Every caller compiles through `compile_graph(backend, gm)`, which
+runs the backend's `legalize_passes()` as ordinary passes (PassManager, verified after each)
+on its own copy of the graph, then `backend.compile`."""
 from __future__ import annotations
 
 from collections import Counter
@@ -31,10 +34,14 @@ class Executable:
 
 class Backend(Protocol):
     """Required: name, capability, available(), compile(gm). Optional hooks, found with getattr
-    by `api.compile` (a backend without them gets the defaults):
+    (a backend without them gets the defaults):
       quant_config(config, preset) -> (config, note | None): adapt a named preset to the engine;
       adjust_observers(observed): change calibrated observers before conversion;
-      pipeline(passes) -> passes: adapt the default pass pipeline (never a user's `passes=`)."""
+      pipeline(passes) -> passes: adapt the default pass pipeline (never a user's `passes=`);
+      legalize_passes() -> [Pass]: the backend's own rewrites (block ops it lacks decomposed,
+        fused kernels proven exact, engine workarounds), run by `compile_graph` after the
+        pipeline on the backend's copy of the graph; default none.
+    `compile(gm)` receives the legalized graph and may restructure it (it is the backend's copy)."""
     name: str
     capability: "Capability"   # what it accepts (qlower ops / qlower schema)
 
@@ -43,15 +50,35 @@ class Backend(Protocol):
     def compile(self, gm: GraphModule) -> Executable: ...
 
 
+def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
+    """`backend`'s executable for `gm` (after the pass pipeline; left unchanged): a copy,
+    legalized by the backend's passes, compiled. The legalization's rewrites and refusals lead
+    the executable's report notes."""
+    from ..fx import copy_graph_module
+    own = copy_graph_module(gm)
+    notes = legalize(backend, own)
+    executable = backend.compile(own)
+    executable.notes[:0] = notes
+    return executable
+
+
+def legalize(backend: Backend, gm: GraphModule) -> list[str]:
+    """Run `backend.legalize_passes()` on gm in place; one report line per rewrite kind and
+    per refusal."""
+    from ..passes import PassContext, PassManager
+    passes = getattr(backend, "legalize_passes", lambda: [])()
+    if not passes:
+        return []
+    ctx = PassManager(passes).run(gm, PassContext())
+    return [f"{what} x{n}" for what, n in ctx.rewrites.items()] + [str(r) for r in ctx.refusals]
+
+
 def op_counts(gm: GraphModule) -> dict[str, int]:
     """How many call_function nodes of each op schema the graph holds."""
     return dict(Counter(schema_name(n) for n in gm.graph.nodes if n.op == "call_function"))
 
 
-def decompose_unsupported_block_ops(gm: GraphModule, capability: "Capability") -> list[str]:
-    """Run DecomposeBlockOps for this backend; report lines for what it did and refused."""
-    from ..passes import PassContext, PassManager
+def decompose_unsupported_block_ops(capability: "Capability"):
+    """The legalization pass that decomposes the block ops `capability` does not accept."""
     from ..passes.decompose_block_ops import DecomposeBlockOps
-    ctx = PassManager([DecomposeBlockOps(capability.supports)]).run(gm, PassContext())
-    return [f"{what} x{n} ({capability.backend} lacks it)" for what, n in ctx.rewrites.items()] + \
-        [str(r) for r in ctx.refusals]
+    return DecomposeBlockOps(capability.supports, why=f"{capability.backend} lacks it")

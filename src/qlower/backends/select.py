@@ -37,9 +37,9 @@ import torch
 from torch.fx import GraphModule
 
 from ..errors import BackendError
-from ..fx import copy_graph_module, mutated_attributes, schema_name
+from ..fx import mutated_attributes, schema_name
 from ..report.compile_report import EngineTrial
-from .base import Backend, Executable
+from .base import Backend, Executable, compile_graph
 from .onnxruntime.cache import LRUCache
 
 AUTO_ENV = "QLOWER_AUTO_BACKENDS"
@@ -178,7 +178,7 @@ class EngineSelector:
             why = why_unmeasured or ("the only available candidate" if measured else
                                      "no candidate engine is available")
             program = build(chosen)
-            return Selection(chosen, program, chosen.compile(copy_graph_module(program.gm)), [],
+            return Selection(chosen, program, compile_graph(chosen, program.gm), [],
                              f"{chosen.name}: {why}; not measured")
 
         programs: dict[tuple, Program] = {}
@@ -198,7 +198,7 @@ class EngineSelector:
             chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
             program = program_for(chosen)
             try:
-                executable = chosen.compile(copy_graph_module(program.gm))
+                executable = compile_graph(chosen, program.gm)
                 self._decisions[key] = decision
                 return Selection(chosen, program, executable, [replace(t) for t in decision.trials],
                                  decision.explanation + f" (decided by an earlier measurement of this graph "
@@ -232,7 +232,7 @@ class EngineSelector:
             trials.append(trial)
             start = time.perf_counter()
             try:
-                executable = backend.compile(copy_graph_module(program.gm))
+                executable = compile_graph(backend, program.gm)
             except Exception as exc:
                 trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
                 continue
@@ -278,7 +278,7 @@ class EngineSelector:
             if id(program) in oracles:
                 executable = oracles[id(program)].executable
             else:
-                executable = reference.compile(copy_graph_module(program.gm))
+                executable = compile_graph(reference, program.gm)
             refused = ", ".join(f"{t.backend} {t.status}" for t in trials if t.status != "oracle")
             return Selection(reference, program, executable, trials,
                              f"reference: no candidate was correct and faster than the reference backend ({refused})")
@@ -327,7 +327,7 @@ class EngineSelector:
         whether candidates must match them bit for bit; it is timed later, if needed."""
         exact = is_quantized_program(program) and not float_compute_ops(program.gm)
         start = time.perf_counter()
-        executable = reference.compile(copy_graph_module(program.gm))
+        executable = compile_graph(reference, program.gm)
         trial = EngineTrial(reference.name, "oracle", compile_s=time.perf_counter() - start, program=label,
                             reason="candidates must match its outputs and be faster")
         state = _State(executable, program.gm)

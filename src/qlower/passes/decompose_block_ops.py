@@ -1,6 +1,7 @@
 """DecomposeBlockOps: replace the block ops a backend cannot run by their ATen decomposition.
 
-Runs inside a backend's compile (on its own copy of the graph), not in the default pipeline:
+A backend's legalization pass (its `legalize_passes()`, run by backends/base.py `compile_graph`
+on the backend's own copy of the graph), not in the default pipeline:
 block ops stay single nodes everywhere else, and only a backend that lacks one pays for the
 pieces. `supported(node)` is the backend's capability test.
 
@@ -66,8 +67,9 @@ def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
 class DecomposeBlockOps(Pass):
     name = "decompose_block_ops"
 
-    def __init__(self, supported: Callable[[Node], bool]):
+    def __init__(self, supported: Callable[[Node], bool], why: str = ""):
         self.supported = supported
+        self.why = f" ({why})" if why else ""   # the report line's reason, e.g. "(iree lacks it)"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
@@ -80,7 +82,7 @@ class DecomposeBlockOps(Pass):
             result = _inline(gm, node, _trace(node))
             node.replace_all_uses_with(result)
             gm.graph.erase_node(node)
-            ctx.rewrites[f"decomposed {node.target.name()}"] += 1
+            ctx.rewrites[f"decomposed {node.target.name()}{self.why}"] += 1
             changed = True
         if changed:
             gm.graph.eliminate_dead_code()

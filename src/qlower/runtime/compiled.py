@@ -15,7 +15,7 @@ from torch.fx import GraphModule
 
 from .. import __version__
 from ..errors import ArtifactError, InputError, NonFiniteInputError, NonFiniteInputWarning
-from ..fx import copy_graph_module, mutated_attributes
+from ..fx import mutated_attributes
 from ..report import CompileReport
 from .artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from .input_spec import InputSpec, check_inputs
@@ -212,10 +212,11 @@ def load(path: str | Path) -> CompiledModule:
     (with its saved backend options). The file is checked before anything in it is deserialized
     and nothing in it is unpickled or executed (runtime/artifact.py, docs/trust.md)."""
     from ..backends import get_backend
+    from ..backends.base import compile_graph
     ep, extras, _ = read_pt2(path, require_manifest=True)
     report, specs, shapes, options, nan_policy = _parse_meta(extras.get(_META_NAME), path)
     gm = _restore_default_args(ep.module())
-    executable = get_backend(report.backend, options).compile(copy_graph_module(gm))
+    executable = compile_graph(get_backend(report.backend, options), gm)
     examples = tuple(torch.zeros(shape, dtype=s.torch_dtype) for shape, s in zip(shapes, specs))
     return CompiledModule(gm, executable, specs, report, examples, _dynamic_shapes_from(specs),
                           backend_options=options, nan_policy=nan_policy)

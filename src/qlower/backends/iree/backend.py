@@ -28,7 +28,7 @@ from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster
-from ..pool_geometry import drop_noop_ceil_mode
+from .drop_noop_ceil_mode import DropNoopCeilMode
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .lowerings import SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, symbolic_size
@@ -68,6 +68,7 @@ def iree_capability() -> Capability:
 
 class IreeBackend:
     name = "iree"
+    export_formats = ("mlir", "vmfb")   # qlower.export: the one cluster's module (export.py)
 
     def __init__(self, options: IreeOptions | None = None):
         self.options = options or IreeOptions()
@@ -91,10 +92,18 @@ class IreeBackend:
             return False
         return True
 
+    @staticmethod
+    def export(cm, path, format: str):
+        from .export import export_iree
+        return export_iree(cm, path, format)
+
+    def legalize_passes(self) -> list:
+        """Block ops IREE's capability lacks, decomposed; pools whose ceil_mode changes nothing
+        written without it (torch-mlir mis-sizes them)."""
+        return [decompose_unsupported_block_ops(self.capability), DropNoopCeilMode()]
+
     def compile(self, gm: GraphModule) -> Executable:
-        notes = decompose_unsupported_block_ops(gm, self.capability)
-        if drop_noop_ceil_mode(gm):
-            notes.append("iree: ceil_mode=False on pools where it changes nothing (torch-mlir mis-sizes them)")
+        notes = []
         fused, kinds = self._fuse(gm)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]

@@ -290,15 +290,9 @@ def _session_with_sums(model_bytes: bytes, opts: OrtOptions, key: str, checks: d
     return _session(model_bytes, opts, key)
 
 
-def _legalize(gm: GraphModule) -> list[str]:
-    """The backend's legalization passes (fused kernels where they are proven exact)."""
-    from ...passes import PassContext, PassManager
-    ctx = PassManager([ExplicitReductionDims(), FuseRequantize(), FusePerTokenLinear()]).run(gm, PassContext())
-    return [f"{what} x{n}" for what, n in ctx.rewrites.items()]
-
-
 class OnnxRuntimeBackend:
     name = "onnxruntime"
+    export_formats = ("onnx",)   # qlower.export(cm, path, "onnx"): the one cluster's model
 
     def __init__(self, options: OrtOptions | None = None):
         self.options = options or OrtOptions()
@@ -319,6 +313,17 @@ class OnnxRuntimeBackend:
         """Quantizing for this backend: add output scales snapped to proven-exact QLinearAdd."""
         snap_add_scales(observed)
 
+    @staticmethod
+    def export(cm, path, format: str):
+        from .export import export_onnx
+        return export_onnx(cm, path)
+
+    def legalize_passes(self) -> list:
+        """Block ops ONNX Runtime lacks decomposed, torchlib's reduction gaps spelled out, and
+        fused kernels where they are proven exact."""
+        return [decompose_unsupported_block_ops(self.capability), ExplicitReductionDims(), FuseRequantize(),
+                FusePerTokenLinear()]
+
     def available(self) -> bool:
         try:
             import onnxruntime  # noqa: F401
@@ -328,8 +333,6 @@ class OnnxRuntimeBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         check_finite = _maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
-        notes = decompose_unsupported_block_ops(gm, self.capability)
-        notes += _legalize(gm)
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
         fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
         compile_one = functools.partial(self._compile_cluster, check_finite=check_finite)
@@ -343,7 +346,7 @@ class OnnxRuntimeBackend:
         def on_nonfinite(handler) -> None:
             for cluster in clusters:
                 cluster.on_nonfinite = handler
-        return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
+        return Executable(run=direct or fused, clusters=infos, module=fused,
                           needs_no_grad=direct is None,
                           engine_checked_inputs=frozenset(n for c in clusters for n in c.finite_checks.values()),
                           on_nonfinite=on_nonfinite)

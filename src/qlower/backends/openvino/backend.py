@@ -123,6 +123,10 @@ class OpenVinoBackend:
         if self.options.numerics == "canonical":
             snap_to_power_of_two(observed)
 
+    def legalize_passes(self) -> list:
+        """Block ops the CPU plugin lacks, decomposed (its ONNX-level rewrites are legalize.py's)."""
+        return [decompose_unsupported_block_ops(self.capability)]
+
     def available(self) -> bool:
         try:
             import openvino  # noqa: F401
@@ -133,7 +137,7 @@ class OpenVinoBackend:
     def compile(self, gm: GraphModule) -> Executable:
         from .runner import core
         core()   # BackendError with the install hint when openvino is missing
-        notes = decompose_unsupported_block_ops(gm, self.capability)
+        notes = []
         fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
         infos = compile_each_cluster(fused, self._compile_cluster)
         fused.graph.eliminate_dead_code()

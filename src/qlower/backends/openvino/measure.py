@@ -2,12 +2,12 @@
 log-uniform scales and zero points, u8 and s8; add/mul on all 65,536 pairs). The table in
 docs/openvino.md comes from `python -m qlower.backends.openvino.measure 12` (about 8 minutes on
 2 cores); `... measure 3 add,quantize` runs a subset."""
-import copy
 import sys
 import warnings
 
 import torch
 
+from qlower.backends.base import compile_graph
 from qlower.backends.openvino import OpenVinoBackend, OvOptions
 
 warnings.filterwarnings("ignore")
@@ -17,7 +17,7 @@ NATIVE = OpenVinoBackend(OvOptions(numerics='openvino'))
 
 def run(module, *inputs, be=None):
     gm = torch.export.export(module, inputs).module()
-    exe = (be or BE).compile(copy.deepcopy(gm))
+    exe = compile_graph(be or BE, gm)
     with torch.no_grad():
         ref, got = gm(*inputs), exe.run(*inputs)
     st = [(c.backend, c.status, c.reason) for c in exe.clusters if c.status != "compiled" or c.backend != "openvino"]
