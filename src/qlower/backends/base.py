@@ -73,6 +73,27 @@ def legalize(backend: Backend, gm: GraphModule) -> list[str]:
     return [f"{what} x{n}" for what, n in ctx.rewrites.items()] + [str(r) for r in ctx.refusals]
 
 
+def whole_model_cluster_info(cm, backend: str, artifact: str) -> ClusterInfo:
+    """The one compiled cluster of `cm` when it is the whole model (the executable calls it
+    directly, with the model's inputs and outputs), for exporting it as one `artifact` ("ONNX
+    graph", "IREE module"); otherwise a BackendError naming what prevents it: another backend,
+    nodes left in PyTorch (with their reasons), several clusters, PyTorch code around one."""
+    from ..errors import BackendError
+    report = cm.report()
+    if report.backend != backend:
+        raise BackendError(f"{artifact} export needs a model compiled for {backend}, not {report.backend!r}",
+                           hint=f"compile with backend={backend!r}")
+    blockers = [f"{next(iter(c.ops), '?')}: {c.reason}" for c in report.clusters if c.status != "compiled"]
+    compiled = [c for c in report.clusters if c.status == "compiled"]
+    whole = cm._executable.run is not cm._executable.module   # a direct runner: one cluster is the model
+    if blockers or len(compiled) != 1 or not whole:
+        detail = "; ".join(blockers) or (f"{len(compiled)} {backend} clusters" if len(compiled) != 1 else
+                                         "the cluster's inputs/outputs are not the model's (PyTorch code around it)")
+        raise BackendError(f"the model is not one {artifact}: {detail}",
+                           hint=f"`qlower schema --backend {backend}` lists every node and why it is not supported")
+    return compiled[0]
+
+
 def op_counts(gm: GraphModule) -> dict[str, int]:
     """How many call_function nodes of each op schema the graph holds."""
     return dict(Counter(schema_name(n) for n in gm.graph.nodes if n.op == "call_function"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import BackendError
+from ..base import whole_model_cluster_info
 from .runner import IreeCluster
 
 ENTRY = "main"
@@ -24,18 +25,10 @@ _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
 def whole_model_cluster(cm) -> IreeCluster:
     """The IREE cluster that is the whole compiled model, or a BackendError naming what
     prevents it (the nodes left in PyTorch, with their reasons)."""
-    report = cm.report()
-    if report.backend != "iree":
-        raise BackendError(f"MLIR/vmfb export needs a model compiled for iree, not {report.backend!r}",
-                           hint="compile with backend='iree'")
-    blockers = [f"{next(iter(c.ops), '?')}: {c.reason}" for c in report.clusters if c.status != "compiled"]
-    compiled = [c for c in report.clusters if c.status == "compiled"]
+    whole_model_cluster_info(cm, "iree", "IREE module")
     clusters = [m for m in cm._executable.module.modules() if isinstance(m, IreeCluster)]
-    whole = cm._executable.run is not cm._executable.module   # the direct runner: one cluster is the model
-    if blockers or len(compiled) != 1 or len(clusters) != 1 or not whole or clusters[0].vmfb is None:
-        detail = "; ".join(blockers) or (f"{len(compiled)} IREE clusters" if len(compiled) != 1 else
-                                         "the cluster's inputs/outputs are not the model's (PyTorch code around it)")
-        raise BackendError(f"the model is not one IREE module: {detail}",
+    if len(clusters) != 1 or clusters[0].vmfb is None:
+        raise BackendError(f"the model is not one IREE module: {len(clusters)} compiled IREE modules",
                            hint="`qlower schema --backend iree` lists every node and why it is not supported")
     return clusters[0]
 
