@@ -843,3 +843,14 @@ def test_regression_two_flattens_of_one_input():
     (found by a 9,840-example randomized run). translate.py registers every folded constant."""
     _check(Program(in_shape=(1, 1, 7, 3), ops=(Op('flatten', (0,)), Op('flatten', (0,)), Op('add', (2, 1))),
                    seed=3, per_channel=False))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_pool_window_larger_than_input():
+    """avg_pool2d(kernel 3, stride 2, ceil_mode=True) on a 2-high input: PyTorch pools the
+    oversized window into one output, OpenVINO's shape inference rejected the model ("Check
+    'cmp::le(kernel, dim.get_length())' failed") after the capability had accepted it; found by
+    a 20,000-example openvino fuzz run (seventh session). The capability now refuses pools whose
+    window exceeds the padded input (backends/pool_geometry.py); they run in PyTorch."""
+    _check(Program(in_shape=(2, 1, 2, 4), ops=(Op("avgpool", (0,), (3, 2, 0, True, True, None)),), dynamic=True),
+           ("openvino",))

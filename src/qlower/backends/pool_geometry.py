@@ -60,6 +60,13 @@ def _any_spatial_dim(node: Node, differs) -> bool | None:
     return any(differs(*_windows(n, *kspd)) for n, *kspd in zip(sizes, *geometry))
 
 
+def window_exceeds_input(node: Node) -> bool | None:
+    """Whether a (dilated) pooling window is larger than the padded input in some spatial dim
+    (window_span < 0; PyTorch's ceil mode still makes one window of it). None: a dynamic
+    spatial dim, unknown."""
+    return _any_spatial_dim(node, lambda floor, onnx_ceil, torch_ceil: floor < 1)
+
+
 def ceil_mode_is_noop(node: Node) -> bool | None:
     """Whether a ceil_mode=True pool has the same output size as with ceil_mode=False (None:
     unknown, a dynamic spatial dim)."""

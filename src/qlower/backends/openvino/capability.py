@@ -26,7 +26,7 @@ from torch.fx import Node
 from ...fx import constant_value, full_args, schema_name
 from ...partition import Capability
 from ..onnxruntime.capability import onnxruntime_capability
-from ..pool_geometry import POOLS, ceil_mode, ceil_mode_drops_a_window
+from ..pool_geometry import POOLS, ceil_mode, ceil_mode_drops_a_window, window_exceeds_input
 
 NUMERICS = ("canonical", "openvino")
 NATIVE_DEVIATION = ("the Q/DQ program runs on OpenVINO's int8 kernels with OpenVINO's own requantization "
@@ -141,6 +141,16 @@ def _pytorch_ceil_rule(node: Node) -> str | None:
     return "OpenVINO keeps the last ceil_mode window that PyTorch drops (it starts in the padding)" if drops else None
 
 
+def _window_fits(node: Node) -> str | None:
+    """a pooling window no larger than the padded input
+
+    PyTorch's ceil mode pools a window larger than the padded input into one output (n 2,
+    kernel 3, stride 2, ceil_mode); OpenVINO's shape inference rejects the whole model
+    ("Check 'cmp::le(kernel, dim.get_length())' failed"). Found by the openvino fuzz run."""
+    return "a pooling window larger than the padded input (OpenVINO's shape inference rejects it)" \
+        if window_exceeds_input(node) else None
+
+
 _GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}   # schema -> [.., K, N]-ish operand
 
 
@@ -204,6 +214,7 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     refine(_CONVS, _no_strided_padded_pointwise)
     refine(_GEMM_WEIGHT, _not_one_by_one)
     refine(POOLS, _pytorch_ceil_rule)
+    refine(POOLS, _window_fits)
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
