@@ -14,7 +14,10 @@ def test_demo_prints_table_for_a_model():
     result = runner.invoke(app, ["demo", "--models", "cnn", "--runs", "1"])
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "cnn" in line)
-    assert "onnxruntime" in row and "10/10" in row
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    # backend "auto" keeps the fastest correct engine, measured: which one wins depends on the
+    # machine and its load (iree won once on a loaded CI run), so any engine, one cluster, no fallback
+    assert cells[1] in ("onnxruntime", "openvino", "iree") and cells[2:5] == ["1", "0", "10/10"], cells
     sqnr = float(re.findall(r"│\s+([\d.]+)\s+│\s+0\.99", row)[0])
     assert sqnr > 25
 
