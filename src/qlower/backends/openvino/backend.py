@@ -104,9 +104,12 @@ class OpenVinoBackend:
         if preset and self.options.native and not (config.quantize_activation_matmul and config.quantize_attention):
             # measured (MiniLM-size encoder, seq 128, batch 8): fp32 attention matmuls were the
             # whole gap to NNCF, which runs them in int8 (quantize/attention.py); the canonical
-            # presets keep them float (ONNX Runtime has no fused int8 batched matmul)
+            # presets keep them float (ONNX Runtime has no fused int8 batched matmul). How the
+            # plugin then runs them is its choice: on the BERT-size encoders it fuses the
+            # quantized attention into an f32 MHA snippet (per-layer profile, docs/performance.md),
+            # so the note does not claim int8.
             config = dataclasses.replace(config, quantize_attention=True, quantize_activation_matmul=True)
-            notes.append("attention matmuls quantized (OpenVINO runs them in int8)")
+            notes.append("attention matmuls quantized for OpenVINO (Q/DQ on q, k, v and the softmax output)")
         return config, "; ".join(notes) or None
 
     def pipeline(self, passes: list) -> list:
