@@ -785,3 +785,69 @@ def test_block_ops_iree_lacks_are_decomposed_for_iree_only_and_reported():
     ref = qlower.compile(program, entry.inputs(1), backend="reference", profile="fixed")
     x = entry.inputs(1, seed=5)
     assert torch.equal(iree(*x), ref(*x))
+
+
+class _SdpaBlock(torch.nn.Module):
+    """Linear q/k/v projections, torch's fused attention, an output projection."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def test_int8_attention_is_decomposed_and_compiles_on_iree():
+    """SDPA among integer ops was imported as tm_tensor.attention, which IREE 3.13 does not
+    legalize there: the whole int8 cluster fell back. Now a legalization pass writes it as
+    matmul / softmax / matmul for quantized programs (a cluster IREE then fails to data-tile is
+    compiled once more without data tiling); the float program keeps the fused op."""
+    torch.manual_seed(0)
+    model, x = _SdpaBlock().eval(), torch.randn(2, 8, 32)
+    ep = qlower.quantize(model, (x,), [(torch.randn(2, 8, 32),) for _ in range(4)], config="int8", backend="iree")
+    ref = qlower.compile(ep, (x,), backend="reference", profile="fixed")
+    got = qlower.compile(ep, (x,), backend="iree", profile="fixed")
+    report = got.report()
+    assert report.fallbacks == [] and {c.backend for c in report.compiled} == {"iree"}, str(report)
+    assert any(n.startswith("decomposed aten::scaled_dot_product_attention") for n in report.notes), report.notes
+    x2 = torch.randn(2, 8, 32)
+    torch.testing.assert_close(got(x2), ref(x2))   # softmax runs on IREE's float kernels
+    fp32 = qlower.compile(model, (x,), backend="iree")
+    assert fp32.report().fallbacks == []
+    assert not any("scaled_dot_product_attention" in n for n in fp32.report().notes)
+    with torch.no_grad():
+        torch.testing.assert_close(fp32(x2), model(x2), rtol=1e-5, atol=1e-5)
+
+
+def test_data_tiling_failure_is_retried_without_it_and_other_failures_are_not(monkeypatch):
+    """IREE 3.13 fails to data-tile f32 batched matmuls among int8 ones (zoo hf-bert's
+    attention: "'iree_codegen.load_from_buffer' op buffer and tensor shapes must be
+    compatible"); such a cluster is compiled once more without data tiling, and the report says
+    so. Any other compile error is not retried: the cluster falls back with its reason."""
+    import qlower.backends.iree.backend as iree_backend
+    real = iree_backend.compile_mlir
+    calls = []
+
+    def flaky(asm, input_type, options, message="error: 'iree_codegen.load_from_buffer' op buffer and tensor shapes"):
+        calls.append(options.data_tiling)
+        if options.data_tiling:
+            raise RuntimeError(message)
+        return real(asm, input_type, options)
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval(), torch.randn(4, 16)
+    ep = qlower.quantize(model, (x,), [(torch.randn(4, 16),)], config="int8", backend="iree")
+    ref = qlower.compile(ep, (x,), backend="reference", profile="fixed")
+    monkeypatch.setattr(iree_backend, "compile_mlir", flaky)
+    got = qlower.compile(ep, (x,), backend="iree", profile="fixed")
+    assert calls == [True, False] and got.report().fallbacks == []
+    assert any("compiled without data tiling" in n for n in got.report().notes), got.report().notes
+    assert_equal(ref(x), got(x))
+    monkeypatch.setattr(iree_backend, "compile_mlir", lambda a, i, o: flaky(a, i, o, "error: something else"))
+    calls.clear()
+    other = qlower.compile(ep, (x,), backend="iree", profile="fixed")
+    assert calls == [True] and "something else" in other.report().fallbacks[0].reason

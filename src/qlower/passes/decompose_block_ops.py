@@ -33,16 +33,16 @@ def _static(val) -> bool:
     return not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape)
 
 
-def _trace(node: Node) -> GraphModule:
-    """The decomposition as an ATen graph whose placeholders are node's tensor arguments."""
-    decomposition = DECOMPOSITIONS[node.target]
+def _trace(node: Node, decomposition: Callable) -> GraphModule:
+    """The decomposition as an ATen graph whose placeholders are node's tensor arguments
+    (non-tensor keyword arguments are passed as they are)."""
     tensor_positions = [i for i, a in enumerate(node.args) if isinstance(a, Node)]
 
     def bound(*tensors):
         args = list(node.args)
         for i, t in zip(tensor_positions, tensors):
             args[i] = t
-        return decomposition(*args)
+        return decomposition(*args, **node.kwargs)
     return make_fx(bound)(*[_example_like(node.args[i].meta["val"]) for i in tensor_positions])
 
 
@@ -67,19 +67,24 @@ def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
 class DecomposeBlockOps(Pass):
     name = "decompose_block_ops"
 
-    def __init__(self, supported: Callable[[Node], bool], why: str = ""):
+    def __init__(self, supported: Callable[[Node], bool], why: str = "", table: dict | None = None):
         self.supported = supported
         self.why = f" ({why})" if why else ""   # the report line's reason, e.g. "(iree lacks it)"
+        # op -> decomposition: the block ops' own by default; a backend may pass ATen ops it lacks
+        self.table = DECOMPOSITIONS if table is None else table
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in DECOMPOSITIONS or self.supported(node):
+            if node.op != "call_function" or node.target not in self.table or self.supported(node):
                 continue
             if not all(_static(a.meta.get("val")) for a in node.all_input_nodes):
                 ctx.refuse(self.name, node, "symbolic input shapes: the block op runs in PyTorch")
                 continue
-            result = _inline(gm, node, _trace(node))
+            if any(isinstance(a, Node) for a in node.kwargs.values()):
+                ctx.refuse(self.name, node, "a tensor keyword argument: the op runs as it is")
+                continue
+            result = _inline(gm, node, _trace(node, self.table[node.target]))
             node.replace_all_uses_with(result)
             gm.graph.erase_node(node)
             ctx.rewrites[f"decomposed {node.target.name()}{self.why}"] += 1

@@ -9,7 +9,7 @@ linears). This decomposes the op into its math form before annotation, so the qu
 Q/DQ on q, k, v and the softmax probabilities like on any activation matmul.
 
 BEFORE:  o = aten.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=0, is_causal, scale)
-AFTER:   a = matmul(q * scale, kᵀ) (+ mask, or -inf where a bool/causal mask is False)
+AFTER:   a = matmul(q * scale, kᵀ) (+ mask or a causal -inf mask, or -inf where a bool mask is False)
          o = matmul(softmax(a, -1), v)
 (grouped-query attention repeats k, v per head group first.) Float function unchanged up to
 the rounding of a different summation order (tests/test_quantize.py).
@@ -32,9 +32,9 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
         v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
     s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
     a = torch.matmul(q * s, k.transpose(-2, -1))
-    if is_causal:
-        keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-        a = a.masked_fill(~keep, float("-inf"))
+    if is_causal:   # a float mask (-inf above the diagonal, 0 elsewhere): no bool ops, which
+        # engines that lower only float and qlower ops (iree) would leave in PyTorch
+        a = a + torch.full((q.size(-2), k.size(-2)), float("-inf"), dtype=a.dtype, device=q.device).triu(1)
     if attn_mask is not None:
         a = a.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else a + attn_mask
     return torch.matmul(torch.softmax(a, -1), v)
