@@ -854,3 +854,15 @@ def test_regression_openvino_pool_window_larger_than_input():
     window exceeds the padded input (backends/pool_geometry.py); they run in PyTorch."""
     _check(Program(in_shape=(2, 1, 2, 4), ops=(Op("avgpool", (0,), (3, 2, 0, True, True, None)),), dynamic=True),
            ("openvino",))
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
+    """fp32 avg_pool2d(kernel 3, stride 3, padding 1, ceil_mode, count_include_pad) on a 6-high
+    input: the last window covers row 5, the padding row 6 and row 7 beyond it; PyTorch divides
+    by the 2 rows inside input + padding, OpenVINO by all 3 (max diff 0.25 after the clamp).
+    Found by the openvino fuzz run on an Intel Xeon (eighth session); the capability now refuses
+    such pools (they run in PyTorch)."""
+    _check(Program(in_shape=(2, 4, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)),
+                                               Op("avgpool", (1,), (3, 3, 1, True, True, None)),
+                                               Op("clamp", (2,), (0.25, 0.5)))), ("openvino",))

@@ -67,6 +67,19 @@ def window_exceeds_input(node: Node) -> bool | None:
     return _any_spatial_dim(node, lambda floor, onnx_ceil, torch_ceil: floor < 1)
 
 
+def ceil_mode_window_overhangs(node: Node) -> bool | None:
+    """Whether the last window PyTorch's ceil rule keeps reaches past the padded input in some
+    spatial dim (PyTorch's avg_pool2d divides such a window by the part inside input + padding).
+    None: a dynamic spatial dim, unknown."""
+    def overhangs(n, k, s, p, d):
+        torch_ceil = _windows(n, k, s, p, d)[2]
+        return (torch_ceil - 1) * s + d * (k - 1) + 1 > n + 2 * p
+    sizes, *geometry = pool_geometry(node)
+    if any(n is None for n in sizes):
+        return None
+    return ceil_mode(node) and any(overhangs(n, *kspd) for n, *kspd in zip(sizes, *geometry))
+
+
 def ceil_mode_is_noop(node: Node) -> bool | None:
     """Whether a ceil_mode=True pool has the same output size as with ceil_mode=False (None:
     unknown, a dynamic spatial dim)."""
