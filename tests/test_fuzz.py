@@ -866,3 +866,13 @@ def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
     _check(Program(in_shape=(2, 4, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)),
                                                Op("avgpool", (1,), (3, 3, 1, True, True, None)),
                                                Op("clamp", (2,), (0.25, 0.5)))), ("openvino",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_ceil_mode_pool_beside_a_single_window():
+    """The program above on IREE: ceil_mode gives the 6-high dim a third window while the 1-wide
+    dim has a single one, and iree-compile rejected torch-mlir's lowering after the capability
+    had accepted it. Now refused up front (backends/iree/lowerings.py)."""
+    _check(Program(in_shape=(2, 4, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)),
+                                               Op("avgpool", (1,), (3, 3, 1, True, True, None)),
+                                               Op("clamp", (2,), (0.25, 0.5)))), ("iree",))

@@ -71,13 +71,29 @@ def ceil_mode_window_overhangs(node: Node) -> bool | None:
     """Whether the last window PyTorch's ceil rule keeps reaches past the padded input in some
     spatial dim (PyTorch's avg_pool2d divides such a window by the part inside input + padding).
     None: a dynamic spatial dim, unknown."""
+    if not ceil_mode(node):
+        return False
+
     def overhangs(n, k, s, p, d):
         torch_ceil = _windows(n, k, s, p, d)[2]
         return (torch_ceil - 1) * s + d * (k - 1) + 1 > n + 2 * p
     sizes, *geometry = pool_geometry(node)
     if any(n is None for n in sizes):
         return None
-    return ceil_mode(node) and any(overhangs(n, *kspd) for n, *kspd in zip(sizes, *geometry))
+    return any(overhangs(n, *kspd) for n, *kspd in zip(sizes, *geometry))
+
+
+def ceil_mode_resizes_beside_a_single_window(node: Node) -> bool | None:
+    """Whether ceil_mode changes the output size of one spatial dim while another has a single
+    window (None: a dynamic spatial dim, unknown)."""
+    if not ceil_mode(node):
+        return False
+    sizes, *geometry = pool_geometry(node)
+    if any(n is None for n in sizes):
+        return None
+    windows = [_windows(n, *kspd) for n, *kspd in zip(sizes, *geometry)]
+    return any(torch_ceil != floor for floor, _, torch_ceil in windows) \
+        and any(torch_ceil == 1 for _, _, torch_ceil in windows)
 
 
 def ceil_mode_is_noop(node: Node) -> bool | None:
