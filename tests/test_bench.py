@@ -189,3 +189,11 @@ def test_bench_suite_option_end_to_end(tmp_path):
     assert (tmp_path / "bench.log").exists()
     assert CliRunner().invoke(app, ["bench", "--suite", "nope"]).exit_code == 2
     assert CliRunner().invoke(app, ["bench", "--models", "no-such-model"]).exit_code == 2
+
+
+def test_an_error_row_is_plain_text():
+    """torch.onnx colours its ConversionError ("\\x1b[96mThis is step 2/3\\x1b[0m"); the error row
+    of bench.md / bench.json must not carry the escape codes."""
+    from qlower.bench.harness import _error
+    row = _error(RuntimeError("Failed to decompose. \x1b[96mThis is step 2/3\x1b[0m of exporting\nmore"))
+    assert row == "RuntimeError: Failed to decompose. This is step 2/3 of exporting"

@@ -12,6 +12,7 @@ be built (optional weights) is recorded with its error, never fatal."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import tempfile
 import time
@@ -64,8 +65,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")   # torch.onnx colours its messages; bench.md is plain text
+
+
 def _error(exc: BaseException) -> str:
-    msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    msg = (_ANSI.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0][:200]
     hint = getattr(exc, "hint", None)
     return f"{type(exc).__name__}: {msg}" + (f" ({hint})" if hint else "")
 
