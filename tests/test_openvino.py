@@ -559,6 +559,7 @@ def test_engine_native_preset_quantizes_attention_matmuls():
     backend = get_backend("openvino", OvOptions(numerics="openvino"))
     config, note = backend.quant_config(QuantConfig.from_name("transformer"), preset=True)
     assert config.quantize_attention and config.quantize_activation_matmul and "attention matmuls quantized" in note
+    assert config.symmetric_activation_matmul
     explicit = QuantConfig()
     assert backend.quant_config(explicit, preset=False) == (explicit, None)
 
@@ -577,3 +578,36 @@ def test_kv_cache_step_whose_size_inputs_openvino_drops_runs_in_openvino():
     assert not cm.report().fallbacks
     torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
                                want[0] if isinstance(want, tuple) else want, rtol=1e-4, atol=1e-4)
+
+
+def _matmul_operand_qparams(config):
+    """(dtype, zero point) of each operand of each matmul in a quantized SDPA block."""
+    import torch.nn.functional as F
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, x):
+            return F.scaled_dot_product_attention(*(p(x).unsqueeze(1) for p in (self.q, self.k, self.v)))
+
+    torch.manual_seed(0)
+    ep = qlower.quantize(Attention(), (torch.randn(2, 5, 8),), [(torch.randn(2, 5, 8),) for _ in range(3)],
+                         config=config)
+    return [[(dq.args[5], dq.args[2]) for dq in n.args[:2]]
+            for n in ep.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.matmul.default]
+
+
+def test_symmetric_activation_matmul_gives_int8_zero_point_free_attention_operands():
+    """symmetric_activation_matmul (set by the engine-native OpenVINO presets): q, k and v enter
+    their matmuls int8 with zero point 0, which OpenVINO's low-precision transformations need to
+    run the attention in int8 (with uint8-asymmetric ones BERT-base's attention ran as an f32 MHA
+    snippet); the softmax output stays uint8 (non-negative, zero point 0). Off: the activation
+    dtype, asymmetric."""
+    from qlower.quantize import QuantConfig
+    (qk, pv) = _matmul_operand_qparams(QuantConfig(quantize_attention=True, symmetric_activation_matmul=True))
+    assert qk == [(torch.int8, 0), (torch.int8, 0)]
+    assert pv[0] == (torch.uint8, 0) and pv[1] == (torch.int8, 0)
+    (qk, pv) = _matmul_operand_qparams(QuantConfig(quantize_attention=True))
+    assert all(dtype == torch.uint8 for dtype, _ in qk + pv) and any(zp != 0 for _, zp in qk + pv)

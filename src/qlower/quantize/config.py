@@ -105,6 +105,12 @@ class QuantConfig:
     # that they are quantized too (quantize/attention.py). Off keeps it one float op. Set by the
     # OpenVINO backend's engine-native mode for named presets, where it closes the gap to NNCF.
     quantize_attention: bool = False
+    # Operands of a matmul of two activations quantized int8-symmetric (zero point 0) instead of
+    # with the activation dtype, except softmax outputs (non-negative: uint8, zero point 0). Set
+    # by the OpenVINO backend's engine-native mode: its low-precision transformations make a
+    # MatMul int8 only when no operand has a zero point; with uint8-asymmetric q/k/v the plugin
+    # ran BERT-base's quantized attention as an f32 MHA snippet (docs/performance.md).
+    symmetric_activation_matmul: bool = False
     # Mixed precision: keep the most sensitive layers float until this accuracy holds
     # (AccuracyTarget, or a number: an SQNR target in dB). None: every supported layer is int8.
     target: AccuracyTarget | None = None

@@ -61,12 +61,13 @@ class QlowerQuantizer(Quantizer):
         super().__init__()
         self.config = config or QuantConfig()
         self.act_spec = self._activation_spec()
+        self.act_sym_spec = self._activation_spec(symmetric_int8=True)
         self.weight_spec = self._weight_spec()
 
     # ---------------------------------------------------------------- specs
-    def _activation_spec(self) -> QuantizationSpec:
+    def _activation_spec(self, symmetric_int8: bool = False) -> QuantizationSpec:
         c = self.config
-        unsigned = c.activation_dtype == "uint8"
+        unsigned = c.activation_dtype == "uint8" and not symmetric_int8
         dtype = torch.uint8 if unsigned else torch.int8
         qmin, qmax = numerics.dtype_range(dtype)
         extra = {"eps": 2**-12}
@@ -270,7 +271,16 @@ class QlowerQuantizer(Quantizer):
             return  # x + scalar (a norm's eps), or a sum of float values: quantizing only adds rounding
         if not tensors or (node.target in (aten.matmul.default, aten.bmm.default) and len(tensors) != 2):
             return
-        self._finish(node, {a: self.act_spec for a in tensors})
+        self._finish(node, {a: self._matmul_operand_spec(node, a) for a in tensors})
+
+    def _matmul_operand_spec(self, node: Node, operand: Node) -> QuantizationSpec:
+        """int8-symmetric for a matmul of two activations when the config asks for it
+        (symmetric_activation_matmul), except softmax outputs, which keep the activation spec."""
+        if not self.config.symmetric_activation_matmul or node.target not in (aten.matmul.default, aten.bmm.default):
+            return self.act_spec
+        if operand.op == "call_function" and operand.target in (aten.softmax.int, aten._softmax.default):
+            return self.act_spec
+        return self.act_sym_spec
 
     def _annotate_addmm(self, node: Node) -> None:
         """addmm(bias, x, W) with W [in, out] a parameter (HF GPT-2's Conv1D): W per-channel on
