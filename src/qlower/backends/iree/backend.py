@@ -67,7 +67,9 @@ def iree_capability() -> Capability:
 
 
 # iree-compile errors that come from data tiling (measured: gone with --iree-opt-data-tiling off)
-_DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack")
+# ("tiling factors must be less than or equal to the input rank for pack": a 1x2 input through
+# a width-1 linear, found by the IREE fuzz run)
+_DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack")
 
 
 def _decompose_attention_among_integer_ops():
