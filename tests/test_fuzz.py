@@ -897,3 +897,13 @@ def test_regression_iree_data_tiling_pack_rank_failure_is_retried():
     _check(Program(in_shape=(1, 2), ops=(Op("mul_c", (0,), ()), Op("masked_softmax", (1,), (2, None)),
                                          Op("linear", (2,), (1, False)), Op("mul", (3, 3), ()),
                                          Op("matmul_w", (4,), (2,))), seed=1), ("iree",))
+
+
+def test_regression_max_pool_window_entirely_in_the_padding_on_onnxruntime():
+    """max_pool2d(kernel 2, stride 3, padding 1, dilation 2, ceil_mode) on a width-1 input: the
+    window covers columns -1 and 1, padding only. PyTorch gives -inf, ONNX Runtime's MaxPool
+    -3.4e38, and the masked softmax after it 1 instead of 0 (fp32, 12 of 12 elements); found
+    by the onnxruntime fuzz run on an Intel Xeon (eighth session). Such pools run in PyTorch."""
+    _check(Program(in_shape=(2, 2, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)), Op("maxpool", (1,), (2, 3, 1, 2, True)),
+                                               Op("masked_softmax", (2,), (1, 3))),
+                   dynamic=True, inputs="positive", seed=69))

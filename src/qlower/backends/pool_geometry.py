@@ -67,6 +67,21 @@ def window_exceeds_input(node: Node) -> bool | None:
     return _any_spatial_dim(node, lambda floor, onnx_ceil, torch_ceil: floor < 1)
 
 
+def window_entirely_in_padding(node: Node) -> bool | None:
+    """Whether some window of the pool (PyTorch's count, ceil_mode included) covers no input
+    element at all, only padding (a dilated window on a narrow input): PyTorch's max-pool gives
+    -inf there. None: a dynamic spatial dim, unknown."""
+    sizes, *geometry = pool_geometry(node)
+    if any(n is None for n in sizes):
+        return None
+    for n, k, s, p, d in zip(sizes, *geometry):
+        floor, _, torch_ceil = _windows(n, k, s, p, d)
+        for i in range(max(torch_ceil if ceil_mode(node) else floor, 0)):
+            if not any(0 <= i * s - p + j * d < n for j in range(k)):
+                return True
+    return False
+
+
 def ceil_mode_window_overhangs(node: Node) -> bool | None:
     """Whether the last window PyTorch's ceil rule keeps reaches past the padded input in some
     spatial dim (PyTorch's avg_pool2d divides such a window by the part inside input + padding).

@@ -14,6 +14,7 @@ from torch.fx import Node
 
 from ...fx import full_args, target_schema_name
 from ...partition import Capability
+from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
 
 def _divisor_override(node: Node) -> str | None:
@@ -92,10 +93,25 @@ def _inaccurate(node: Node) -> str | None:
     return f"{node.target._schema.name.removeprefix('aten::')} is translated by a formula that overflows"
 
 
+# A window with no input element, only padding (dilated, on a narrow input): PyTorch -inf,
+# ONNX Runtime's MaxPool the lowest float, -3.4e38 (measured; found by the fuzz run, where a
+# softmax after it then gave 1 instead of 0).
+# Undilated windows never lie in the padding alone (padding <= kernel / 2, and PyTorch drops a
+# ceil-mode window that would start there), so a dynamic spatial size is refused only if dilated.
+def _window_in_padding(node: Node) -> str | None:
+    found = window_entirely_in_padding(node)
+    if found is None:
+        found = any(d > 1 for d in pool_geometry(node)[4])
+    return "a max-pool window entirely in the padding gives -inf in PyTorch, -3.4e38 in ONNX Runtime" \
+        if found else None
+
+
 # Measured gaps of the translator or of ONNX Runtime 1.31 (the op translates, but the result
 # is wrong or the session rejects it): schema name -> predicate naming the failing variant.
 GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::avg_pool2d": _divisor_override,
+    "aten::max_pool2d": _window_in_padding,
+    "aten::max_pool2d_with_indices": _window_in_padding,
     "aten::addmm": _addmm_empty_k,
     "aten::_native_batch_norm_legit": _batch_norm,
     "aten::native_batch_norm": _batch_norm,
