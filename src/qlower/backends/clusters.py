@@ -10,7 +10,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ..fx import constant_value, mutated_attributes
+from ..fx import constant_value, mutated_attributes, schema_name
 from ..partition import Capability, cluster_graph
 from ..passes.functionalize_state import WRITE_BACK
 from ..report import ClusterInfo
@@ -94,6 +94,27 @@ def pytorch_infos(unsupported: dict[str, str], fused: GraphModule, start: int) -
         infos.append(ClusterInfo(start + len(infos), "pytorch", 1, {name: 1}, "state" if state else "fallback",
                                  "module state write-back" if state else reason))
     return infos
+
+
+# Ops that map float values to integers: what turns a NaN input into an ordinary number.
+_FLOAT_TO_INT = ("qlower::quantize", "qlower::quantize_per_token",
+                 "quantized_decomposed::quantize_per_tensor", "quantized_decomposed::quantize_per_channel")
+
+
+def maps_float_to_integers(gm: GraphModule) -> bool:
+    """The graph quantizes a float value somewhere (what makes NaN inputs need a check)."""
+    return any(n.op == "call_function" and schema_name(n).split(".")[0] in _FLOAT_TO_INT for n in gm.graph.nodes)
+
+
+def float_graph_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str]:
+    """Runtime position -> name of each cluster argument that is a float32 graph input (other
+    float dtypes stay with the CompiledModule's own check)."""
+    out = {}
+    for pos, arg in enumerate(runtime_args):
+        val = arg.meta.get("val") if getattr(arg, "op", None) == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.dtype is torch.float32:
+            out[pos] = arg.name
+    return out
 
 
 def worst_abs_diff(got, want) -> float:

@@ -27,7 +27,7 @@ from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import ConstantCluster
+from ..clusters import ConstantCluster, float_graph_inputs, maps_float_to_integers
 from .drop_noop_ceil_mode import DropNoopCeilMode
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
@@ -129,6 +129,7 @@ class IreeBackend:
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []
+        check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         fused, kinds = self._fuse(gm)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
@@ -137,7 +138,7 @@ class IreeBackend:
         self._compile_all([p for p in pending if p.emitted is not None])
         seconds = time.perf_counter() - start
         for p in pending:
-            self._install(fused, p)
+            self._install(fused, p, check_finite)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos = [p.info for p in pending]
@@ -147,8 +148,15 @@ class IreeBackend:
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
                      f"iree-compile {seconds:.2f} s")
         direct = _whole_model_runner(fused)
+        checked = [m for m in fused.children() if isinstance(m, IreeCluster) and m.finite_checks]
+
+        def on_nonfinite(handler) -> None:
+            for cluster in checked:
+                cluster.on_nonfinite = handler
         return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
-                          needs_no_grad=direct is None)
+                          needs_no_grad=direct is None,
+                          engine_checked_inputs=frozenset(n for c in checked for n in c.finite_checks.values()),
+                          on_nonfinite=on_nonfinite)
 
     # ------------------------------------------------------------------ clustering
     def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str]]:
@@ -236,8 +244,9 @@ class IreeBackend:
         log.warning("cluster #%d fell back to PyTorch: %s", p.info.id, p.info.reason)
 
     @staticmethod
-    def _install(fused: GraphModule, p: "_Pending") -> None:
-        """Replace the fused submodule by its runner (or its constant value)."""
+    def _install(fused: GraphModule, p: "_Pending", check_finite: bool) -> None:
+        """Replace the fused submodule by its runner (or its constant value). With `check_finite`
+        the runner sums the cluster's float32 graph inputs for the NaN policy."""
         if p.info.status == "constant":
             with torch.no_grad():
                 setattr(fused, p.call.target, ConstantCluster(p.sub()))
@@ -250,7 +259,8 @@ class IreeBackend:
         setattr(fused, p.call.target, IreeCluster(p.sub, p.function, dtypes, single, p.info, p.kind,
                                                   p.emitted.asm if p.emitted is not None else None,
                                                   compiled.vmfb if compiled else None,
-                                                  compiled.command if compiled else None))
+                                                  compiled.command if compiled else None,
+                                                  float_graph_inputs(fused, p.runtime_args) if check_finite else None))
         p.call.args = tuple(p.runtime_args)
 
 
@@ -396,7 +406,6 @@ def _whole_model_runner(fused: GraphModule):
             or not all(c.is_leaf() for c in positional.children()):
         return None
 
-    def run(*args):
-        with torch.no_grad():
-            return cluster(*args)
-    return run
+    # No no_grad context: the IREE call records no autograd history, and the PyTorch fallback
+    # (IreeCluster._pytorch) takes its own.
+    return cluster.forward

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import numpy as np
@@ -58,7 +59,7 @@ class IreeCluster(torch.nn.Module):
 
     def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
                  info: ClusterInfo, kind: str, mlir: str | None, vmfb: bytes | None = None,
-                 command: str | None = None):
+                 command: str | None = None, finite_checks: dict[int, str] | None = None):
         super().__init__()
         self.fallback = fallback
         self.function = function
@@ -70,6 +71,10 @@ class IreeCluster(torch.nn.Module):
         self.vmfb = vmfb          # what iree-compile made of it (`format="vmfb"`)
         self.command = command    # the iree-compile command line that made it from `mlir`
         self.check = os.environ.get(CHECK_ENV) == "1"
+        # runtime position -> graph input name: float graph inputs summed here on the arrays
+        # handed to IREE, for the NaN policy (the CompiledModule then skips its own check)
+        self.finite_checks = finite_checks or {}
+        self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     def _pytorch(self, args):
         with torch.no_grad():
@@ -77,9 +82,13 @@ class IreeCluster(torch.nn.Module):
 
     def forward(self, *args):
         if self.function is None:
+            self._check_finite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks})
             return self._pytorch(args)
+        arrays = [_to_numpy(a) for a in args]
+        if self.finite_checks:
+            self._check_finite(args, dict(enumerate(arrays)))
         try:
-            outs = self.function(*[_to_numpy(a) for a in args])
+            outs = self.function(*arrays)
         except Exception as exc:   # any runtime failure: record, warn once, PyTorch from now on
             self.function = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
@@ -91,6 +100,19 @@ class IreeCluster(torch.nn.Module):
         if self.check:
             self._compare(result, self._pytorch(args))
         return result
+
+    def _check_finite(self, args, arrays) -> None:
+        """A non-finite sum (NaN/inf in the input, or a finite input whose sum overflowed) goes
+        to the handler, which checks the input exactly. numpy's sum of the array IREE is handed
+        anyway: measured after an IREE call on the zoo CNN at batch 8, 16 us against 50 us for
+        torch's (whose dispatch code the IREE call has evicted from the caches)."""
+        if self.on_nonfinite is None:
+            return
+        with np.errstate(over="ignore", invalid="ignore"):   # inf - inf, overflow: the exact check decides
+            sums = [np.add.reduce(arrays[pos], axis=None) for pos in self.finite_checks]
+        for (pos, name), total in zip(self.finite_checks.items(), sums):
+            if not math.isfinite(total):
+                self.on_nonfinite(name, args[pos])
 
     def _compare(self, got, want) -> None:
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))

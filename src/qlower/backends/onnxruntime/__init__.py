@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch.fx import GraphModule
 
-from ...fx import schema_name
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import compile_each_cluster, fuse_clusters, install_constant, pytorch_infos, split_inputs, worst_abs_diff
+from ..clusters import (compile_each_cluster, float_graph_inputs, fuse_clusters, install_constant,
+                        maps_float_to_integers, pytorch_infos, split_inputs, worst_abs_diff)
 from . import cache, cpu
 from .capability import onnxruntime_capability
 from .explicit_reduction_dims import ExplicitReductionDims
@@ -236,26 +236,6 @@ def _direct_runner(fused: GraphModule):
     return run
 
 
-# Ops that map float values to integers: what turns a NaN input into an ordinary number.
-_FLOAT_TO_INT = ("qlower::quantize", "qlower::quantize_per_token",
-                 "quantized_decomposed::quantize_per_tensor", "quantized_decomposed::quantize_per_channel")
-
-
-def _maps_float_to_integers(gm: GraphModule) -> bool:
-    return any(n.op == "call_function" and schema_name(n).split(".")[0] in _FLOAT_TO_INT for n in gm.graph.nodes)
-
-
-def _float_graph_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str]:
-    """Runtime position -> name of each cluster argument that is a float32 graph input (other
-    float dtypes stay with the CompiledModule's own check)."""
-    out = {}
-    for pos, arg in enumerate(runtime_args):
-        val = arg.meta.get("val") if getattr(arg, "op", None) == "placeholder" else None
-        if isinstance(val, torch.Tensor) and val.dtype is torch.float32:
-            out[pos] = arg.name
-    return out
-
-
 def _with_input_sums(model_bytes: bytes, positions: list[int]) -> bytes:
     """The model plus one output per listed graph input: ReduceSum over all of it (NaN/inf
     propagate into the sum). Inside the session this costs ~1 us per input; the same sum taken
@@ -332,7 +312,7 @@ class OnnxRuntimeBackend:
         return True
 
     def compile(self, gm: GraphModule) -> Executable:
-        check_finite = _maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
+        check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
         fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
         compile_one = functools.partial(self._compile_cluster, check_finite=check_finite)
@@ -378,7 +358,7 @@ class OnnxRuntimeBackend:
         if not inputs.runtime_args:  # constants only (e.g. arange -> unsqueeze): no session
             install_constant(fused, call, inputs, info)
             return info
-        checks = _float_graph_inputs(fused, inputs.runtime_args) if check_finite else {}
+        checks = float_graph_inputs(fused, inputs.runtime_args) if check_finite else {}
         try:
             key = cache.cluster_key(sub, constants, self.options)
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants, _session_key(key, checks))
