@@ -25,13 +25,56 @@ def runtime_config(driver: str):
     return _CONFIGS[driver]
 
 
-def load_function(vmfb: bytes, driver: str):
+def load_function(vmfb: bytes, driver: str) -> "IreeFunction":
     """The `main` function of a compiled module, in its own VM context on the shared device."""
     import iree.runtime as rt
     config = runtime_config(driver)
     module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
     context = rt.SystemContext(vm_modules=[module], config=config)
-    return getattr(context.modules, module.name)["main"]
+    return IreeFunction(getattr(context.modules, module.name)["main"])
+
+
+class IreeFunction:
+    """A module's function called through IREE's VM directly: numpy arrays in, numpy copies out.
+
+    iree.runtime's FunctionInvoker does the same through ABI-driven packing and DeviceArray
+    wrappers; building the argument buffers with `allocate_buffer_copy` (what its packing calls)
+    and invoking `VmContext.invoke` saved 44 us per call on the zoo CNN int8 at batch 8 (0.84 ->
+    0.80 ms, Intel Xeon, 1 thread, paired over 21 rounds). Results are copied out of the mapped
+    result buffers at once: IREE reuses that memory once the buffer views are released."""
+
+    def __init__(self, invoker):
+        import iree.runtime as rt
+        from iree.runtime.array_interop import map_dtype_to_element_type
+        self._invoker = invoker                  # kept: it owns the context and the module
+        self._context, self._function = invoker._vm_context, invoker._vm_function
+        self._device = invoker._device
+        self._allocator = self._device.allocator
+        self._rt = rt
+        self._element_type = map_dtype_to_element_type
+        self._results = len(invoker._ret_descs or ()) or 1   # the result list's initial capacity
+        self._memory = int(rt.MemoryType.DEVICE_LOCAL)
+        self._usage = int(rt.BufferUsage.DEFAULT)
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        rt = self._rt
+        args = rt.VmVariantList(len(arrays))
+        for a in arrays:
+            args.push_ref(self._allocator.allocate_buffer_copy(
+                memory_type=self._memory, allowed_usage=self._usage, device=self._device, buffer=a,
+                element_type=self._element_type(a.dtype)))
+        results = rt.VmVariantList(self._results)
+        self._context.invoke(self._function, args, results)
+        return [self._host_copy(results.get_as_object(i, rt.HalBufferView)) for i in range(len(results))]
+
+    def _host_copy(self, view) -> np.ndarray:
+        dtype = self._rt.HalElementType.map_to_dtype(view.element_type)
+        try:
+            mapped = view.map()
+        except Exception:   # noqa: BLE001  (not host-mappable on this device: IREE's own transfer)
+            from iree.runtime.array_interop import DeviceArray
+            return np.array(DeviceArray(self._device, view).to_host(), copy=True)
+        return np.array(mapped.asarray(view.shape, dtype), copy=True)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -42,10 +85,8 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return a.view(np.int8) if a.dtype == np.uint8 else a
 
 
-def _to_torch(out, dtype: torch.dtype) -> torch.Tensor:
-    """A copy: the host view of a result maps device memory that IREE reuses once the
-    DeviceArray is gone (measured: a later cluster overwrote an earlier one's outputs)."""
-    a = np.array(out.to_host() if hasattr(out, "to_host") else out, copy=True)
+def _to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A result (already a copy, IreeFunction) as `dtype`: uint8 comes back as signless i8."""
     if dtype == torch.uint8:
         a = a.view(np.uint8)
     elif dtype == torch.bool and a.dtype != np.bool_:
@@ -94,7 +135,6 @@ class IreeCluster(torch.nn.Module):
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             return self._pytorch(args)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         result = tuple(_to_torch(o, d) for o, d in zip(outs, self.output_dtypes))
         result = result[0] if self.single_output else result
         if self.check:
