@@ -31,7 +31,7 @@ def load_function(vmfb: bytes, driver: str) -> "IreeFunction":
     config = runtime_config(driver)
     module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
     context = rt.SystemContext(vm_modules=[module], config=config)
-    return IreeFunction(getattr(context.modules, module.name)["main"])
+    return IreeFunction(context, module.lookup_function("main"), config.device)
 
 
 class IreeFunction:
@@ -43,16 +43,17 @@ class IreeFunction:
     0.80 ms, Intel Xeon, 1 thread, paired over 21 rounds). Results are copied out of the mapped
     result buffers at once: IREE reuses that memory once the buffer views are released."""
 
-    def __init__(self, invoker):
+    def __init__(self, context, function, device):
+        import json
         import iree.runtime as rt
         from iree.runtime.array_interop import map_dtype_to_element_type
-        self._invoker = invoker                  # kept: it owns the context and the module
-        self._context, self._function = invoker._vm_context, invoker._vm_function
-        self._device = invoker._device
-        self._allocator = self._device.allocator
+        self._context = context                  # the SystemContext owns the module
+        self._vm_context, self._function, self._device = context.vm_context, function, device
+        self._allocator = device.allocator
         self._rt = rt
         self._element_type = map_dtype_to_element_type
-        self._results = len(invoker._ret_descs or ()) or 1   # the result list's initial capacity
+        abi = json.loads(function.reflection.get("iree.abi", "{}") or "{}")
+        self._results = max(1, len(abi.get("r", ())))   # the result list's initial capacity
         self._memory = int(rt.MemoryType.DEVICE_LOCAL)
         self._usage = int(rt.BufferUsage.DEFAULT)
 
@@ -64,17 +65,13 @@ class IreeFunction:
                 memory_type=self._memory, allowed_usage=self._usage, device=self._device, buffer=a,
                 element_type=self._element_type(a.dtype)))
         results = rt.VmVariantList(self._results)
-        self._context.invoke(self._function, args, results)
+        self._vm_context.invoke(self._function, args, results)
         return [self._host_copy(results.get_as_object(i, rt.HalBufferView)) for i in range(len(results))]
 
     def _host_copy(self, view) -> np.ndarray:
+        """The llvm-cpu drivers' buffers are host memory: mapped, then copied."""
         dtype = self._rt.HalElementType.map_to_dtype(view.element_type)
-        try:
-            mapped = view.map()
-        except Exception:   # noqa: BLE001  (not host-mappable on this device: IREE's own transfer)
-            from iree.runtime.array_interop import DeviceArray
-            return np.array(DeviceArray(self._device, view).to_host(), copy=True)
-        return np.array(mapped.asarray(view.shape, dtype), copy=True)
+        return np.array(view.map().asarray(view.shape, dtype), copy=True)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
