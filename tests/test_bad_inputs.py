@@ -212,24 +212,35 @@ def test_nan_policy_raise_is_a_typed_error_and_ignore_is_silent(backend):
         quiet(_nan(x))
 
 
+def _engine_checked(backend: str):
+    """A quantized model whose NaN check the backend's executable took over: (cm, x, cluster)."""
+    cm, x = _compiled(backend, nan_policy="raise")
+    assert cm._float_inputs == [] and cm._executable.engine_checked_inputs == {"x"}
+    cluster = next(m for m in cm._executable.module.children() if hasattr(m, "finite_checks"))
+    assert cluster.finite_checks == {0: "x"}
+    return cm, x, cluster
+
+
+def _assert_float_model_not_checked(backend: str) -> None:
+    model, x = _net()
+    fp32 = qlower.compile(model, (x,), backend=backend, nan_policy="raise")
+    assert fp32._executable.engine_checked_inputs == frozenset()
+
+
 def test_onnxruntime_sums_the_inputs_inside_the_session_and_still_checks_after_a_fallback():
     """The NaN check of a quantized model's float32 inputs runs as one ReduceSum per input in
     the cluster's session (a torch reduction before each run cost ~16 us per call on small
     models); the exported ONNX has no such output; a cluster that fell back to PyTorch at run
     time checks in PyTorch. Near miss: a float model's session gets no sums."""
-    cm, x = _compiled("onnxruntime", nan_policy="raise")
-    assert cm._float_inputs == [] and cm._executable.engine_checked_inputs == {"x"}
-    cluster = next(m for m in cm._executable.module.children() if hasattr(m, "finite_checks"))
-    assert cluster.finite_checks == {0: "x"} and len(cluster.output_names) == cluster.n_outputs + 1
+    cm, x, cluster = _engine_checked("onnxruntime")
+    assert len(cluster.output_names) == cluster.n_outputs + 1
     assert "qlower_input_sum" not in str(cm.report().clusters[0].onnx)
     assert torch.equal(cm(x), qlower.compile(_net()[0], (x,), quantize="int8", calibration=calib((2, 8)),
                                              backend="reference")(x))
     cluster.session = None   # as after a run failure
     with pytest.raises(NonFiniteInputError):
         cm(_nan(x))
-    model, _ = _net()
-    fp32 = qlower.compile(model, (x,), backend="onnxruntime", nan_policy="raise")
-    assert fp32._executable.engine_checked_inputs == frozenset()
+    _assert_float_model_not_checked("onnxruntime")
 
 
 def test_iree_sums_the_inputs_it_hands_to_iree_and_still_checks_after_a_fallback():
@@ -237,10 +248,7 @@ def test_iree_sums_the_inputs_it_hands_to_iree_and_still_checks_after_a_fallback
     to IREE (torch's sum after an IREE call cost ~100 us more per call on the zoo CNN at batch
     8: its dispatch code is no longer cached), silently even where the sum overflows; a cluster
     that fell back checks too. Near miss: a float model's clusters check nothing."""
-    cm, x = _compiled("iree", nan_policy="raise")
-    assert cm._float_inputs == [] and cm._executable.engine_checked_inputs == {"x"}
-    cluster = next(m for m in cm._executable.module.children() if hasattr(m, "finite_checks"))
-    assert cluster.finite_checks == {0: "x"}
+    cm, x, cluster = _engine_checked("iree")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cm(torch.full_like(x, 3e38))   # finite; numpy's float32 sum overflows without a warning
@@ -249,9 +257,7 @@ def test_iree_sums_the_inputs_it_hands_to_iree_and_still_checks_after_a_fallback
     cluster.function = None   # as after a run failure
     with pytest.raises(NonFiniteInputError):
         cm(_nan(x))
-    model, _ = _net()
-    fp32 = qlower.compile(model, (x,), backend="iree", nan_policy="raise")
-    assert fp32._executable.engine_checked_inputs == frozenset()
+    _assert_float_model_not_checked("iree")
 
 
 def test_float_models_follow_ieee_and_are_not_checked():
