@@ -288,7 +288,7 @@ def _hammer(cm, x, threads=2, calls=2000):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_stateful_model_serializes_calls_so_no_update_is_lost(backend):
     torch.manual_seed(0)
     cm = qlower.compile(Counter().eval(), (torch.randn(1, 8),), backend=backend)
@@ -298,8 +298,9 @@ def test_stateful_model_serializes_calls_so_no_update_is_lost(backend):
     assert cm(x)[0, 0].item() == 4001
 
 
-def test_stateless_model_runs_concurrently_and_stays_correct():
-    cm, x = _compiled(backend="onnxruntime")
+@pytest.mark.parametrize("backend", ["onnxruntime", "iree", "openvino"])
+def test_stateless_model_runs_concurrently_and_stays_correct(backend):
+    cm, x = _compiled(backend=backend)
     assert not cm.stateful
     want = cm(x)
     results = []
