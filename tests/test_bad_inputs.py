@@ -313,6 +313,9 @@ def test_stateless_model_runs_concurrently_and_stays_correct(backend):
     for t in pool:
         t.join()
     assert len(results) == 1000 and all(results)
+    # and still on the engine: a shared OpenVINO infer request once raised "Infer Request is
+    # busy" here and the cluster fell back to PyTorch for good, with the outputs still equal
+    assert [(c.backend, c.status) for c in cm.report().clusters] == [(backend, "compiled")]
 
 
 def test_artifact_errors_are_qlower_errors():

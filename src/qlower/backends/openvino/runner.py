@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 
 import numpy as np
 import torch
@@ -78,8 +79,12 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 class OvCluster(torch.nn.Module):
-    """One cluster: its OpenVINO infer request, and its FX subgraph as the PyTorch fallback.
-    Called with the cluster's runtime inputs only (constants are bound as in the ORT backend)."""
+    """One cluster: its OpenVINO compiled model, and its FX subgraph as the PyTorch fallback.
+    Called with the cluster's runtime inputs only (constants are bound as in the ORT backend).
+
+    One infer request per calling thread: a request runs one inference at a time (measured: two
+    threads sharing one got "Infer Request is busy", and the cluster fell back to PyTorch for
+    good); the compiled model makes requests for any thread."""
 
     def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
                  output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo,
@@ -95,8 +100,16 @@ class OvCluster(torch.nn.Module):
         self.single_output = single
         self.info = info
         self.check = os.environ.get(CHECK_ENV) == "1"
-        self.compiled = compiled
-        self.request = compiled.create_infer_request() if compiled is not None else None
+        self.compiled = compiled   # None: the cluster runs in PyTorch
+        # thread id -> its infer request (a thread id reused after a thread ends reuses its request)
+        self._requests = {threading.get_ident(): compiled.create_infer_request()} if compiled is not None else {}
+
+    def _request(self):
+        key = threading.get_ident()
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = self.compiled.create_infer_request()
+        return request
 
     def _pytorch(self, runtime_args):
         it = iter(runtime_args)
@@ -105,15 +118,15 @@ class OvCluster(torch.nn.Module):
             return self.fallback(*full)
 
     def forward(self, *args):
-        request = self.request
-        if request is None:
+        if self.compiled is None:
             return self._pytorch(args)
         try:
+            request = self._request()
             fed = args if self.feed is None else [args[i] for i in self.feed]
             request.infer([_as_numpy(a) for a in fed], share_inputs=True)
             outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
-            self.request = None
+            self.compiled, self._requests = None, {}
             self.info.status, self.info.reason = "fallback", f"run failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             return self._pytorch(args)
