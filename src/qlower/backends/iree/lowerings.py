@@ -146,6 +146,12 @@ def kind_of(node: Node) -> str | None:
     return "torch" if float_check(node) is None else None
 
 
+# Float dtypes torch has and numpy (through which the runner hands tensors to IREE) has not.
+_NOT_IN_NUMPY = frozenset({torch.bfloat16, torch.complex32} |
+                          {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                       "float8_e5m2fnuz") if hasattr(torch, n)})
+
+
 def float_check(node: Node) -> str | None:
     """float ATen op (static or symbolic sizes), through torch's FX importer"""
     if node.target is operator.getitem:
@@ -159,6 +165,9 @@ def float_check(node: Node) -> str | None:
     vals = tensor_vals(node)
     if any(t.dtype in (torch.int8, torch.uint8) for t in vals):
         return "reads or produces a quantized integer tensor outside qlower's integer ops"
+    unheld = next((t.dtype for t in vals if t.dtype in _NOT_IN_NUMPY), None)
+    if unheld is not None:   # measured: a bfloat16 model's call raised "unsupported ScalarType BFloat16"
+        return f"dtype {unheld} has no numpy equivalent to hand to IREE"
     if not any(t.dtype.is_floating_point for t in vals):
         return "no float tensor: an integer-only ATen op is not lowered"
     pool = _noop_ceil_pool(node) or _ceil_pool_beside_a_single_window(node) or _short_single_window_pool(node) \

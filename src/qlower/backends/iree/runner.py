@@ -122,21 +122,28 @@ class IreeCluster(torch.nn.Module):
         if self.function is None:
             self._check_finite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks})
             return self._pytorch(args)
-        arrays = [_to_numpy(a) for a in args]
-        if self.finite_checks:
+        try:
+            arrays = [_to_numpy(a) for a in args]
+        except Exception as exc:  # noqa: BLE001  (a tensor numpy cannot hold: PyTorch from now on)
+            return self._fall_back(exc, args)
+        if self.finite_checks:   # outside the try: NonFiniteInputError is the caller's, not a run failure
             self._check_finite(args, dict(enumerate(arrays)))
         try:
             outs = self.function(*arrays)
-        except Exception as exc:   # any runtime failure: record, warn once, PyTorch from now on
-            self.function = None
-            self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
-            log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
-            return self._pytorch(args)
+        except Exception as exc:  # noqa: BLE001  (any runtime failure)
+            return self._fall_back(exc, args)
         result = tuple(_to_torch(o, d) for o, d in zip(outs, self.output_dtypes))
         result = result[0] if self.single_output else result
         if self.check:
             self._compare(result, self._pytorch(args))
         return result
+
+    def _fall_back(self, exc: Exception, args):
+        """Record the failure, warn once, run in PyTorch from now on."""
+        self.function = None
+        self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
+        log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
+        return self._pytorch(args)
 
     def _check_finite(self, args, arrays) -> None:
         """A non-finite sum (NaN/inf in the input, or a finite input whose sum overflowed) goes
