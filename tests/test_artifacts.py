@@ -77,11 +77,23 @@ def _pickled(obj) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def _non_default_options(backend: str):
+    if backend == "onnxruntime":
+        from qlower.backends.onnxruntime import OrtOptions
+        return OrtOptions(threads=1, optimization="basic", disabled_optimizers=())
+    if backend == "iree":
+        from qlower.backends.iree import IreeOptions
+        return IreeOptions(conv_im2col=False, driver="local-task")
+    if backend == "openvino":
+        from qlower.backends.openvino import OvOptions
+        return OvOptions(numerics="openvino")
+    return None
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_int8_roundtrip_is_bit_exact_and_keeps_backend_options(backend, tmp_path):
-    from qlower.backends.onnxruntime import OrtOptions
     model, x = _tiny()
-    opts = OrtOptions(threads=1, optimization="basic", disabled_optimizers=()) if backend == "onnxruntime" else None
+    opts = _non_default_options(backend)
     cm = qlower.compile(model, (x,), quantize="int8", calibration=calib((2, 8)), backend=backend,
                         backend_options=opts, nan_policy="raise")
     loaded = qlower.load(cm.save(tmp_path / "m.pt2"))
@@ -271,7 +283,7 @@ def test_save_into_a_missing_directory_is_typed(tmp_path):
     assert "directory exists" in info.value.hint
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_save_never_changes_the_callers_model(backend, tmp_path):
     torch.manual_seed(0)
     model = Counter().eval()
