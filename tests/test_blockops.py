@@ -199,12 +199,13 @@ class StreamingKWS(nn.Module):
         return self.head(y[:, -1])
 
 
-def test_stateful_rnn_through_compiled_module_matches_eager_with_reset(tmp_path):
+@pytest.mark.parametrize("backend", ["onnxruntime", "iree", "openvino"])
+def test_stateful_rnn_through_compiled_module_matches_eager_with_reset(backend, tmp_path):
     torch.manual_seed(0)
     eager = StreamingKWS().eval()
     compiled_src = copy.deepcopy(eager)
     chunk = lambda i: torch.randn(1, 5, 10, generator=torch.Generator().manual_seed(i))
-    cm = qlower.compile(compiled_src, (chunk(0), torch.tensor(False)), backend="onnxruntime")
+    cm = qlower.compile(compiled_src, (chunk(0), torch.tensor(False)), backend=backend)
     resets = [False, False, True, False, False]
     for i, r in enumerate(resets):
         want = eager(chunk(i), torch.tensor(r))
@@ -217,12 +218,13 @@ def test_stateful_rnn_through_compiled_module_matches_eager_with_reset(tmp_path)
     assert torch.allclose(loaded(chunk(9), torch.tensor(False)), want, atol=1e-5)
 
 
-def test_block_decoder_generates_tokens_through_compiled_module():
+@pytest.mark.parametrize("backend", ["onnxruntime", "iree", "openvino"])
+def test_block_decoder_generates_tokens_through_compiled_module(backend):
     from qlower.zoo.block_lm import BlockDecoderLM
     torch.manual_seed(0)
     eager = BlockDecoderLM().eval()
     compiled_src = copy.deepcopy(eager)
-    cm = qlower.compile(compiled_src, (torch.tensor([[1]]), torch.tensor(0)), backend="onnxruntime")
+    cm = qlower.compile(compiled_src, (torch.tensor([[1]]), torch.tensor(0)), backend=backend)
     targets = {n.target for n in cm.graph_module.graph.nodes if n.op == "call_function"}
     assert {qops.rms_norm.default, qops.attention.default, qops.rotary_embedding.default,
             qops.kv_cache_update.default} <= targets
