@@ -31,11 +31,12 @@ def test_zoo_model_compiles_and_tracks_fp32(name):
     assert sqnr_db(want, cm(*x)) > MIN_SQNR.get(name, 20)
 
 
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino", "iree"])
 @pytest.mark.parametrize("name", sorted(n for n, e in zoo.ZOO.items() if e.dynamic is not None))
-def test_zoo_dynamic_dimension_runs_at_several_sizes(name):
+def test_zoo_dynamic_dimension_runs_at_several_sizes(name, backend):
     entry = zoo.get(name)
     model = entry.model()
-    cm = qlower.compile(model, entry.inputs(2), backend="onnxruntime", dynamic_shapes=entry.dynamic())
+    cm = qlower.compile(model, entry.inputs(2), backend=backend, dynamic_shapes=entry.dynamic())
     spec = entry.dynamic()
     axis = next(iter(spec[0]))
     for size in (1, 3) if axis == 0 else (7, 31):
