@@ -120,7 +120,8 @@ class IreeCluster(torch.nn.Module):
 
     def forward(self, *args):
         if self.function is None:
-            self._check_finite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks})
+            if self.finite_checks and self.on_nonfinite is not None:
+                self._check_finite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks})
             return self._pytorch(args)
         try:
             arrays = [_to_numpy(a) for a in args]
