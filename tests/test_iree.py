@@ -227,6 +227,47 @@ def test_max_pool_add_mul_mean_bit_exact():
         assert_equal(r, g)
 
 
+class IntegerClamps(torch.nn.Module):
+    """ReLU-style clamps left on 8-bit values (the lowering pass folds a ReLU into the requantize
+    before it only when that value has no other user)."""
+
+    def forward(self, a, b):
+        return (torch.clamp(a, 150, 255), torch.clamp_min(a, 3), torch.clamp_max(b, -7),
+                torch.clamp(b, 5, -3), torch.clamp(b, min=-100))
+
+
+def test_integer_clamps_stay_in_tosa_and_match_torch():
+    a, b = random_q((2, 3, 5), torch.uint8, 7), random_q((2, 3, 5), torch.int8, 8)
+    refs, gots, exe = compile_both(IntegerClamps(), a, b)
+    assert_all_on_iree(exe)
+    for r, g in zip(refs, gots):
+        assert_equal(r, g)
+
+
+class _SharedLinearOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y, torch.relu(y)
+
+
+def test_relu_of_a_shared_quantized_value_runs_on_iree():
+    """Was: the ReLU of a linear output that is also returned stayed an int8 `aten::clamp`,
+    which IREE's capability refused (a PyTorch fallback in a two-output model)."""
+    torch.manual_seed(0)
+    model, x = _SharedLinearOutput().eval(), torch.randn(2, 8)
+    program = qlower.quantize(model, (x,), [(torch.randn(2, 8),) for _ in range(4)])
+    iree = qlower.compile(program, (x,), backend="iree", profile="fixed")
+    ref = qlower.compile(program, (x,), backend="reference", profile="fixed")
+    assert not iree.report().fallbacks, [(c.ops, c.reason) for c in iree.report().fallbacks]
+    assert any("aten::clamp" in c.ops for c in iree.report().compiled)
+    for got, want in zip(iree(x), ref(x)):
+        assert_equal(want, got)
+
+
 class UnbindSelect(torch.nn.Module):
     """q/k/v-style split of a quantized projection: unbind + getitem, select, on uint8."""
 

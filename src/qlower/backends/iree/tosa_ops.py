@@ -593,6 +593,33 @@ def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
     return b.transpose(Val(out, x.dtype, [n, oh, ow, c], x.offset), [0, 3, 1, 2])
 
 
+def _integer_clamp_check(node: Node) -> str | None:
+    """int8/uint8 input, Python-number bounds (a ReLU on quantized values that the lowering pass
+    could not fold into a requantize, e.g. because the value has another user)"""
+    args = full_args(node)
+    if args[0].meta["val"].dtype not in _QUANT_DTYPES or node.meta["val"].dtype != args[0].meta["val"].dtype:
+        return "clamp of a non-8-bit tensor (or with float bounds, which promote it) is not lowered here"
+    if not all(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool)) for b in args[1:3]):
+        return "clamp with tensor bounds is not lowered"
+    return None
+
+
+@tosa_lowering("aten::clamp", "aten::clamp_min", "aten::clamp_max", check=_integer_clamp_check)
+def emit_integer_clamp(em: TosaEmitter, node: Node) -> Val:
+    """tosa.clamp on stored values (the offset keeps order): exactly torch's clamp of the 8-bit
+    tensor, bounds rounded inwards to integers and cut to the dtype's range; min > max gives
+    max everywhere, as in torch."""
+    args = full_args(node)
+    x = em.value(args[0])
+    lo_nat, hi_nat = numerics.dtype_range(node.meta["val"].dtype)
+    name = node.target._schema.name
+    lo = args[1] if name != "aten::clamp_max" else None
+    hi = args[1] if name == "aten::clamp_max" else args[2] if name == "aten::clamp" else None
+    lo = lo_nat if lo is None else min(max(math.ceil(lo), lo_nat), hi_nat)
+    hi = hi_nat if hi is None else max(min(math.floor(hi), hi_nat), lo_nat)
+    return _clamp_stored(em, x, min(lo, hi), hi)
+
+
 @tosa_lowering("qlower::mean", check=_mean_check)
 def emit_mean(em: TosaEmitter, node: Node) -> Val:
     """clamp(RNE(sum(q - zp) / N) + zp): int32 tosa.reduce_sum, then the exact half-to-even
