@@ -244,6 +244,41 @@ def test_integer_clamps_stay_in_tosa_and_match_torch():
         assert_equal(r, g)
 
 
+class IntegerCats(torch.nn.Module):
+    def forward(self, a, b, c):
+        return torch.cat([a, b], 1), torch.cat([a, a, b], -1), torch.cat([c, c], 0)
+
+
+def test_integer_cat_stays_in_tosa_and_matches_torch():
+    """Was: a cat of quantized tensors (two conv branches) was refused and ran in PyTorch."""
+    a, b = random_q((2, 3, 4), torch.uint8, 9), random_q((2, 3, 4), torch.uint8, 10)
+    c = random_q((1, 5), torch.int8, 11)
+    refs, gots, exe = compile_both(IntegerCats(), a, b, c)
+    assert_all_on_iree(exe)
+    for r, g in zip(refs, gots):
+        assert_equal(r, g)
+
+
+def test_cat_of_two_quantized_conv_branches_is_one_iree_cluster():
+    torch.manual_seed(0)
+    model = _TwoBranches().eval()
+    x = torch.randn(2, 4, 8, 8)
+    program = qlower.quantize(model, (x,), [(torch.randn(2, 4, 8, 8),) for _ in range(4)])
+    iree = qlower.compile(program, (x,), backend="iree", profile="fixed")
+    ref = qlower.compile(program, (x,), backend="reference", profile="fixed")
+    assert not iree.report().fallbacks, [(c.ops, c.reason) for c in iree.report().fallbacks]
+    assert_equal(ref(x), iree(x))
+
+
+class _TwoBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
 class _SharedLinearOutput(torch.nn.Module):
     def __init__(self):
         super().__init__()

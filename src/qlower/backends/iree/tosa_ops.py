@@ -20,7 +20,7 @@ from torch.fx import Node
 
 from ... import numerics
 from ...fx import full_args
-from .lowerings import DYN, dims, integer_input, static_dims, tosa_lowering
+from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
 from .tosa_emit import TosaEmitter, Val, offset_of
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
@@ -689,6 +689,30 @@ def emit_transpose(em: TosaEmitter, node: Node) -> Val:
 @tosa_lowering(*_IDENTITIES, check=integer_input)
 def emit_identity(em: TosaEmitter, node: Node) -> Val:
     return em.value(node.args[0])
+
+
+def _cat_check(node: Node) -> str | None:
+    """non-empty integer tensors of one dtype (the graph gives a quantized cat's inputs one scale
+    and zero point, so the cat moves stored values)"""
+    tensors = node.args[0]
+    if not isinstance(tensors, (list, tuple)) or not tensors or not all(isinstance(t, Node) for t in tensors):
+        return "cat of something other than a list of tensors"
+    vals = [t.meta["val"] for t in tensors]
+    if len({v.dtype for v in vals}) != 1 or vals[0].dtype not in INTEGER_DTYPES:
+        return "cat of float or mixed-dtype tensors (floats go through the torch importer)"
+    if any(isinstance(n, int) and n == 0 for v in vals for n in v.shape):
+        return "cat of an empty tensor (torch skips some of those) is not lowered"
+    return None
+
+
+@tosa_lowering("aten::cat", check=_cat_check)
+def emit_cat(em: TosaEmitter, node: Node) -> Val:
+    """tosa.concat on stored values: exactly torch.cat of the integer tensors."""
+    vals = [em.value(t) for t in node.args[0]]
+    dim = full_args(node)[1] % len(vals[0].shape)
+    shape = dims(node.meta["val"].shape)
+    out = em.b.tosa.concat([v.value for v in vals], dim, results=[em.b.ttype(shape, vals[0].dtype)])
+    return Val(out, vals[0].dtype, shape, vals[0].offset)
 
 
 def _getitem_check(node: Node) -> str | None:
