@@ -119,13 +119,14 @@ def _linear_check(node: Node) -> str | None:
     return None
 
 
-def _conv_check(node: Node) -> str | None:
+def _conv_check(node: Node, spatial: int = 2) -> str | None:
     """int8/uint8, groups 1 or depthwise, one weight zero point"""
     why = _accumulating_check(node)
     if why is not None:
         return why
     args = full_args(node)
-    why = static_dims(node, args[0].meta["val"], (1, 2, 3), "channels, height and width of a conv input")
+    why = static_dims(node, args[0].meta["val"], tuple(range(1, 2 + spatial)),
+                      "channels, height and width of a conv input" if spatial == 2 else "channels and length of a conv1d input")
     if why is not None:
         return why
     groups, cin = args[8], args[0].meta["val"].shape[1]
@@ -406,17 +407,42 @@ def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
     IreeOptions(conv_im2col=False) tosa.conv2d) or tosa.depthwise_conv2d (i32 acc), NHWC -> NCHW;
     IREE cancels the transposes between consecutive convs."""
     x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
-    b, ir = em.b, em.b.ir
     w, wzp = _weight(em, node, w_n, w_zp)
+    return _conv(em, em.value(x_n), x_zp, w, wzp, _bias(em, bias_n, w.shape[0]), list(stride), list(padding),
+                 list(dilation), groups, dims(node.meta["val"].shape))
+
+
+def _conv1d_check(node: Node) -> str | None:
+    """int8/uint8, groups 1 or depthwise, one weight zero point, static channels and length"""
+    return _conv_check(node, spatial=1)
+
+
+@tosa_lowering("qlower::conv1d", check=_conv1d_check)
+def emit_conv1d(em: TosaEmitter, node: Node) -> Val:
+    """The 2-D conv of height 1: [N, C, L] viewed as [N, C, 1, L], the weight as [O, I, 1, K]
+    (a reshape: the same sums, so the same int32 accumulator)."""
+    x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
+    w, wzp = _weight(em, node, w_n, w_zp)
+    x = em.value(x_n)
+    n, cout, length = dims(node.meta["val"].shape)
+    acc = _conv(em, em.b.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]]), x_zp, w[:, :, None, :], wzp,
+                _bias(em, bias_n, w.shape[0]), [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups,
+                [n, cout, 1, length])
+    return em.b.reshape(acc, [n, cout, length])
+
+
+def _conv(em: TosaEmitter, x_nchw: Val, x_zp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
+          dilation, groups: int, out_nchw: list[int]) -> Val:
+    """The int32 accumulator [N, Cout, OH, OW] of a conv of stored values (weight OIHW int8)."""
+    b, ir = em.b, em.b.ir
     if groups == 1 and em.options.conv_im2col:
-        x = b.transpose(em.value(x_n), [0, 2, 3, 1])
-        acc = _conv_im2col(em, x, x_zp - x.offset, w, wzp, _bias(em, bias_n, w.shape[0]), list(stride),
-                           list(padding), list(dilation), dims(node.meta["val"].shape))
+        x = b.transpose(x_nchw, [0, 2, 3, 1])
+        acc = _conv_im2col(em, x, x_zp - x.offset, w, wzp, bias, stride, padding, dilation, out_nchw)
         return b.transpose(acc, [0, 3, 1, 2])
-    x, pads = _window(em, b.transpose(em.value(x_n), [0, 2, 3, 1]), w.shape[2:], stride, padding, dilation)
-    n, cout, oh, ow = dims(node.meta["val"].shape)
+    x, pads = _window(em, b.transpose(x_nchw, [0, 2, 3, 1]), w.shape[2:], stride, padding, dilation)
+    n, cout, oh, ow = out_nchw
     out_t = b.ttype([n, oh, ow, cout], torch.int32)
-    common = (b.const(_bias(em, bias_n, cout)), b.zp(x_zp - x.offset, torch.int8), b.zp(wzp, torch.int8),
+    common = (b.const(bias), b.zp(x_zp - x.offset, torch.int8), b.zp(wzp, torch.int8),
               pads, ir.DenseI64ArrayAttr.get(list(stride)), ir.DenseI64ArrayAttr.get(list(dilation)),
               ir.TypeAttr.get(b.elem(torch.int32)))
     if groups == 1:
