@@ -128,7 +128,11 @@ def random_q(shape, dtype, seed=0):
     dict(cin=4, cout=8, k=3, stride=2, padding=1, groups=4, x_zp=9, x_dtype=torch.uint8, w_zp=0),
     dict(cin=3, cout=5, k=3, stride=1, padding=0, groups=1, x_zp=77, x_dtype=torch.uint8, w_zp=128,
          w_dtype=torch.uint8),
-], ids=["3x3-u8", "1x1-stride2-crop", "s8-wzp", "depthwise", "depthwise-multiplier2", "u8-weights-zp128"])
+    dict(cin=8, cout=12, k=3, stride=1, padding=1, groups=2, x_zp=130, x_dtype=torch.uint8, w_zp=0),
+    dict(cin=6, cout=6, k=3, stride=2, padding=1, groups=3, x_zp=-9, x_dtype=torch.int8, w_zp=2),
+    dict(cin=4, cout=4, k=1, stride=1, padding=1, groups=2, x_zp=10, x_dtype=torch.uint8, w_zp=0),
+], ids=["3x3-u8", "1x1-stride2-crop", "s8-wzp", "depthwise", "depthwise-multiplier2", "u8-weights-zp128",
+        "grouped-2", "grouped-3-s8-wzp-stride2", "grouped-1x1-padded"])
 def test_conv2d_requantize_bit_exact(profile, cfg):
     x = random_q((2, cfg["cin"], 9, 9), cfg["x_dtype"])
     (ref_y, ref_acc), (got_y, got_acc), exe = compile_both(ConvRequant(profile=profile, **cfg), x)
@@ -532,18 +536,18 @@ def test_runtime_failure_falls_back_and_sticks():
 
 
 def test_capability_refusals_name_the_op_and_reason():
-    class Grouped(torch.nn.Module):
+    class PerChannelWeightZeroPoints(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.register_buffer("w", torch.ones(4, 2, 1, 1, dtype=torch.int8))
-            self.register_buffer("w_zp", torch.zeros(4, dtype=torch.int32))
+            self.register_buffer("w_zp", torch.arange(4, dtype=torch.int32))
 
         def forward(self, x):
             return ops.conv2d(x, 0, self.w, self.w_zp, None, [1, 1], [0, 0], [1, 1], 2)
-    gm = torch.export.export(Grouped(), (random_q((1, 4, 3, 3), torch.int8),)).module()
+    gm = torch.export.export(PerChannelWeightZeroPoints(), (random_q((1, 4, 3, 3), torch.int8),)).module()
     conv = next(n for n in gm.graph.nodes if "conv2d" in str(n.target))
     why = iree_capability().why_not(conv)
-    assert why is not None and why.startswith("qlower::conv2d") and "grouped" in why
+    assert why is not None and why.startswith("qlower::conv2d") and "zero point" in why
 
 
 def test_backend_registered_and_options_checked():

@@ -120,7 +120,7 @@ def _linear_check(node: Node) -> str | None:
 
 
 def _conv_check(node: Node, spatial: int = 2) -> str | None:
-    """int8/uint8, groups 1 or depthwise, one weight zero point"""
+    """int8/uint8, one weight zero point"""
     why = _accumulating_check(node)
     if why is not None:
         return why
@@ -130,14 +130,12 @@ def _conv_check(node: Node, spatial: int = 2) -> str | None:
     if why is not None:
         return why
     groups, cin = args[8], args[0].meta["val"].shape[1]
-    if groups != 1 and groups != cin:
-        return f"grouped conv (groups={groups}, not 1 or depthwise) is not lowered"
     # depthwise 1x1 with padding: iree-compile fails ("'tosa.pad' op expect input and output to
     # have same element type, got 'i32' and 'i8'"). Measured on [2, 2, 9, 4] int8 inputs:
     # depthwise k1 pad1 (multiplier 1 and 3, dilation 1/2, with/without bias) fail; depthwise
     # k3 pad1 and groups-1 k1 pad1 compile (tests/test_fuzz.py::test_regression_iree_depthwise_1x1_padded)
     kernel, padding = args[2].meta["val"].shape[2:], args[6]
-    if groups != 1 and all(k == 1 for k in kernel) and any(p != 0 for p in padding):
+    if groups == cin != 1 and all(k == 1 for k in kernel) and any(p != 0 for p in padding):
         return "depthwise 1x1 conv with padding fails in iree-compile (tosa.pad element type)"
     return None
 
@@ -404,8 +402,8 @@ def _window(em: TosaEmitter, x: Val, kernel, stride, padding, dilation) -> tuple
 @tosa_lowering("qlower::conv2d", check=_conv_check)
 def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
     """NCHW -> NHWC, a groups-1 conv as qlower's im2col + i8 matmul (_conv_im2col; with
-    IreeOptions(conv_im2col=False) tosa.conv2d) or tosa.depthwise_conv2d (i32 acc), NHWC -> NCHW;
-    IREE cancels the transposes between consecutive convs."""
+    IreeOptions(conv_im2col=False) tosa.conv2d), tosa.depthwise_conv2d (i32 acc), or one of
+    those per group; NHWC -> NCHW; IREE cancels the transposes between consecutive convs."""
     x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
     w, wzp = _weight(em, node, w_n, w_zp)
     return _conv(em, em.value(x_n), x_zp, w, wzp, _bias(em, bias_n, w.shape[0]), list(stride), list(padding),
@@ -413,7 +411,7 @@ def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
 
 
 def _conv1d_check(node: Node) -> str | None:
-    """int8/uint8, groups 1 or depthwise, one weight zero point, static channels and length"""
+    """int8/uint8, one weight zero point, static channels and length"""
     return _conv_check(node, spatial=1)
 
 
@@ -433,8 +431,23 @@ def emit_conv1d(em: TosaEmitter, node: Node) -> Val:
 
 def _conv(em: TosaEmitter, x_nchw: Val, x_zp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
           dilation, groups: int, out_nchw: list[int]) -> Val:
-    """The int32 accumulator [N, Cout, OH, OW] of a conv of stored values (weight OIHW int8)."""
+    """The int32 accumulator [N, Cout, OH, OW] of a conv of stored values (weight OIHW int8).
+    Grouped (neither 1 nor depthwise): one conv per group on its channel slice, concatenated —
+    the same sums, group by group."""
     b, ir = em.b, em.b.ir
+    cin = x_nchw.shape[1]
+    if groups not in (1, cin):
+        cin_g, cout_g = cin // groups, w.shape[0] // groups
+        parts = []
+        for g in range(groups):
+            start, size = [0, g * cin_g, 0, 0], [x_nchw.shape[0], cin_g, *x_nchw.shape[2:]]
+            xg = Val(b.tosa.slice(b.ttype(size, x_nchw.dtype), x_nchw.value, b.shape_value(start), b.shape_value(size)),
+                     x_nchw.dtype, size, x_nchw.offset)
+            cut = slice(g * cout_g, (g + 1) * cout_g)
+            parts.append(_conv(em, xg, x_zp, w[cut], wzp, bias[cut], stride, padding, dilation, 1,
+                               [out_nchw[0], cout_g, *out_nchw[2:]]))
+        out = b.tosa.concat([p.value for p in parts], 1, results=[b.ttype(out_nchw, torch.int32)])
+        return Val(out, torch.int32, list(out_nchw))
     if groups == 1 and em.options.conv_im2col:
         x = b.transpose(x_nchw, [0, 2, 3, 1])
         acc = _conv_im2col(em, x, x_zp - x.offset, w, wzp, bias, stride, padding, dilation, out_nchw)
