@@ -273,6 +273,25 @@ def test_recurrent_ops_are_refused_up_front(cls):
     assert any("is not legalized by torch-mlir" in r for r in reasons) and not any("compile failed" in r for r in reasons)
 
 
+def test_position_id_arithmetic_stays_in_the_iree_cluster():
+    """int64-only ops (arange, unsqueeze, add of position ids) import through torch-mlir and
+    match: the zoo bert is one IREE cluster with no fallback (was 2 clusters and 3 fallbacks).
+    Near miss: boolean mask arithmetic is still refused (torch-mlir fails on the bool literal
+    it makes), with its reason."""
+    entry = ZOO["bert"]
+    cm = qlower.compile(entry.model(), entry.inputs(1), backend="iree")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
+    x = entry.inputs(1, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(*x), entry.model()(*x), rtol=1e-5, atol=1e-5)
+
+    class Mask(torch.nn.Module):
+        def forward(self, x, m):
+            return x * (m.bool() & (m > 0)).float()
+    masked = qlower.compile(Mask(), (torch.randn(2, 4), torch.ones(2, 4, dtype=torch.int64)), backend="iree")
+    assert any("boolean-only ATen op" in c.reason for c in masked.report().fallbacks)
+
+
 def test_zoo_lstm_int8_runs_its_conv1d_front_end_and_head_on_iree():
     entry = ZOO["lstm"]
     program = qlower.quantize(entry.model(), entry.inputs(1), entry.calibration(4))
