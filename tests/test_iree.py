@@ -570,7 +570,7 @@ def test_capability_refusals_name_the_op_and_reason():
 
 
 def test_backend_registered_and_options_checked():
-    assert IreeOptions().driver == "local-sync"   # measured faster on small models (docs/iree.md)
+    assert IreeOptions().runtime_driver() == "local-sync"   # measured faster on small models (docs/iree.md)
     backend = get_backend("iree", IreeOptions(driver="local-task"))
     assert backend.name == "iree" and backend.options.driver == "local-task"
     assert "--iree-opt-data-tiling" in backend.options.compile_flags()

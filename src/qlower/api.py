@@ -194,7 +194,7 @@ def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[Qu
     return adapt(config, preset=not isinstance(quantize, QuantConfig))
 
 
-def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None) -> Path:
+def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None, target: str | None = None) -> Path:
     """Write a model to disk.
     "pt2":  a torch.export program (a CompiledModule keeps its lowering).
     "onnx": one ONNX file, when one onnxruntime cluster covers the whole graph; otherwise a
@@ -204,8 +204,13 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
             dialect), with `//` lines naming the entry function and the iree-compile command;
     "vmfb": the compiled IREE module (`iree-run-module --module=m.vmfb --function=main`).
             Both need one IREE cluster covering the model (else a BackendError names the
-            blocking nodes); an nn.Module / program is compiled (unquantized) for iree first."""
+            blocking nodes); an nn.Module / program is compiled (unquantized) for iree first.
+    target: mlir / vmfb only: the IREE target to compile the module for instead of the one it
+            runs on here, "backend[:architecture]": "cuda:sm_80", "rocm:gfx942",
+            "vulkan-spirv:ampere", "llvm-cpu:znver4" (compile and check here, deploy elsewhere)."""
     path = Path(path)
+    if target is not None and format not in EXPORT_FORMATS:
+        raise QlowerError(f"target={target!r} applies to the IREE formats (mlir, vmfb), not {format!r}")
     if format != "pt2" and format not in EXPORT_FORMATS:
         raise QlowerError(f"export format {format!r} is not available",
                           hint="use one of " + ", ".join(repr(f) for f in ("pt2", *EXPORT_FORMATS)))
@@ -215,6 +220,10 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
             if example_inputs is None:
                 raise QlowerError(f"exporting a model to {format} needs example_inputs")
             model_or_cm = compile(model_or_cm, example_inputs, backend=backend.name)
+        if target is not None:
+            if EXPORT_FORMATS[format] != "iree":
+                raise QlowerError(f"target={target!r} applies to the IREE formats (mlir, vmfb), not {format!r}")
+            return backend.export(model_or_cm, path, format, target)
         return backend.export(model_or_cm, path, format)
     if isinstance(model_or_cm, CompiledModule):
         return model_or_cm.save(path)

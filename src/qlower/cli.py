@@ -93,13 +93,36 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'} and {out / 'bench.log'}")
 
 
+@app.command("device-check")
+def device_check(out: Path = typer.Argument(..., help="the bundle's folder"),
+                 iree_target: str = typer.Option("cuda:sm_80", help="IREE target, backend[:arch] (see `qlower export`)"),
+                 models: str = typer.Option(",".join(("cnn", "transformer", "transformer-blockops", "mobilenet", "vit", "bert")),
+                                            help="comma-separated zoo models"),
+                 batch: int = typer.Option(8, help="the modules' (static) batch size")):
+    """Compile zoo models here for an IREE device (a GPU) into a bundle that a machine with only
+    numpy + iree-base-runtime checks (int8 bit-exact, fp32 within tolerance) and times:
+    `python OUT/run.py OUT` there."""
+    from .bench.device_check import prepare
+    from .errors import QlowerError
+    try:
+        manifest = prepare(out, iree_target, [m.strip() for m in models.split(",") if m.strip()], batch,
+                           progress=lambda m: err.print(m, markup=False))
+    except QlowerError as exc:
+        _fail(exc)
+    console.print(f"wrote {len(manifest['entries'])} modules for {iree_target} to {out}; "
+                  f"run there: python {out / 'run.py'} {out} --driver {manifest['driver']}")
+
+
 @app.command()
 def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program, Q/DQ program or qlower artifact)"),
            out: Path = typer.Argument(..., help="output file"),
            format: str = typer.Option("onnx", help="onnx | mlir | vmfb | pt2"),
-           profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the reference run it, ONNX Runtime does not)")):
+           profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the reference run it, ONNX Runtime does not)"),
+           iree_target: str = typer.Option(None, help="mlir/vmfb: compile for this IREE target instead of this CPU, "
+                                                      "backend[:arch]: cuda:sm_80 | rocm:gfx942 | vulkan-spirv:ampere | llvm-cpu:znver4")):
     """Export a saved program as one ONNX file, one IREE module (.mlir as emitted, or compiled
-    .vmfb for iree-run-module) or .pt2; says which nodes prevent it otherwise."""
+    .vmfb for iree-run-module, for this CPU or --iree-target's device) or .pt2; says which nodes
+    prevent it otherwise."""
     from .api import compile as qcompile
     from .api import export as qexport
     from .capture import load_pt2
@@ -111,7 +134,7 @@ def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
         example = tuple(torch_zeros_like(n.meta["val"]) for n in ep.graph.nodes
                         if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
         cm = qcompile(ep, example, backend=backend, profile=profile)
-        qexport(cm, out, format=format)
+        qexport(cm, out, format=format, target=iree_target)
     except QlowerError as exc:
         _fail(exc)
     console.print(f"wrote {out}")

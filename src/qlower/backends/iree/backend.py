@@ -116,9 +116,9 @@ class IreeBackend:
         return True
 
     @staticmethod
-    def export(cm, path, format: str):
+    def export(cm, path, format: str, target: str | None = None):
         from .export import export_iree
-        return export_iree(cm, path, format)
+        return export_iree(cm, path, format, target)
 
     def legalize_passes(self) -> list:
         """Block ops IREE's capability lacks, decomposed; attention in a quantized program in
@@ -213,12 +213,12 @@ class IreeBackend:
                 p.info.cache = compiled.cache
                 if compiled.note:
                     log.info("cluster #%d: %s", p.info.id, compiled.note)
-                p.function = load_function(compiled.vmfb, self.options.driver)
+                p.function = load_function(compiled.vmfb, self.options.runtime_driver())
                 p.compiled = compiled
             except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
                 self._failed(p, exc)
         if pending:
-            runtime_config(self.options.driver)   # created once, before the threads share it
+            runtime_config(self.options.runtime_driver())   # created once, before the threads share it
         workers = max(1, min(len(pending), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, pending))
@@ -243,8 +243,7 @@ class IreeBackend:
         p.info.status, p.info.reason = "fallback", f"{p.kind} compile failed: {_first_line(exc)}"
         log.warning("cluster #%d fell back to PyTorch: %s", p.info.id, p.info.reason)
 
-    @staticmethod
-    def _install(fused: GraphModule, p: "_Pending", check_finite: bool) -> None:
+    def _install(self, fused: GraphModule, p: "_Pending", check_finite: bool) -> None:
         """Replace the fused submodule by its runner (or its constant value). With `check_finite`
         the runner sums the cluster's float32 graph inputs for the NaN policy."""
         if p.info.status == "constant":
@@ -260,7 +259,8 @@ class IreeBackend:
                                                   p.emitted.asm if p.emitted is not None else None,
                                                   compiled.vmfb if compiled else None,
                                                   compiled.command if compiled else None,
-                                                  float_graph_inputs(fused, p.runtime_args) if check_finite else None))
+                                                  float_graph_inputs(fused, p.runtime_args) if check_finite else None,
+                                                  self.options.runtime_driver()))
         p.call.args = tuple(p.runtime_args)
 
 

@@ -9,6 +9,11 @@ run. The files are exactly what the backend compiled and runs:
   the iree-compile command line that compiles it as the backend did (same outputs);
 - `.vmfb`: the compiled module, runnable with `iree-run-module --module=m.vmfb
   --function=main --input=@x.npy` (iree-base-runtime) and no Python at all.
+
+`target` ("cuda:sm_80", "rocm:gfx942", "vulkan-spirv:ampere", "llvm-cpu:znver4") compiles the
+same MLIR for another device instead of writing the module the backend runs: a model is
+compiled and checked where it is developed, and its .vmfb deployed on a GPU host that has
+only iree-base-runtime (docs/iree.md, "GPU targets").
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from pathlib import Path
 
 from ...errors import BackendError
 from ..base import whole_model_cluster_info
+from .compiler import compile_command, compile_mlir
+from .options import IreeOptions
 from .runner import IreeCluster
 
 ENTRY = "main"
@@ -33,7 +40,7 @@ def whole_model_cluster(cm) -> IreeCluster:
     return clusters[0]
 
 
-def header(cluster: IreeCluster) -> str:
+def header(cluster: IreeCluster, command: str | None = None, driver: str = "local-sync") -> str:
     """`//` comment lines that make an exported .mlir self-describing."""
     kind = _INPUT_TYPE[cluster.kind]
     lines = [
@@ -41,22 +48,41 @@ def header(cluster: IreeCluster) -> str:
         f"({'TOSA + linalg' if kind == 'tosa' else 'torch dialect'}, --iree-input-type={kind})",
         f"entry: @{ENTRY}(the model's inputs, in order) -> its output; uint8 tensors travel as their bytes "
         "viewed as int8 (i8); dynamic dims are `?`",
-        f"compile: {cluster.command}",
-        f"run: iree-run-module --module=model.vmfb --function={ENTRY} --input=@x.npy --output=@y.npy",
+        f"compile: {command or cluster.command}",
+        f"run: iree-run-module --device={driver} --module=model.vmfb --function={ENTRY} --input=@x.npy --output=@y.npy",
     ]
     return "".join(f"// {ln}\n" for ln in lines)
 
 
-def export_iree(cm, path: str | Path, format: str) -> Path:
+def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
+    """The cluster's MLIR compiled for `target`: (vmfb, iree-compile command, runtime driver).
+    A target IREE cannot compile this module for is a BackendError naming it."""
+    options = IreeOptions.for_target(target)
+    input_type = _INPUT_TYPE[cluster.kind]
+    try:
+        compiled = compile_mlir(cluster.mlir, input_type, options)
+    except Exception as exc:  # noqa: BLE001  (iree-compile's diagnostics, shortened)
+        lines = [ln for ln in str(exc).splitlines() if "error:" in ln]
+        raise BackendError(f"iree-compile cannot compile the model for {target!r}: "
+                           f"{(lines[0] if lines else str(exc))[:300]}",
+                           hint="docs/iree.md, GPU targets: the architectures IREE 3.13 knows") from exc
+    return compiled.vmfb, compile_command(input_type, options), options.runtime_driver()
+
+
+def export_iree(cm, path: str | Path, format: str, target: str | None = None) -> Path:
     """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path` (atomically;
-    an unwritable path is an ArtifactError)."""
+    an unwritable path is an ArtifactError); `target` compiles it for another device."""
     from ...runtime.artifact import atomic_write
     path = Path(path)
     cluster = whole_model_cluster(cm)
-    if format == "vmfb":
-        atomic_write(path, lambda tmp: tmp.write_bytes(cluster.vmfb))
-    elif format == "mlir":
-        atomic_write(path, lambda tmp: tmp.write_text(header(cluster) + cluster.mlir))
-    else:
+    if format not in ("vmfb", "mlir"):
         raise ValueError(f"unknown IREE export format {format!r}")
+    if target is None:
+        vmfb, command, driver = cluster.vmfb, cluster.command, cluster.driver
+    else:
+        vmfb, command, driver = retargeted(cluster, target)
+    if format == "vmfb":
+        atomic_write(path, lambda tmp: tmp.write_bytes(vmfb))
+    else:
+        atomic_write(path, lambda tmp: tmp.write_text(header(cluster, command, driver) + cluster.mlir))
     return path

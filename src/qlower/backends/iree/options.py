@@ -3,6 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import BackendError
+
+# target_backend -> (iree-compile flag naming the GPU architecture, iree-runtime driver)
+GPU_TARGETS = {
+    "cuda": ("--iree-cuda-target", "cuda"),
+    "rocm": ("--iree-rocm-target", "hip"),
+    "vulkan-spirv": ("--iree-vulkan-target", "vulkan"),
+}
+CPU_TARGET = "llvm-cpu"
+
 
 @dataclass(frozen=True)
 class IreeOptions:
@@ -25,13 +35,45 @@ class IreeOptions:
     data_tiling: bool = True
     im2col_convs: bool = True
     conv_im2col: bool = True
-    driver: str = "local-sync"            # local-task: IREE's thread pool (see docs/iree.md)
+    driver: str = ""                      # "" = the target's; local-task: IREE's thread pool (docs/iree.md)
+    target_gpu: str = ""
     min_cluster_size: int = 1
     extra_flags: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if self.target_backend != CPU_TARGET and self.target_backend not in GPU_TARGETS:
+            raise BackendError(f"unknown IREE target backend {self.target_backend!r}",
+                               hint=f"use one of {[CPU_TARGET, *GPU_TARGETS]}")
+        if self.target_gpu and self.target_backend == CPU_TARGET:
+            raise BackendError(f"target_gpu={self.target_gpu!r} needs a GPU target_backend",
+                               hint=f"set target_backend to one of {list(GPU_TARGETS)}")
+
+    @classmethod
+    def for_target(cls, target: str, **kwargs) -> "IreeOptions":
+        """Options for a target written "backend[:architecture]" (the CLI's --iree-target):
+        "llvm-cpu", "cuda:sm_80", "rocm:gfx942", "vulkan-spirv:ampere"."""
+        backend, _, arch = target.partition(":")
+        if backend == CPU_TARGET:
+            return cls(target_backend=backend, **({"target_cpu": arch} if arch else {}), **kwargs)
+        return cls(target_backend=backend, target_gpu=arch, **kwargs)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.target_backend in GPU_TARGETS
+
+    def runtime_driver(self) -> str:
+        """The iree-runtime driver that runs modules compiled with these options."""
+        if self.driver:
+            return self.driver
+        return GPU_TARGETS[self.target_backend][1] if self.is_gpu else "local-sync"
+
     def compile_flags(self) -> list[str]:
         """iree-compile command-line flags for these options."""
-        flags = [f"--iree-llvmcpu-target-cpu={self.target_cpu}"] if self.target_backend == "llvm-cpu" else []
+        if self.is_gpu:
+            flag = GPU_TARGETS[self.target_backend][0]
+            flags = [f"{flag}={self.target_gpu}"] if self.target_gpu else []
+        else:
+            flags = [f"--iree-llvmcpu-target-cpu={self.target_cpu}"]
         if self.data_tiling:
             flags.append("--iree-opt-data-tiling")
         if self.im2col_convs:

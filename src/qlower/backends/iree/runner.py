@@ -11,67 +11,10 @@ from torch.fx import GraphModule
 
 from ..clusters import worst_abs_diff
 from ...report import ClusterInfo
+from .vm import IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
 log = logging.getLogger("qlower.iree")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
-_CONFIGS: dict[str, object] = {}      # driver -> iree.runtime.Config (one device per driver)
-
-
-def runtime_config(driver: str):
-    """The one iree.runtime.Config (instance + device) per driver in this process."""
-    import iree.runtime as rt
-    if driver not in _CONFIGS:
-        _CONFIGS[driver] = rt.Config(driver)
-    return _CONFIGS[driver]
-
-
-def load_function(vmfb: bytes, driver: str) -> "IreeFunction":
-    """The `main` function of a compiled module, in its own VM context on the shared device."""
-    import iree.runtime as rt
-    config = runtime_config(driver)
-    module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
-    context = rt.SystemContext(vm_modules=[module], config=config)
-    return IreeFunction(context, module.lookup_function("main"), config.device)
-
-
-class IreeFunction:
-    """A module's function called through IREE's VM directly: numpy arrays in, numpy copies out.
-
-    iree.runtime's FunctionInvoker does the same through ABI-driven packing and DeviceArray
-    wrappers; building the argument buffers with `allocate_buffer_copy` (what its packing calls)
-    and invoking `VmContext.invoke` saved 44 us per call on the zoo CNN int8 at batch 8 (0.84 ->
-    0.80 ms, Intel Xeon, 1 thread, paired over 21 rounds). Results are copied out of the mapped
-    result buffers at once: IREE reuses that memory once the buffer views are released."""
-
-    def __init__(self, context, function, device):
-        import json
-        import iree.runtime as rt
-        from iree.runtime.array_interop import map_dtype_to_element_type
-        self._context = context                  # the SystemContext owns the module
-        self._vm_context, self._function, self._device = context.vm_context, function, device
-        self._allocator = device.allocator
-        self._rt = rt
-        self._element_type = map_dtype_to_element_type
-        abi = json.loads(function.reflection.get("iree.abi", "{}") or "{}")
-        self._results = max(1, len(abi.get("r", ())))   # the result list's initial capacity
-        self._memory = int(rt.MemoryType.DEVICE_LOCAL)
-        self._usage = int(rt.BufferUsage.DEFAULT)
-
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        rt = self._rt
-        args = rt.VmVariantList(len(arrays))
-        for a in arrays:
-            args.push_ref(self._allocator.allocate_buffer_copy(
-                memory_type=self._memory, allowed_usage=self._usage, device=self._device, buffer=a,
-                element_type=self._element_type(a.dtype)))
-        results = rt.VmVariantList(self._results)
-        self._vm_context.invoke(self._function, args, results)
-        return [self._host_copy(results.get_as_object(i, rt.HalBufferView)) for i in range(len(results))]
-
-    def _host_copy(self, view) -> np.ndarray:
-        """The llvm-cpu drivers' buffers are host memory: mapped, then copied."""
-        dtype = self._rt.HalElementType.map_to_dtype(view.element_type)
-        return np.array(view.map().asarray(view.shape, dtype), copy=True)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -97,7 +40,8 @@ class IreeCluster(torch.nn.Module):
 
     def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
                  info: ClusterInfo, kind: str, mlir: str | None, vmfb: bytes | None = None,
-                 command: str | None = None, finite_checks: dict[int, str] | None = None):
+                 command: str | None = None, finite_checks: dict[int, str] | None = None,
+                 driver: str = "local-sync"):
         super().__init__()
         self.fallback = fallback
         self.function = function
@@ -108,6 +52,7 @@ class IreeCluster(torch.nn.Module):
         self.mlir = mlir          # the module compiled (`qlower.export(format="mlir")`), for inspection and docs
         self.vmfb = vmfb          # what iree-compile made of it (`format="vmfb"`)
         self.command = command    # the iree-compile command line that made it from `mlir`
+        self.driver = driver      # the iree-runtime driver (device) it runs on
         self.check = os.environ.get(CHECK_ENV) == "1"
         # runtime position -> graph input name: float graph inputs summed here on the arrays
         # handed to IREE, for the NaN policy (the CompiledModule then skips its own check)
