@@ -87,7 +87,7 @@ def cnn_module(int8_cnn):
     return whole_model_cluster(int8_cnn).vmfb
 
 
-@pytest.mark.parametrize("upload", ["pinned", "pinned-copy"])
+@pytest.mark.parametrize("upload", ["pinned", "pinned-copy", "auto"])
 def test_gpu_upload_paths_give_the_copy_path_s_bits_also_from_threads(cnn_module, upload):
     """The pinned uploads (the GPU default, measured on an H200) run here on the CPU driver:
     same outputs as the plain copy, with buffers reused across calls and kept per thread."""

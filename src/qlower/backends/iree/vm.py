@@ -39,7 +39,8 @@ def load_function(vmfb: bytes, driver: str, entry: str = "main", upload: str | N
     return IreeFunction(context, module.lookup_function(entry), config.device, driver.startswith("local-"), upload)
 
 
-GPU_UPLOAD = "pinned-copy"   # how a GPU driver's inputs reach the device (IreeFunction._argument)
+GPU_UPLOAD = "auto"   # how a GPU driver's inputs reach the device (IreeFunction._argument)
+INLINE_UPLOAD_BYTES = 64 * 1024   # "auto": at most this, "copy"; above it, "pinned-copy"
 
 
 class IreeFunction:
@@ -51,7 +52,7 @@ class IreeFunction:
     0.80 ms, Intel Xeon, 1 thread, paired over 21 rounds). Results are copied out of the mapped
     result buffers at once: IREE reuses that memory once the buffer views are released."""
 
-    UPLOADS = ("copy", "pinned", "pinned-copy")
+    UPLOADS = ("copy", "pinned", "pinned-copy", "auto")
 
     def __init__(self, context, function, device, host_local: bool = True, upload: str | None = None):
         import json
@@ -83,14 +84,19 @@ class IreeFunction:
 
     def _argument(self, position: int, a: np.ndarray):
         """One input as a buffer view on the device. "copy": a new device buffer filled from the
-        array (IREE's allocate_buffer_copy; 4 us on the CPU drivers). On CUDA that registers the
-        array's host memory with the driver on every call when it exceeds 64 KiB: 1.34 ms for the
-        zoo CNN's 96 KiB input on an H200, against 0.04 ms for the transformer's 32 KiB.
+        array (IREE's allocate_buffer_copy; 4 us on the CPU drivers). On CUDA it took 1.34 ms for
+        the zoo CNN's 96 KiB input on an H200, against 0.04 ms for the transformer's 32 KiB (IREE
+        writes updates of up to 64 KiB inline into the command stream; larger ones take a slow path).
         "pinned": the array is copied into a pinned host buffer kept per thread and input, which
         the kernels read over the bus; "pinned-copy": that buffer is then copied into a device
-        buffer kept likewise, before the call."""
+        buffer kept likewise, before the call (H200: zoo CNN int8 2.6 -> 0.8-1.06 ms per call,
+        MobileNet 2.3 -> 0.56 ms; on 2-32 KiB inputs it costs 0.05-0.15 ms more than "copy").
+        "auto" (the GPU default): "copy" up to INLINE_UPLOAD_BYTES, "pinned-copy" above."""
         element_type = self._element_type(a.dtype)
-        if self.upload == "copy":
+        upload = self.upload
+        if upload == "auto":
+            upload = "copy" if a.nbytes <= INLINE_UPLOAD_BYTES else "pinned-copy"
+        if upload == "copy":
             return self._allocator.allocate_buffer_copy(memory_type=self._memory, allowed_usage=self._usage,
                                                         device=self._device, buffer=a, element_type=element_type)
         rt = self._rt
@@ -103,7 +109,7 @@ class IreeFunction:
                 int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
                 int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING), max(a.nbytes, 1))
             target = (self._allocator.allocate_buffer(self._memory, self._usage, max(a.nbytes, 1))
-                      if self.upload == "pinned-copy" else pinned)
+                      if upload == "pinned-copy" else pinned)
             buffers[key] = (pinned, pinned.map().asarray(a.shape, a.dtype), target,
                             rt.HalBufferView(target, a.shape, element_type), self._device.create_semaphore(0))
         pinned, host, target, view, semaphore = buffers[key]
