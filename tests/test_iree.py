@@ -17,6 +17,7 @@ import qlower  # noqa: E402
 from qlower.backends import get_backend  # noqa: E402
 from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree import IreeBackend, IreeOptions, iree_capability  # noqa: E402
+from qlower.numerics_vectors import EDGE_SCALES, quantize_edges, tie_vector  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
 
 ops = torch.ops.qlower
@@ -51,22 +52,6 @@ class Requant(torch.nn.Module):
 
     def forward(self, acc):
         return ops.requantize(acc, self.acc_scale, *self.args)
-
-
-def tie_vector(channels: int) -> torch.Tensor:
-    """Accumulators on every rounding edge: exact ties (both signs), ties +-1, 2^24 + 1,
-    the int32 extremes, zero, and random values over the whole int32 range."""
-    edges = [0, 1, -1, 5, -5, 3, -3, 5279, -5279, 2**24 + 1, -(2**24 + 1), 2**31 - 1, -(2**31 - 1),
-             2**30, -(2**30), 1023, 1024, 1025, -1023, -1024, -1025, 127, 128, 129, -129]
-    rand = torch.randint(-(2**31) + 1, 2**31 - 1, (64,), generator=torch.Generator().manual_seed(0))
-    small = torch.randint(-5000, 5000, (64,), generator=torch.Generator().manual_seed(1))
-    vals = torch.cat([torch.tensor(edges, dtype=torch.int64), rand, small]).to(torch.int32)
-    return vals[:, None].expand(-1, channels).contiguous()
-
-
-# scales on the multiplier/shift edges: exact halves (ties), 2^-k, shift > 31, the documented
-# single-vs-double-round case, a scale close to the rescale limit, and a mantissa rounding to 2^31
-EDGE_SCALES = [0.5, 0.25, 2.0**-25, 0.0050196624, 0.999, 2.0**-40, 0.1, (1 - 2.0**-33) * 0.5]
 
 
 @pytest.mark.parametrize("profile", ["fixed", "float"])
@@ -204,11 +189,7 @@ class QuantDequant(torch.nn.Module):
 def test_quantize_dequantize_bit_exact_on_numerics_edges(scale, zp, dtype):
     """E1 (IEEE division, not a reciprocal), E2 ties to even, E3 zero point after rounding,
     +-inf saturation, NaN -> qmin, values past both ends."""
-    edges = torch.tensor([0.273939937, 2.5, 0.5, -0.5, 1.5, 3.5, float("inf"), float("-inf"), float("nan"),
-                          1e9, -1e9, 0.0, -0.0], dtype=torch.float32)
-    rand = torch.randn(500, generator=torch.Generator().manual_seed(0)) * 3 * scale * 100
-    ties = (torch.arange(-300, 300, dtype=torch.float32) + 0.5) * scale
-    x = torch.cat([edges, rand, ties])
+    x = quantize_edges(scale)
     (ref_q, ref_x), (got_q, got_x), exe = compile_both(QuantDequant(scale, zp, dtype), x)
     assert_all_on_iree(exe)
     assert_equal(ref_q, got_q)

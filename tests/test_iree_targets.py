@@ -122,7 +122,9 @@ def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module
     bundle = tmp_path / "bundle"
     manifest = prepare(bundle, "llvm-cpu", models=["cnn"], batch=2, modes=("int8-fixed", "fp32"), progress=lambda m: None)
     names = [e["name"] for e in manifest["entries"]]
-    assert names == ["cnn-int8-fixed", "cnn-int8-fixed-nodt", "cnn-fp32"] and manifest["driver"] == "local-sync"
+    assert names[:3] == ["cnn-int8-fixed", "cnn-int8-fixed-nodt", "cnn-fp32"] and manifest["driver"] == "local-sync"
+    assert sum(n.startswith("numerics-requantize-") for n in names) == 6   # both profiles x 3 outputs
+    assert sum(n.startswith("numerics-quantize-") for n in names) == 3
     script = ("import runpy, sys; sys.argv = ['run.py', sys.argv[1], '--runs', '3']\n"
               "try:\n    runpy.run_path(sys.argv[1] + '/run.py', run_name='__main__')\n"
               "finally:\n    print('TORCH-IMPORTED' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\n")
@@ -133,8 +135,10 @@ def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module
     assert rows["cnn-int8-fixed"]["ok"] and rows["cnn-int8-fixed"]["differing_bytes"] == 0
     assert rows["cnn-fp32"]["ok"] and rows["cnn-fp32"]["max_abs_err"] <= rows["cnn-fp32"]["atol"]
     assert all(row["equal_to_cpu_module"] and row["device_ms"] > 0 for row in rows.values())
+    numerics = [row for name, row in rows.items() if name.startswith("numerics-")]
+    assert numerics and all(row["ok"] and row["differing_bytes"] == 0 for row in numerics)
     # a module that answers wrongly: the expected int8 outputs shifted by one ulp somewhere
-    expected = bundle / "cnn-int8-fixed.out.npy"
+    expected = bundle / "cnn-int8-fixed.out0.npy"
     want = np.load(expected)
     want.view(np.int32).reshape(-1)[0] += 1
     np.save(expected, want)

@@ -16,6 +16,8 @@ from qlower.backends import AUTO_ORDER, get_backend  # noqa: E402
 from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.openvino import OpenVinoBackend, OvOptions, openvino_capability  # noqa: E402
 from qlower.errors import BackendError  # noqa: E402
+from qlower.numerics_vectors import EDGE_SCALES as BASE_EDGE_SCALES  # noqa: E402
+from qlower.numerics_vectors import tie_vector as edge_tie_vector  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
 
 ops = torch.ops.qlower
@@ -94,16 +96,11 @@ class Requant(torch.nn.Module):
 
 
 def tie_vector(channels: int) -> torch.Tensor:
-    edges = [0, 1, -1, 3, -3, 5, -5, 5279, -5279, 2**24 + 1, -(2**24 + 1), 2**31 - 1, -(2**31 - 1),
-             1023, 1024, 1025, -1023, -1024, -1025, 127, 128, 129, -129]
-    g = torch.Generator().manual_seed(0)
-    vals = torch.cat([torch.tensor(edges), torch.randint(-(2**31) + 1, 2**31 - 1, (64,), generator=g),
-                      torch.randint(-50000, 50000, (2000,), generator=g)]).to(torch.int32)
-    return vals[:, None].expand(-1, channels).contiguous()
+    return edge_tie_vector(channels, small=2000, small_range=50000)
 
 
-# exact halves (ties), 2^-k, tiny multipliers, a mantissa rounding edge, random scales
-EDGE_SCALES = [0.5, 0.25, 2.0**-25, 0.0050196624, 0.999, 2.0**-40, 0.1, (1 - 2.0**-33) * 0.5, 3.7e-5, 1.3e-3]
+# the shared edge scales plus tiny multipliers and a random scale
+EDGE_SCALES = BASE_EDGE_SCALES + [3.7e-5, 1.3e-3]
 
 
 @pytest.mark.parametrize("dtype,zp,relu", [(U8, 0, False), (U8, 131, True), (S8, -3, False), (S8, 10, True)])

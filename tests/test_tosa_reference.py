@@ -63,6 +63,7 @@ from qlower.backends import get_backend  # noqa: E402
 from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree.runner import IreeCluster  # noqa: E402
 from qlower.backends.iree import IreeOptions  # noqa: E402
+from qlower.numerics_vectors import EDGE_SCALES, tie_vector  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ops = torch.ops.qlower
@@ -282,7 +283,6 @@ def input_sets(shapes, dtypes, seed=0):
 # scales on the multiplier/shift edges (as tests/test_iree.py): exact halves (ties), 2^-k, shift
 # > 62 folded into the multiplier, the single-vs-double-round case, close to the rescale limit
 # (the last one is 0.5 once stored as a float32 accumulator scale)
-EDGE_SCALES = [0.5, 0.25, 2.0**-25, 0.0050196624, 0.999, 2.0**-40, 0.1, (1 - 2.0**-33) * 0.5]
 
 
 def random_scales(n, seed, lo=1e-6, span=1e-4):
@@ -445,20 +445,6 @@ def rescale_shift(acc_scale: float, out_scale: float = 1.0) -> int:
 FULL_RANGE_SCALES = [s for s in EDGE_SCALES + [0.4999, 0.3] if rescale_shift(s) >= 32]
 SHIFT31_SCALES = [0.5, 0.75, 0.6180339, 0.999]   # 0.999: close to qlower's rescale limit
 SHIFT31_LIMIT = 2**30
-
-
-def tie_vector(channels: int, limit: int | None = None) -> torch.Tensor:
-    """Accumulators on every rounding edge (as tests/test_iree.py): exact ties of both signs,
-    ties +-1, 2^24 + 1, the int32 extremes (or +-limit), zero, random values over the whole range
-    (int32, or [-limit, limit))."""
-    edges = [0, 1, -1, 5, -5, 3, -3, 5279, -5279, 2**24 + 1, -(2**24 + 1), 2**31 - 1, -(2**31 - 1), -(2**31),
-             2**30, -(2**30), 2**30 - 1, -(2**30) - 1, 1023, 1024, 1025, -1023, -1024, -1025, 127, 128, 129, -129]
-    lo, hi = (-(2**31), 2**31) if limit is None else (-limit, limit)
-    edges = [e for e in edges if lo <= e < hi]
-    rand = torch.randint(lo, hi, (64,), generator=torch.Generator().manual_seed(0))
-    small = torch.randint(-5000, 5000, (64,), generator=torch.Generator().manual_seed(1))
-    vals = torch.cat([torch.tensor(edges, dtype=torch.int64), rand, small]).to(torch.int32)
-    return vals[:, None].expand(-1, channels).contiguous()
 
 
 REQUANT_OUTPUTS = [(torch.int8, -3, -128), (torch.int8, 127, -128), (torch.int8, -128, -10), (torch.uint8, 131, 0)]

@@ -32,19 +32,35 @@ DEFAULT_MODELS = ("cnn", "transformer", "transformer-blockops", "mobilenet", "vi
 
 @dataclasses.dataclass
 class BundleEntry:
-    name: str            # <model>-<mode>[-nodt]
+    name: str            # <model>-<mode>[-nodt], or numerics-<case>
     model: str
     mode: str
     vmfb: str            # file name in the bundle
     inputs: list[str]    # .npy file names, in call order
-    expected: str        # .npy file name: the reference backend's outputs (int8), eager's (fp32)
-    cpu_output: str      # .npy file name: the same module's outputs on this CPU
+    expected: list[str]  # .npy per output: the reference backend's (int8), eager's (fp32)
+    cpu_output: list[str]  # .npy per output: the same module's outputs on this CPU
     exact: bool          # bit-exact (int8 where the CPU module is); else within atol/rtol
     atol: float
     rtol: float
     data_tiling: bool
-    cpu_ms: float | None  # the CPU module's median latency here (llvm-cpu, host), None if not timed
+    cpu_ms: float | None  # the CPU module's median latency here (llvm-cpu, host)
     command: str          # the iree-compile command line that made `vmfb` from the MLIR
+
+
+@dataclasses.dataclass
+class _Case:
+    """One module to bundle: the IREE cluster compiled here, its inputs and wanted outputs."""
+    key: str
+    model: str
+    mode: str
+    cluster: object                 # IreeCluster (mlir, kind, function)
+    inputs: tuple
+    want: tuple
+    got_cpu: tuple
+    exact: bool
+    atol: float = 0.0
+    rtol: float = 0.0
+    tilings: tuple = (True,)
 
 
 def _float_tolerance(got: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float]:
@@ -64,17 +80,105 @@ def _to_array(t: torch.Tensor) -> np.ndarray:
     return a.view(np.int8) if a.dtype == np.uint8 else a
 
 
-def _compiled_pair(entry, mode: str, batch: int):
-    """(module compiled on iree for this CPU, the function whose outputs it must reproduce, exact)."""
+def _tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _zoo_case(entry, mode: str, batch: int) -> _Case:
+    """A zoo model as one IREE module (QlowerError if it is not one)."""
     import qlower
-    model, example = entry.model(), entry.inputs(batch)
+    from ..backends.iree.export import whole_model_cluster
+    model, example, x = entry.model(), entry.inputs(batch), entry.inputs(batch, seed=7)
     if mode == "fp32":
-        cm = qlower.compile(model, example, backend="iree")
-        return cm, model, False
-    program = qlower.quantize(model, example, entry.calibration(4, batch))
-    profile = mode.split("-")[1]
-    cm = qlower.compile(program, example, backend="iree", profile=profile)
-    return cm, qlower.compile(program, example, backend="reference", profile=profile), True
+        cm, oracle = qlower.compile(model, example, backend="iree"), model
+    else:
+        program = qlower.quantize(model, example, entry.calibration(4, batch))
+        profile = mode.split("-")[1]
+        cm = qlower.compile(program, example, backend="iree", profile=profile)
+        oracle = qlower.compile(program, example, backend="reference", profile=profile)
+    cluster = whole_model_cluster(cm)
+    with torch.no_grad():
+        want, got = _tuple(oracle(*x)), _tuple(cm(*x))
+    case = _Case(f"{entry.name}-{mode}", entry.name, mode, cluster, x, want, got, exact=mode != "fp32",
+                 tilings=(True, False) if mode != "fp32" else (True,))
+    if mode == "fp32":
+        with torch.no_grad():
+            ref64 = _tuple(oracle.double()(*(t.double() if t.is_floating_point() else t for t in x)))
+        case.atol, case.rtol = _float_tolerance(got[0], ref64[0])
+    elif not all(torch.equal(g, w) for g, w in zip(got, want)):   # float islands: the CPU module's distance, x2
+        case.exact, case.atol = False, 2 * max(float((g - w).abs().max()) for g, w in zip(got, want))
+    return case
+
+
+class _Requantize(torch.nn.Module):
+    def __init__(self, acc_scales, zp: int, dtype: torch.dtype, profile: str):
+        super().__init__()
+        self.register_buffer("acc_scale", torch.tensor(acc_scales, dtype=torch.float32))
+        qmin, qmax = (0, 255) if dtype == torch.uint8 else (-128, 127)
+        self.args = (1.0, zp, qmin, qmax, dtype, 1, profile)
+
+    def forward(self, acc):
+        return torch.ops.qlower.requantize(acc, self.acc_scale, *self.args)
+
+
+class _QuantizeDequantize(torch.nn.Module):
+    def __init__(self, scale: float, zp: int, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
+        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
+        self.dtype = dtype
+
+    def forward(self, x):
+        qmin, qmax = (0, 255) if self.dtype == torch.uint8 else (-128, 127)
+        q = torch.ops.qlower.quantize(x, self.scale, self.zp, qmin, qmax, self.dtype, None)
+        return q, torch.ops.qlower.dequantize(q, self.scale, self.zp, None)
+
+
+def _numerics_modules():
+    """(name, module, inputs): requantize on every rounding and multiplier/shift edge under both
+    profiles, quantize/dequantize on every float edge (NaN, +-inf, ties) — tests/test_iree.py's
+    bit-exactness cases."""
+    from ..numerics_vectors import EDGE_SCALES, quantize_edges, tie_vector
+    for profile in ("fixed", "float"):
+        for dtype, zp in ((torch.uint8, 0), (torch.uint8, 131), (torch.int8, -3)):
+            yield (f"requantize-{profile}-{str(dtype)[6:]}-zp{zp}", _Requantize(EDGE_SCALES, zp, dtype, profile),
+                   (tie_vector(len(EDGE_SCALES)),))
+    for scale, zp, dtype in ((0.00214854861, 0, torch.uint8), (1.0, 1, torch.uint8), (0.0173, -5, torch.int8)):
+        yield f"quantize-{scale}-{str(dtype)[6:]}-zp{zp}", _QuantizeDequantize(scale, zp, dtype), (quantize_edges(scale),)
+
+
+def _numerics_cases():
+    from ..backends.base import compile_graph
+    from ..backends.iree import IreeBackend
+    from ..backends.iree.runner import IreeCluster
+    for name, module, x in _numerics_modules():
+        gm = torch.export.export(module, x).module()
+        exe = compile_graph(IreeBackend(), gm)
+        clusters = [m for m in exe.module.modules() if isinstance(m, IreeCluster) and m.vmfb is not None]
+        assert len(clusters) == 1 and len(exe.clusters) == 1, f"{name}: not one IREE module"
+        with torch.no_grad():
+            want, got = _tuple(gm(*x)), _tuple(exe.run(*x))
+        yield _Case(f"numerics-{name}", "numerics", name.split("-")[0], clusters[0], x, want, got, exact=True)
+
+
+def _write_case(case: _Case, out: Path, base, entries: list) -> float:
+    """The case's inputs, outputs and modules (per data-tiling choice) into the bundle."""
+    from ..backends.iree.compiler import compile_command, compile_mlir
+    key = case.key
+    inputs = [_npy(_to_array(t), out / f"{key}.in{i}.npy") for i, t in enumerate(case.inputs)]
+    expected = [_npy(_to_array(t), out / f"{key}.out{i}.npy") for i, t in enumerate(case.want)]
+    cpu_output = [_npy(_to_array(t), out / f"{key}.cpu{i}.npy") for i, t in enumerate(case.got_cpu)]
+    cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
+    input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
+    for tiling in case.tilings:
+        options = dataclasses.replace(base, data_tiling=tiling)
+        tag = key if tiling else f"{key}-nodt"
+        compiled = compile_mlir(case.cluster.mlir, input_type, options)
+        (out / f"{tag}.vmfb").write_bytes(compiled.vmfb)
+        entries.append(BundleEntry(tag, case.model, case.mode, f"{tag}.vmfb", inputs, expected, cpu_output,
+                                   case.exact, case.atol, case.rtol, tiling, cpu_ms,
+                                   compile_command(input_type, options)))
+    return cpu_ms
 
 
 def _cpu_latency_ms(cluster, arrays: list[np.ndarray]) -> float:
@@ -88,10 +192,9 @@ def _cpu_line(info: dict, isa: dict) -> str:
 
 
 def prepare(out: str | Path, target: str, models=DEFAULT_MODELS, batch: int = 8, modes=MODES,
-            progress=print) -> dict:
-    """Write the bundle for `target` ("cuda:sm_80", ...) into `out`; returns its manifest."""
-    from ..backends.iree.compiler import compile_command, compile_mlir
-    from ..backends.iree.export import whole_model_cluster
+            numerics: bool = True, progress=print) -> dict:
+    """Write the bundle for `target` ("cuda:sm_80", ...) into `out`; returns its manifest.
+    `numerics`: also the requantize / quantize edge-case modules."""
     from ..backends.iree.options import IreeOptions
     from ..errors import QlowerError
     from ..zoo import get
@@ -102,39 +205,18 @@ def prepare(out: str | Path, target: str, models=DEFAULT_MODELS, batch: int = 8,
     entries, skipped = [], {}
     for name in models:
         entry = get(name)
-        x = entry.inputs(batch, seed=7)
         for mode in modes:
-            key = f"{name}-{mode}"
             try:
-                cm, oracle, exact = _compiled_pair(entry, mode, batch)
-                cluster = whole_model_cluster(cm)
+                case = _zoo_case(entry, mode, batch)
             except QlowerError as exc:
-                skipped[key] = str(exc).splitlines()[0]
-                progress(f"  {key}: skipped ({skipped[key][:100]})")
+                skipped[f"{name}-{mode}"] = str(exc).splitlines()[0]
+                progress(f"  {name}-{mode}: skipped ({skipped[f'{name}-{mode}'][:100]})")
                 continue
-            with torch.no_grad():
-                want = oracle(*x)
-                got_cpu = cm(*x)
-            inputs = [_npy(_to_array(t), out / f"{key}.in{i}.npy") for i, t in enumerate(x)]
-            expected = _npy(_to_array(want), out / f"{key}.out.npy")
-            cpu_output = _npy(_to_array(got_cpu), out / f"{key}.cpu.npy")
-            atol, rtol = 0.0, 0.0
-            if not exact:
-                with torch.no_grad():
-                    ref64 = oracle.double()(*(t.double() if t.is_floating_point() else t for t in x))
-                atol, rtol = _float_tolerance(got_cpu, ref64)
-            elif not torch.equal(got_cpu, want):   # float islands: the CPU module's distance, x2
-                exact, atol = False, 2 * float((got_cpu - want).abs().max())
-            cpu_ms = _cpu_latency_ms(cluster, [_to_array(t) for t in x])
-            for tiling in ((True, False) if mode != "fp32" else (True,)):
-                options = dataclasses.replace(base, data_tiling=tiling)
-                input_type = {"tosa": "tosa", "torch": "torch"}[cluster.kind]
-                tag = key if tiling else f"{key}-nodt"
-                compiled = compile_mlir(cluster.mlir, input_type, options)
-                (out / f"{tag}.vmfb").write_bytes(compiled.vmfb)
-                entries.append(BundleEntry(tag, name, mode, f"{tag}.vmfb", inputs, expected, cpu_output, exact, atol, rtol,
-                                           tiling, cpu_ms, compile_command(input_type, options)))
-            progress(f"  {key}: bundled (CPU module {cpu_ms:.3f} ms)")
+            cpu_ms = _write_case(case, out, base, entries)
+            progress(f"  {case.key}: bundled (CPU module {cpu_ms:.3f} ms)")
+    for case in (_numerics_cases() if numerics else ()):
+        _write_case(case, out, base, entries)
+        progress(f"  {case.key}: bundled")
     here = Path(__file__).resolve()
     shutil.copyfile(here.parent / "device_run.py", out / "run.py")
     shutil.copyfile(here.parents[1] / "backends" / "iree" / "vm.py", out / "vm.py")

@@ -27,9 +27,23 @@ def _check(got: np.ndarray, want: np.ndarray, entry: dict) -> dict:
     if entry["exact"]:
         differ = int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8))) if got.size else 0
         return {"ok": differ == 0, "differing_bytes": differ}
-    err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
-    ok = bool(np.allclose(got, want, atol=entry["atol"], rtol=entry["rtol"]))
+    err = float(np.nanmax(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+    ok = bool(np.allclose(got, want, atol=entry["atol"], rtol=entry["rtol"], equal_nan=True))
     return {"ok": ok, "max_abs_err": err, "atol": entry["atol"]}
+
+
+def _merge(checks: list[dict]) -> dict:
+    """One row for all outputs: ok if every output is; counts summed, errors maximized."""
+    row = {"ok": all(c["ok"] for c in checks)}
+    for c in checks:
+        for k, v in c.items():
+            if k == "differing_bytes":
+                row[k] = row.get(k, 0) + v
+            elif k in ("max_abs_err", "atol"):
+                row[k] = max(row.get(k, 0.0), v)
+            elif k == "why":
+                row[k] = v
+    return row
 
 
 def _time_ms(fn, runs: int) -> float:
@@ -57,9 +71,13 @@ def run(bundle: Path, driver: str, runs: int, upload: str | None = None) -> dict
             row["load_s"] = round(time.perf_counter() - start, 3)
             arrays = [np.load(bundle / f) for f in entry["inputs"]]
             outs = fn(*arrays)
-            row.update(_check(outs[0], np.load(bundle / entry["expected"]), entry))
-            cpu = np.load(bundle / entry["cpu_output"])
-            row["equal_to_cpu_module"] = bool(outs[0].shape == cpu.shape and np.array_equal(outs[0], cpu))
+            if len(outs) != len(entry["expected"]):
+                raise RuntimeError(f"{len(outs)} outputs, {len(entry['expected'])} expected")
+            checks = [_check(o, np.load(bundle / f), entry) for o, f in zip(outs, entry["expected"])]
+            row.update(_merge(checks))
+            cpus = [np.load(bundle / f) for f in entry["cpu_output"]]
+            row["equal_to_cpu_module"] = all(o.shape == c.shape and np.array_equal(o, c, equal_nan=o.dtype.kind == "f")
+                                             for o, c in zip(outs, cpus))
             row["device_ms"] = _time_ms(lambda: fn(*arrays), runs)
         except Exception as exc:  # noqa: BLE001  (reported per module; the run goes on)
             row.update({"ok": False, "why": f"{type(exc).__name__}: {str(exc)[:300]}"})
