@@ -137,6 +137,27 @@ def test_no_backend_name_is_compared_outside_backends():
     assert not offenders, offenders
 
 
+def test_unit_step_slices_pass_contract():
+    """iree's legalization pass: positive (x[:, 0:1:2], one element), near misses (x[:, 0:3:2]
+    takes two; a step-1 slice), idempotent, values unchanged."""
+    from qlower.backends.iree.unit_step_slices import UnitStepSlices
+    from qlower.passes import PassManager
+
+    class Slices(torch.nn.Module):
+        def forward(self, a, b):
+            return a[:, 0:1:2], b[:, 0:3:2], b[:, 1:2]
+    a, b = torch.randn(1, 1, 10), torch.randn(1, 3, 10)
+    gm = torch.export.export(Slices(), (a, b)).module()
+    want = gm(a, b)
+    ctx = PassManager([UnitStepSlices()]).run(gm, PassContext())
+    steps = [n.args[4] if len(n.args) > 4 else 1 for n in gm.graph.nodes
+             if n.op == "call_function" and n.target is torch.ops.aten.slice.Tensor]
+    assert sorted(steps) == [1, 1, 2] and sum(ctx.rewrites.values()) == 1
+    assert not UnitStepSlices().run(gm, PassContext())          # idempotent
+    got = gm(a, b)
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+
+
 def test_drop_noop_ceil_mode_pass_contract():
     """iree's legalization pass: positive (8x8, k2 s2: no partial window), near miss (7x7: ceil
     mode adds a window, kept), idempotent, values unchanged."""

@@ -911,3 +911,14 @@ def test_regression_max_pool_window_entirely_in_the_padding_on_onnxruntime():
     _check(Program(in_shape=(2, 2, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)), Op("maxpool", (1,), (2, 3, 1, 2, True)),
                                                Op("masked_softmax", (2,), (1, 3))),
                    dynamic=True, inputs="positive", seed=69))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_one_element_strided_slice_before_a_matmul():
+    """x[:, 0:1:2] @ W on a 1x1x10 input: iree-compile 3.13 rejected the fp32 cluster ("expected
+    result type to be 'memref<1x1x1x1x10xf32, strided<[10, 20, 10, 10, 1]>...' (mismatch of
+    result layout)") after the capability had accepted it; found by the IREE fuzz run (tenth
+    session). backends/iree/unit_step_slices.py writes such one-element slices with step 1."""
+    _check(Program(in_shape=(1, 1, 10), ops=(Op("mul_s", (0,), (100.0,)), Op("slice", (1,), (1, 0, 1, 2)),
+                                             Op("matmul_w", (2,), (2,)), Op("rms", (3,), ())),
+                   weights="zero", seed=366, per_channel=True, weight_bits=7), ("iree",))

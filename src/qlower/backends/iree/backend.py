@@ -29,6 +29,7 @@ from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster, float_graph_inputs, maps_float_to_integers
 from .drop_noop_ceil_mode import DropNoopCeilMode
+from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .lowerings import SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, symbolic_size
@@ -125,7 +126,7 @@ class IreeBackend:
         its math form; pools whose ceil_mode changes nothing written without it (torch-mlir
         mis-sizes them)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode()]
+                DropNoopCeilMode(), UnitStepSlices()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []
