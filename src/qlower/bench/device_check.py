@@ -171,7 +171,7 @@ def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
     input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
     for tiling in case.tilings:
-        options = dataclasses.replace(base, data_tiling=tiling)
+        options = dataclasses.replace(base.resolved_for(case.cluster.info.ops), data_tiling=tiling)
         tag = key if tiling else f"{key}-nodt"
         compiled = compile_mlir(case.cluster.mlir, input_type, options)
         (out / f"{tag}.vmfb").write_bytes(compiled.vmfb)

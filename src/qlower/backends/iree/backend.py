@@ -230,12 +230,13 @@ class IreeBackend:
         buffer and tensor shapes must be compatible", measured on the zoo hf-bert's attention).
         Without data tiling that cluster's int8 matmuls are ~3x slower, still far faster than
         PyTorch; the report says so."""
+        options = self.options.resolved_for(p.info.ops)
         try:
-            return compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], self.options)
+            return compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
         except Exception as exc:  # noqa: BLE001  (a data-tiling failure is retried once, others re-raised)
-            if not self.options.data_tiling or not any(m in str(exc) for m in _DATA_TILING_FAILURES):
+            if not options.data_tiling or not any(m in str(exc) for m in _DATA_TILING_FAILURES):
                 raise
-            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], dataclasses.replace(self.options, data_tiling=False))
+            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], dataclasses.replace(options, data_tiling=False))
             p.retry_note = f"iree: cluster #{p.info.id} compiled without data tiling (with it: {_first_line(exc)[:160]})"
             return compiled
 

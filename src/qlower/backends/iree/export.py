@@ -57,7 +57,7 @@ def header(cluster: IreeCluster, command: str | None = None, driver: str = "loca
 def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
     """The cluster's MLIR compiled for `target`: (vmfb, iree-compile command, runtime driver).
     A target IREE cannot compile this module for is a BackendError naming it."""
-    options = IreeOptions.for_target(target)
+    options = IreeOptions.for_target(target).resolved_for(cluster.info.ops)
     input_type = _INPUT_TYPE[cluster.kind]
     try:
         compiled = compile_mlir(cluster.mlir, input_type, options)

@@ -1,6 +1,7 @@
 """Options of the IREE backend (one frozen dataclass, part of the compiled-module cache key)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...errors import BackendError
@@ -37,6 +38,7 @@ class IreeOptions:
     conv_im2col: bool = True
     driver: str = ""                      # "" = the target's; local-task: IREE's thread pool (docs/iree.md)
     target_gpu: str = ""
+    ukernels: str = "auto"                # llvm-cpu microkernels: "auto" (per cluster) | "default" | "all" | "none"
     min_cluster_size: int = 1
     extra_flags: tuple[str, ...] = ()
 
@@ -44,6 +46,9 @@ class IreeOptions:
         if self.target_backend != CPU_TARGET and self.target_backend not in GPU_TARGETS:
             raise BackendError(f"unknown IREE target backend {self.target_backend!r}",
                                hint=f"use one of {[CPU_TARGET, *GPU_TARGETS]}")
+        if self.ukernels not in ("auto", "default", "all", "none", "mmt4d"):
+            raise BackendError(f"unknown ukernels setting {self.ukernels!r}",
+                               hint="use 'auto', 'default', 'all', 'none' or 'mmt4d'")
         if self.target_gpu and self.target_backend == CPU_TARGET:
             raise BackendError(f"target_gpu={self.target_gpu!r} needs a GPU target_backend",
                                hint=f"set target_backend to one of {list(GPU_TARGETS)}")
@@ -56,6 +61,14 @@ class IreeOptions:
         if backend == CPU_TARGET:
             return cls(target_backend=backend, **({"target_cpu": arch} if arch else {}), **kwargs)
         return cls(target_backend=backend, target_gpu=arch, **kwargs)
+
+    def resolved_for(self, ops: dict[str, int]) -> "IreeOptions":
+        """These options for one cluster with these op counts: ukernels "auto" decided."""
+        if self.ukernels != "auto":
+            return self
+        convs = sum(n for op, n in ops.items() if "conv" in op)
+        products = sum(n for op, n in ops.items() if any(k in op for k in ("linear", "matmul", "mm", "bmm")))
+        return dataclasses.replace(self, ukernels="all" if convs > products and not self.is_gpu else "default")
 
     @property
     def is_gpu(self) -> bool:
@@ -74,6 +87,8 @@ class IreeOptions:
             flags = [f"{flag}={self.target_gpu}"] if self.target_gpu else []
         else:
             flags = [f"--iree-llvmcpu-target-cpu={self.target_cpu}"]
+            if self.ukernels not in ("auto", "default"):
+                flags.append(f"--iree-llvmcpu-enable-ukernels={self.ukernels}")
         if self.data_tiling:
             flags.append("--iree-opt-data-tiling")
         if self.im2col_convs:
