@@ -70,7 +70,13 @@ def iree_capability() -> Capability:
 # iree-compile errors that come from data tiling (measured: gone with --iree-opt-data-tiling off)
 # ("tiling factors must be less than or equal to the input rank for pack": a 1x2 input through
 # a width-1 linear, found by the IREE fuzz run)
-_DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack")
+_DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack",
+                         "no basis element may be statically non-positive")
+# A float batch matmul whose batch, M and K are all dynamic (attention's probs @ V inside an int8
+# cluster with batch and sequence dynamic): iree-compile 3.13 fails with data tiling and without
+# it ("'affine.delinearize_index' op no basis element may be statically non-positive"); without
+# data tiling and with all micro-kernels it compiles (measured on the zoo transformer int8).
+_UKERNEL_RETRY_FAILURES = ("no basis element may be statically non-positive",)
 
 
 def _decompose_attention_among_integer_ops():
@@ -231,14 +237,27 @@ class IreeBackend:
         Without data tiling that cluster's int8 matmuls are ~3x slower, still far faster than
         PyTorch; the report says so."""
         options = self.options.resolved_for(p.info.ops)
+        hazard = getattr(p.emitted, "no_data_tiling", None)
+        if hazard and options.data_tiling:
+            p.retry_note = f"iree: cluster #{p.info.id} compiled without data tiling ({hazard}: IREE 3.13 miscompiles it)"
+            options = dataclasses.replace(options, data_tiling=False)
         try:
             return compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
-        except Exception as exc:  # noqa: BLE001  (a data-tiling failure is retried once, others re-raised)
+        except Exception as exc:  # noqa: BLE001  (a data-tiling failure is retried, others re-raised)
             if not options.data_tiling or not any(m in str(exc) for m in _DATA_TILING_FAILURES):
                 raise
-            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], dataclasses.replace(options, data_tiling=False))
-            p.retry_note = f"iree: cluster #{p.info.id} compiled without data tiling (with it: {_first_line(exc)[:160]})"
-            return compiled
+            first = exc
+        options = dataclasses.replace(options, data_tiling=False)
+        note = f"iree: cluster #{p.info.id} compiled without data tiling (with it: {_first_line(first)[:160]})"
+        try:
+            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
+        except Exception as exc:  # noqa: BLE001
+            if options.ukernels == "all" or options.is_gpu or not any(m in str(exc) for m in _UKERNEL_RETRY_FAILURES):
+                raise
+            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], dataclasses.replace(options, ukernels="all"))
+            note += " and with all micro-kernels"
+        p.retry_note = note
+        return compiled
 
     @staticmethod
     def _failed(p: "_Pending", exc: Exception) -> None:

@@ -38,11 +38,13 @@ TOSA_LOWERINGS: dict[str, Lowering] = {}
 INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int32)
 
 
-def tosa_lowering(*names: str, check: Check | None = None):
-    """Register `emit` as the TOSA lowering of op schemas `names` (guarded by `check`)."""
+def tosa_lowering(*names: str, check: Check | None = None, dynamic_dims: bool = False):
+    """Register `emit` as the TOSA lowering of op schemas `names` (guarded by `check`).
+    `dynamic_dims`: the emitter handles any number of dynamic dims per tensor (elementwise ops,
+    and reshapes through Builder.reshape's run-time sizes); otherwise at most one."""
     def register(emit: Emit) -> Emit:
         for name in names:
-            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(tosa_shapes, check), emit)
+            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(data_dependent if dynamic_dims else tosa_shapes, check), emit)
         return emit
     return register
 

@@ -49,6 +49,8 @@ class EmittedModule:
     output_dtypes: list[torch.dtype]
     single_output: bool
     op_names: list[str] = field(default_factory=list)   # MLIR ops in the function, for inspection
+    # why this module must be compiled without data tiling (an IREE 3.13 miscompile it has), or None
+    no_data_tiling: str | None = None
 
 
 class Builder:
@@ -56,6 +58,9 @@ class Builder:
 
     def __init__(self, ir, tosa, arith, math, func):
         self.ir, self.tosa, self.arith, self.math, self.func = ir, tosa, arith, math, func
+        self.no_data_tiling: str | None = None   # set by a lowering that IREE's data tiling miscompiles
+        self.symbols: dict = {}   # sympy Symbol -> (function argument, dim) that holds it
+        self.indices: dict = {}   # sympy expression -> its index value (one per function)
 
     def elem(self, dtype: torch.dtype):
         ir = self.ir
@@ -111,10 +116,54 @@ class Builder:
         return self.tosa.const_shape(shape_t, ir.DenseElementsAttr.get(np.array(values, dtype=np.int64),
                                                                         type=ir.IndexType.get()))
 
-    def reshape(self, v: Val, shape: list[int]) -> Val:
-        if list(shape).count(DYN) > 1:
-            raise NotImplementedError("reshape to more than one dynamic dim (tosa.reshape infers one -1)")
-        out = self.tosa.reshape(v.value, self.shape_value(shape), results=[self.ttype(shape, v.dtype)])
+    def bind_sizes(self, arg, shape) -> None:
+        """Record which function argument and dim give each symbolic size (a sympy Symbol) of
+        `shape` (a fake tensor's), for reshapes to more than one dynamic dim."""
+        for i, d in enumerate(shape):
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            if expr is not None and getattr(expr, "is_Symbol", False):
+                self.symbols.setdefault(expr, (arg, i))
+
+    def index(self, size):
+        """An `index` value computing `size` (an int, SymInt or sympy expression of the bound
+        symbols: products and sums) at run time from the function's argument dims."""
+        import sympy
+        expr = sympy.sympify(getattr(getattr(size, "node", None), "expr", size))
+        if expr in self.indices:
+            return self.indices[expr]
+        ir, index_t = self.ir, self.ir.IndexType.get()
+        if expr.is_Integer:
+            value = self.arith.constant(index_t, ir.IntegerAttr.get(index_t, int(expr)))
+        elif expr.is_Symbol:
+            if expr not in self.symbols:
+                raise NotImplementedError(f"size {expr} is not a dim of the cluster's inputs")
+            from iree.compiler.dialects import tensor
+            arg, dim = self.symbols[expr]
+            value = tensor.dim(arg, self.index(dim))
+        elif expr.is_Mul or expr.is_Add:
+            combine = self.arith.muli if expr.is_Mul else self.arith.addi
+            terms = [self.index(t) for t in expr.args]
+            value = terms[0]
+            for t in terms[1:]:
+                value = combine(value, t)
+        else:
+            raise NotImplementedError(f"size {expr} is not lowered (products and sums of input dims are)")
+        self.indices[expr] = value
+        return value
+
+    def reshape(self, v: Val, shape: list[int], sym=None) -> Val:
+        """tosa.reshape (its one -1 dim inferred); to more than one dynamic dim, tensor.reshape
+        with the sizes `sym` (the target's symbolic shape) computed at run time."""
+        if list(shape).count(DYN) <= 1:
+            out = self.tosa.reshape(v.value, self.shape_value(shape), results=[self.ttype(shape, v.dtype)])
+            return Val(out, v.dtype, list(shape), v.offset)
+        if sym is None or len(sym) != len(shape):
+            raise NotImplementedError("reshape to more than one dynamic dim without its symbolic sizes")
+        from iree.compiler.dialects import tensor
+        index_t = self.ir.IndexType.get()
+        sizes = tensor.from_elements(self.ir.RankedTensorType.get([len(shape)], index_t),
+                                     [self.index(d) for d in sym])
+        out = tensor.reshape(self.ttype(shape, v.dtype), v.value, sizes)
         return Val(out, v.dtype, list(shape), v.offset)
 
     def crop(self, v: Val, size: list[int]) -> Val:
@@ -200,12 +249,13 @@ class TosaEmitter:
                 raise RuntimeError("emitted TOSA module does not verify")
             op_names = [op.operation.name for op in fn.entry_block.operations]
             return EmittedModule(str(module), [v.dtype for v in in_vals],
-                                 [o.meta["val"].dtype for o in outs], single, op_names)
+                                 [o.meta["val"].dtype for o in outs], single, op_names, self.b.no_data_tiling)
 
     def _bind_inputs(self, inputs: list[Node], args) -> None:
         for node, arg in zip(inputs, args):
             val = node.meta["val"]
             shape = dims(val.shape)
+            self.b.bind_sizes(arg, val.shape)
             if val.dtype == torch.uint8:
                 self.env[node] = Val(self.b.xor_u8(arg, shape), val.dtype, shape, U8_OFFSET)
             else:
