@@ -11,6 +11,7 @@ back to PyTorch (reason in the report, logged once on `qlower.iree`) and stays t
 from __future__ import annotations
 
 import dataclasses
+import math
 import logging
 import operator
 import os
@@ -22,7 +23,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value, mutated_attributes
+from ...fx import constant_value, mutated_attributes, schema_name
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
@@ -32,7 +33,7 @@ from .drop_noop_ceil_mode import DropNoopCeilMode
 from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
-from .lowerings import SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, symbolic_size
+from .lowerings import DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, symbolic_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
@@ -77,6 +78,35 @@ _DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "lina
 # it ("'affine.delinearize_index' op no basis element may be statically non-positive"); without
 # data tiling and with all micro-kernels it compiles (measured on the zoo transformer int8).
 _UKERNEL_RETRY_FAILURES = ("no basis element may be statically non-positive",)
+
+
+_BATCHED_FLOAT_PRODUCTS = ("aten::matmul", "aten::bmm", "aten::baddbmm")
+
+
+def data_tiling_hazard(sub: GraphModule) -> str | None:
+    """Why a cluster must be compiled without data tiling, or None: IREE 3.13's data tiling
+    computes these wrongly, without any error, at sizes other than the compile-time example's
+    (measured; without data tiling every size is exact):
+    - a batched int8 matmul (batch > 1) with a dynamic M, K or N ([2,4,S,16] @ [2,4,16,8]: max
+      error 8.7 after requantization at S = 2, 17, 20); a dynamic batch alone and batch-1
+      matmuls (every linear, dynamic rows included) are exact with it;
+    - a float matmul of two batched (rank >= 3) operands with any dynamic dim (linear(x) @ xᵀ
+      with only the batch dynamic: max error 6.2 at batches 2 and 3)."""
+    for node in sub.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = schema_name(node)
+        tensors = [a.meta.get("val") for a in node.all_input_nodes[:2]]
+        if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in tensors):
+            continue
+        if name == "qlower::matmul":
+            a, b = (dims(t.shape) for t in tensors)
+            batch = a[:-2]
+            if (DYN in batch or math.prod(batch) != 1) and DYN in (a[-2], a[-1], b[-1]):
+                return "a batched int8 matmul with a dynamic M, K or N"
+        elif name in _BATCHED_FLOAT_PRODUCTS and any(DYN in dims(t.shape) for t in tensors):
+            return "a batched float matmul with a dynamic dim"
+    return None
 
 
 def _decompose_attention_among_integer_ops():
@@ -237,7 +267,7 @@ class IreeBackend:
         Without data tiling that cluster's int8 matmuls are ~3x slower, still far faster than
         PyTorch; the report says so."""
         options = self.options.resolved_for(p.info.ops)
-        hazard = getattr(p.emitted, "no_data_tiling", None)
+        hazard = data_tiling_hazard(p.sub)
         if hazard and options.data_tiling:
             p.retry_note = f"iree: cluster #{p.info.id} compiled without data tiling ({hazard}: IREE 3.13 miscompiles it)"
             options = dataclasses.replace(options, data_tiling=False)

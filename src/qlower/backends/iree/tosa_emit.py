@@ -49,8 +49,6 @@ class EmittedModule:
     output_dtypes: list[torch.dtype]
     single_output: bool
     op_names: list[str] = field(default_factory=list)   # MLIR ops in the function, for inspection
-    # why this module must be compiled without data tiling (an IREE 3.13 miscompile it has), or None
-    no_data_tiling: str | None = None
 
 
 class Builder:
@@ -58,7 +56,6 @@ class Builder:
 
     def __init__(self, ir, tosa, arith, math, func):
         self.ir, self.tosa, self.arith, self.math, self.func = ir, tosa, arith, math, func
-        self.no_data_tiling: str | None = None   # set by a lowering that IREE's data tiling miscompiles
         self.symbols: dict = {}   # sympy Symbol -> (function argument, dim) that holds it
         self.indices: dict = {}   # sympy expression -> its index value (one per function)
 
@@ -249,7 +246,7 @@ class TosaEmitter:
                 raise RuntimeError("emitted TOSA module does not verify")
             op_names = [op.operation.name for op in fn.entry_block.operations]
             return EmittedModule(str(module), [v.dtype for v in in_vals],
-                                 [o.meta["val"].dtype for o in outs], single, op_names, self.b.no_data_tiling)
+                                 [o.meta["val"].dtype for o in outs], single, op_names)
 
     def _bind_inputs(self, inputs: list[Node], args) -> None:
         for node, arg in zip(inputs, args):

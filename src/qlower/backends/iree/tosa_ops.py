@@ -609,13 +609,6 @@ def emit_matmul(em: TosaEmitter, node: Node) -> Val:
         if [str(d) for d in batch_a] != [str(d) for d in batch_b]:   # symbolic dims compared as expressions
             raise NotImplementedError("matmul with broadcast batch dimensions is not lowered")
         batch = _prod(a.shape[:-2])
-        if batch != 1 and DYN in (m, k, n):
-            # measured: with data tiling IREE 3.13 computes a batched int8 matmul with a dynamic
-            # M, K or N wrongly at sizes other than the compile-time example's, silently (max
-            # error 0.3-8.7 after requantization on random inputs; e.g. [2,4,S,16] @ [2,4,16,8]
-            # at S = 2, 17, 20); without data tiling every size is exact. A dynamic batch alone,
-            # and batch-1 matmuls (linears) with dynamic rows, are exact with it.
-            bld.no_data_tiling = "a batched int8 matmul with a dynamic M, K or N"
         sym_a, sym_b = a_n.meta["val"].shape, b_n.meta["val"].shape
         batch_sym = math.prod(sym_a[:-2])
         acc = _matmul3(em, bld.reshape(a, [batch, m, k], [batch_sym, *sym_a[-2:]]),
