@@ -144,6 +144,11 @@ def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module
     assert names[:3] == ["cnn-int8-fixed", "cnn-int8-fixed-nodt", "cnn-fp32"] and manifest["driver"] == "local-sync"
     assert sum(n.startswith("numerics-requantize-") for n in names) == 6   # both profiles x 3 outputs
     assert sum(n.startswith("numerics-quantize-") for n in names) == 3
+    # batch and sequence dynamic, one module per model checked at 4 sizes; the transformer's
+    # batched matmuls only without data tiling (what the backend compiles)
+    assert sum(n.startswith("dynamic-linears-") for n in names) == 8
+    assert [n for n in names if n.startswith("dynamic-transformer-")] == [
+        f"dynamic-transformer-{size}-nodt" for size in ("b2s16", "b1s2", "b3s20", "b2s33")]
     script = ("import runpy, sys; sys.argv = ['run.py', sys.argv[1], '--runs', '3']\n"
               "try:\n    runpy.run_path(sys.argv[1] + '/run.py', run_name='__main__')\n"
               "finally:\n    print('TORCH-IMPORTED' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\n")
@@ -154,8 +159,9 @@ def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module
     assert rows["cnn-int8-fixed"]["ok"] and rows["cnn-int8-fixed"]["differing_bytes"] == 0
     assert rows["cnn-fp32"]["ok"] and rows["cnn-fp32"]["max_abs_err"] <= rows["cnn-fp32"]["atol"]
     assert all(row["equal_to_cpu_module"] and row["device_ms"] > 0 for row in rows.values())
-    numerics = [row for name, row in rows.items() if name.startswith("numerics-")]
+    numerics = [row for name, row in rows.items() if name.startswith(("numerics-", "dynamic-linears-"))]
     assert numerics and all(row["ok"] and row["differing_bytes"] == 0 for row in numerics)
+    assert all(row["ok"] for name, row in rows.items() if name.startswith("dynamic-transformer-"))
     # a module that answers wrongly: the expected int8 outputs shifted by one ulp somewhere
     expected = bundle / "cnn-int8-fixed.out0.npy"
     want = np.load(expected)

@@ -7,7 +7,7 @@ data tiling for the int8 modes; seeded inputs; the outputs it must reproduce; th
 outputs and median latency on this machine's CPU. int8 modules must equal the reference
 backend bit for bit where the CPU module does (all-integer models); a model with float islands
 (softmax, LayerNorm, GELU between the integer ops: outside the canonical contract) must stay
-within twice the CPU module's distance from the reference. fp32 modules must stay within a
+within twice the CPU module's distance from the reference (at least 1e-6). fp32 modules must stay within a
 float tolerance of eager PyTorch. `run.py` and `vm.py` (copied from
 qlower) check and time it there:
 
@@ -70,6 +70,13 @@ def _float_tolerance(got: torch.Tensor, ref64: torch.Tensor) -> tuple[float, flo
     return max(16 * err, 1e-4), 1e-3
 
 
+def _island_tolerance(got: tuple, want: tuple) -> float:
+    """An int8 module with float islands (softmax, LayerNorm, GELU between the integer ops):
+    twice the CPU module's distance from the reference, at least 1e-6 (measured on an H200: a
+    CPU distance of 6e-8 and a GPU one of 2.4e-7 on the same float-rounding differences)."""
+    return max(2 * max(float((g - w).abs().max()) for g, w in zip(got, want)), 1e-6)
+
+
 def _npy(array: np.ndarray, path: Path) -> str:
     np.save(path, array)
     return path.name
@@ -105,8 +112,8 @@ def _zoo_case(entry, mode: str, batch: int) -> _Case:
         with torch.no_grad():
             ref64 = _tuple(oracle.double()(*(t.double() if t.is_floating_point() else t for t in x)))
         case.atol, case.rtol = _float_tolerance(got[0], ref64[0])
-    elif not all(torch.equal(g, w) for g, w in zip(got, want)):   # float islands: the CPU module's distance, x2
-        case.exact, case.atol = False, 2 * max(float((g - w).abs().max()) for g, w in zip(got, want))
+    elif not all(torch.equal(g, w) for g, w in zip(got, want)):   # float islands
+        case.exact, case.atol = False, _island_tolerance(got, want)
     return case
 
 
@@ -161,6 +168,50 @@ def _numerics_cases():
         yield _Case(f"numerics-{name}", "numerics", name.split("-")[0], clusters[0], x, want, got, exact=True)
 
 
+class _ReluMatmul(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.relu(a) @ b
+
+
+def _dynamic_cases(skipped: dict):
+    """Modules compiled once with batch and sequence dynamic, each checked at several sizes (one
+    entry per size, one module): an int8 batched matmul with dynamic batch, M and K (IREE 3.13's
+    CPU data tiling miscompiles it; docs/iree.md, "Dynamic shapes"), int8 linears on [B, S, K],
+    and the zoo transformer int8 (float islands: within 2x the CPU module's distance)."""
+    import qlower
+    from ..backends.iree.export import whole_model_cluster
+    from ..errors import QlowerError
+    from ..zoo import get
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=128)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    linears = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).eval()
+    matmul_shapes = lambda b, s: ((b, 4, s, s), (b, 4, s, 8))   # noqa: E731
+    cases = [("matmul", _ReluMatmul(), matmul_shapes, ({0: batch, 2: seq, 3: seq}, {0: batch, 2: seq})),
+             ("linears", linears, lambda b, s: ((b, s, 64),), ({0: batch, 1: seq},)),
+             ("transformer", get("transformer").model(), lambda b, s: ((b, s, 64),), ({0: batch, 1: seq},))]
+    sizes = ((2, 16), (1, 2), (3, 20), (2, 33))
+    for name, model, shapes, dynamic in cases:
+        example = tuple(torch.randn(*sh, generator=g) for sh in shapes(2, 16))
+        calibration = [tuple(torch.randn(*sh, generator=g) for sh in shapes(2, 16)) for _ in range(3)]
+        program = qlower.quantize(model, example, calibration, dynamic_shapes=dynamic)
+        cm = qlower.compile(program, example, backend="iree", profile="fixed", dynamic_shapes=dynamic)
+        ref = qlower.compile(program, example, backend="reference", profile="fixed", dynamic_shapes=dynamic)
+        try:
+            cluster = whole_model_cluster(cm)
+        except QlowerError as exc:   # PyTorch code around the module (a size computed outside)
+            skipped[f"dynamic-{name}"] = str(exc).splitlines()[0]
+            continue
+        for b, s in sizes:
+            x = tuple(torch.randn(*sh, generator=g) for sh in shapes(b, s))
+            with torch.no_grad():
+                want, got = _tuple(ref(*x)), _tuple(cm(*x))
+            exact = all(torch.equal(w, o) for w, o in zip(want, got))
+            atol = 0.0 if exact else _island_tolerance(got, want)
+            yield _Case(f"dynamic-{name}-b{b}s{s}", f"dynamic-{name}", "int8-fixed", cluster, x, want, got,
+                        exact=exact, atol=atol, tilings=(True, False))
+
+
 def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     """The case's inputs, outputs and modules (per data-tiling choice) into the bundle."""
     from ..backends.iree.compiler import compile_command, compile_mlir
@@ -169,8 +220,10 @@ def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     expected = [_npy(_to_array(t), out / f"{key}.out{i}.npy") for i, t in enumerate(case.want)]
     cpu_output = [_npy(_to_array(t), out / f"{key}.cpu{i}.npy") for i, t in enumerate(case.got_cpu)]
     cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
+    from ..backends.iree.backend import data_tiling_hazard
     input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
-    for tiling in case.tilings:
+    # as the backend compiles it: never with data tiling where IREE 3.13 miscompiles the cluster
+    for tiling in ((False,) if data_tiling_hazard(case.cluster.fallback) else case.tilings):
         options = dataclasses.replace(base.resolved_for(case.cluster.info.ops), data_tiling=tiling)
         tag = key if tiling else f"{key}-nodt"
         compiled = compile_mlir(case.cluster.mlir, input_type, options)
@@ -192,9 +245,10 @@ def _cpu_line(info: dict, isa: dict) -> str:
 
 
 def prepare(out: str | Path, target: str, models=DEFAULT_MODELS, batch: int = 8, modes=MODES,
-            numerics: bool = True, progress=print) -> dict:
+            numerics: bool = True, dynamic: bool = True, progress=print) -> dict:
     """Write the bundle for `target` ("cuda:sm_80", ...) into `out`; returns its manifest.
-    `numerics`: also the requantize / quantize edge-case modules."""
+    `numerics`: also the requantize / quantize edge-case modules; `dynamic`: the modules with
+    batch and sequence dynamic, at several sizes."""
     from ..backends.iree.options import IreeOptions
     from ..errors import QlowerError
     from ..zoo import get
@@ -215,6 +269,9 @@ def prepare(out: str | Path, target: str, models=DEFAULT_MODELS, batch: int = 8,
             cpu_ms = _write_case(case, out, base, entries)
             progress(f"  {case.key}: bundled (CPU module {cpu_ms:.3f} ms)")
     for case in (_numerics_cases() if numerics else ()):
+        _write_case(case, out, base, entries)
+        progress(f"  {case.key}: bundled")
+    for case in (_dynamic_cases(skipped) if dynamic else ()):
         _write_case(case, out, base, entries)
         progress(f"  {case.key}: bundled")
     here = Path(__file__).resolve()

@@ -14,6 +14,11 @@ try:
 except ImportError:   # a copy outside the package (a device-check bundle)
     BackendError = RuntimeError
 
+# iree-runtime flags a driver needs, set before its device is created. CUDA's stream-ordered
+# ("async") allocations failed the zoo transformer int8 with batch and sequence dynamic on an
+# H200 at 3 of 4 sizes ("memory_pools.c:303: CUDA_ERROR_INVALID_VALUE ... hal.device.queue.
+# dealloca"); with them off all four ran and matched (iree-base-runtime 3.13, driver 580).
+_DRIVER_FLAGS = {"cuda": ("--cuda_async_allocations=false",)}
 _CONFIGS: dict[str, object] = {}      # driver -> iree.runtime.Config (one device per driver)
 
 
@@ -21,6 +26,8 @@ def runtime_config(driver: str):
     """The one iree.runtime.Config (instance + device) per driver in this process."""
     import iree.runtime as rt
     if driver not in _CONFIGS:
+        if driver in _DRIVER_FLAGS:
+            rt.flags.parse_flags(*_DRIVER_FLAGS[driver])
         try:
             _CONFIGS[driver] = rt.Config(driver)
         except Exception as exc:  # noqa: BLE001  (iree.runtime raises plain RuntimeError/ValueError)
