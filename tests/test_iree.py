@@ -18,6 +18,7 @@ from qlower.backends import get_backend  # noqa: E402
 from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree import IreeBackend, IreeOptions, iree_capability  # noqa: E402
 from qlower.numerics_vectors import EDGE_SCALES, quantize_edges, tie_vector  # noqa: E402
+from qlower.numerics_vectors import QuantizeDequantize as QuantDequant  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
 
 ops = torch.ops.qlower
@@ -171,19 +172,6 @@ def test_activation_matmul_requantize_bit_exact(profile):
 
 
 # ------------------------------------------------------------- quantize / dequantize & co.
-class QuantDequant(torch.nn.Module):
-    def __init__(self, scale, zp, dtype):
-        super().__init__()
-        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
-        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
-        self.dtype = dtype
-
-    def forward(self, x):
-        qmin, qmax = (0, 255) if self.dtype == torch.uint8 else (-128, 127)
-        q = ops.quantize(x, self.scale, self.zp, qmin, qmax, self.dtype, None)
-        return q, ops.dequantize(q, self.scale, self.zp, None)
-
-
 @pytest.mark.parametrize("scale,zp,dtype", [(0.00214854861, 0, torch.uint8), (1.0, 1, torch.uint8),
                                             (0.0173, -5, torch.int8)])
 def test_quantize_dequantize_bit_exact_on_numerics_edges(scale, zp, dtype):

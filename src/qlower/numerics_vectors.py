@@ -34,3 +34,18 @@ def quantize_edges(scale: float) -> torch.Tensor:
     rand = torch.randn(500, generator=torch.Generator().manual_seed(0)) * 3 * scale * 100
     ties = (torch.arange(-300, 300, dtype=torch.float32) + 0.5) * scale
     return torch.cat([edges, rand, ties])
+
+
+class QuantizeDequantize(torch.nn.Module):
+    """q = qlower.quantize(x), and its dequantize: the module the quantize edges run through."""
+
+    def __init__(self, scale: float, zp: int, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
+        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
+        self.dtype = dtype
+
+    def forward(self, x):
+        qmin, qmax = (0, 255) if self.dtype == torch.uint8 else (-128, 127)
+        q = torch.ops.qlower.quantize(x, self.scale, self.zp, qmin, qmax, self.dtype, None)
+        return q, torch.ops.qlower.dequantize(q, self.scale, self.zp, None)

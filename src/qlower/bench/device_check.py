@@ -128,30 +128,17 @@ class _Requantize(torch.nn.Module):
         return torch.ops.qlower.requantize(acc, self.acc_scale, *self.args)
 
 
-class _QuantizeDequantize(torch.nn.Module):
-    def __init__(self, scale: float, zp: int, dtype: torch.dtype):
-        super().__init__()
-        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
-        self.register_buffer("zp", torch.tensor(zp, dtype=torch.int32))
-        self.dtype = dtype
-
-    def forward(self, x):
-        qmin, qmax = (0, 255) if self.dtype == torch.uint8 else (-128, 127)
-        q = torch.ops.qlower.quantize(x, self.scale, self.zp, qmin, qmax, self.dtype, None)
-        return q, torch.ops.qlower.dequantize(q, self.scale, self.zp, None)
-
-
 def _numerics_modules():
     """(name, module, inputs): requantize on every rounding and multiplier/shift edge under both
     profiles, quantize/dequantize on every float edge (NaN, +-inf, ties) — tests/test_iree.py's
     bit-exactness cases."""
-    from ..numerics_vectors import EDGE_SCALES, quantize_edges, tie_vector
+    from ..numerics_vectors import EDGE_SCALES, QuantizeDequantize, quantize_edges, tie_vector
     for profile in ("fixed", "float"):
         for dtype, zp in ((torch.uint8, 0), (torch.uint8, 131), (torch.int8, -3)):
             yield (f"requantize-{profile}-{str(dtype)[6:]}-zp{zp}", _Requantize(EDGE_SCALES, zp, dtype, profile),
                    (tie_vector(len(EDGE_SCALES)),))
     for scale, zp, dtype in ((0.00214854861, 0, torch.uint8), (1.0, 1, torch.uint8), (0.0173, -5, torch.int8)):
-        yield f"quantize-{scale}-{str(dtype)[6:]}-zp{zp}", _QuantizeDequantize(scale, zp, dtype), (quantize_edges(scale),)
+        yield f"quantize-{scale}-{str(dtype)[6:]}-zp{zp}", QuantizeDequantize(scale, zp, dtype), (quantize_edges(scale),)
 
 
 def _numerics_cases():
