@@ -409,6 +409,37 @@ def test_decompose_pass_fires_only_for_unsupported_ops_and_keeps_numerics(monkey
             assert target in targets and not ctx.rewrites
 
 
+def test_decompose_pass_under_symbolic_shapes_inlines_only_size_free_decompositions():
+    """Batch and sequence dynamic: LayerNorm's decomposition reads no symbolic size (traced with
+    prime stand-ins, none among its ops' arguments) and is inlined, with the same values at
+    other sizes; causal attention's builds its mask from the sequence length and stays one node
+    (refused, with the reason). Was: every block op under symbolic shapes stayed in PyTorch."""
+    from qlower.passes import PassContext, PassManager
+    from qlower.passes.decompose_block_ops import DecomposeBlockOps
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(16)), nn.Parameter(torch.randn(16))
+
+        def forward(self, x):
+            y = bops.layer_norm(x, [16], self.w, self.b, 1e-5)
+            return bops.attention(y.unsqueeze(1), y.unsqueeze(1), y.unsqueeze(1), None, True, None)
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=64)
+    torch.manual_seed(0)
+    model = Both().eval()
+    gm = torch.export.export(model, (torch.randn(2, 5, 16),), dynamic_shapes=({0: batch, 1: seq},)).module()
+    ctx = PassManager([DecomposeBlockOps(lambda n: False)]).run(gm, PassContext())
+    targets = {n.target for n in gm.graph.nodes}
+    assert qops.layer_norm.default not in targets and qops.attention.default in targets
+    assert any("attention" in r.node and "symbolic" in r.reason for r in ctx.refusals)
+    assert not PassManager([DecomposeBlockOps(lambda n: False)]).run(gm, PassContext()).rewrites   # idempotent
+    for shape in ((1, 2, 16), (3, 7, 16), (2, 33, 16)):
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            torch.testing.assert_close(gm(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 def test_backend_decomposes_denied_block_op_and_reports_it(monkeypatch):
     monkeypatch.setenv("QLOWER_OP_DENYLIST", "qlower::rotary_embedding")
     module, inputs, _ = ONNX_CASES["rotary_interleaved"]

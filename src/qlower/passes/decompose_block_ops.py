@@ -10,8 +10,11 @@ BEFORE:  y = qlower.rotary_embedding(x, cos, sin, True)             # backend: u
 AFTER:   x1 = aten.slice(x, -1, 0, None, 2)  ...  y = aten.add(aten.mul(x, cos), ...)
          (the op's entry in qlower.blockops.DECOMPOSITIONS, traced on the node's values)
 Not fired: block ops the backend supports; ops without a decomposition (lstm, gru); block ops
-whose inputs have symbolic shapes (the trace would bake one size in) — those keep the op,
-which then runs in PyTorch, and a refusal records why.
+whose inputs have symbolic shapes and whose decomposition uses one of those sizes (traced with
+prime stand-ins for the symbolic sizes, a stand-in found among the traced ops' arguments: the
+trace would bake one size in) — those keep the op, which then runs in PyTorch, and a refusal
+records why. A decomposition that never reads a symbolic size (LayerNorm / RMSNorm over a
+static last dim) is inlined under symbolic shapes too.
 Postconditions: no unsupported block op with a decomposition and static shapes remains; the
 graph computes the decomposition, which tests hold equal to the op's reference kernel.
 Idempotent: the ATen ops it inserts are not block ops.
@@ -33,9 +36,10 @@ def _static(val) -> bool:
     return not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape)
 
 
-def _trace(node: Node, decomposition: Callable) -> GraphModule:
+def _trace(node: Node, decomposition: Callable, sizes: dict | None = None) -> GraphModule:
     """The decomposition as an ATen graph whose placeholders are node's tensor arguments
-    (non-tensor keyword arguments are passed as they are)."""
+    (non-tensor keyword arguments are passed as they are); `sizes` gives each symbolic size
+    of the inputs a concrete stand-in."""
     tensor_positions = [i for i, a in enumerate(node.args) if isinstance(a, Node)]
 
     def bound(*tensors):
@@ -43,16 +47,55 @@ def _trace(node: Node, decomposition: Callable) -> GraphModule:
         for i, t in zip(tensor_positions, tensors):
             args[i] = t
         return decomposition(*args, **node.kwargs)
-    return make_fx(bound)(*[_example_like(node.args[i].meta["val"]) for i in tensor_positions])
+    examples = [_example_like(node.args[i].meta["val"], sizes) for i in tensor_positions]
+    return make_fx(bound)(*examples)
 
 
-def _example_like(val: torch.Tensor) -> torch.Tensor:
+# Stand-ins for symbolic sizes while tracing: primes no static size of these small models takes,
+# so a stand-in (or a product of two) found among the traced ops' arguments means the
+# decomposition baked a size in.
+_STAND_INS = (1009, 1013, 1019, 1021, 1031, 1033)
+
+
+def _symbolic_stand_ins(node: Node) -> dict | None:
+    """sympy symbol -> stand-in size for every symbol in node's input shapes, or None when
+    there are more symbols than stand-ins."""
+    symbols = []
+    for a in node.all_input_nodes:
+        val = a.meta.get("val")
+        for d in (val.shape if isinstance(val, torch.Tensor) else ()):
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            for sym in (getattr(expr, "free_symbols", None) or ()):
+                if sym not in symbols:
+                    symbols.append(sym)
+    return dict(zip(symbols, _STAND_INS)) if len(symbols) <= len(_STAND_INS) else None
+
+
+def _bakes_a_size(traced: GraphModule, sizes: dict) -> bool:
+    """Whether any traced op takes a stand-in size (or a product of two) as an argument."""
+    stand_ins = set(sizes.values())
+    stand_ins |= {a * b for a in sizes.values() for b in sizes.values()}
+
+    def ints(arg):
+        if isinstance(arg, (list, tuple)):
+            return [i for x in arg for i in ints(x)]
+        return [arg] if isinstance(arg, int) and not isinstance(arg, bool) else []
+    for n in traced.graph.nodes:
+        if n.op == "call_function" and any(abs(i) in stand_ins or any(abs(i) % s == 0 for s in sizes.values())
+                                           for i in ints(list(n.args) + list(n.kwargs.values()))):
+            return True
+    return False
+
+
+def _example_like(val: torch.Tensor, sizes: dict | None = None) -> torch.Tensor:
     """A zero tensor with val's shape AND strides: traced on a contiguous example, a reshape is
     recorded as a view, which then fails on the real (e.g. permuted) input (fuzz: group_norm on
-    a permuted activation raised a raw ValueError on iree)."""
+    a permuted activation raised a raw ValueError on iree). Symbolic sizes take their stand-ins
+    (`sizes`), contiguous."""
     if all(isinstance(d, int) for d in (*val.shape, *val.stride())):
         return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype).zero_()
-    return torch.zeros(val.shape, dtype=val.dtype)
+    shape = [d if isinstance(d, int) else int(d.node.expr.subs(sizes)) for d in val.shape]
+    return torch.zeros(shape, dtype=val.dtype)
 
 
 def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
@@ -78,13 +121,19 @@ class DecomposeBlockOps(Pass):
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in self.table or self.supported(node):
                 continue
-            if not all(_static(a.meta.get("val")) for a in node.all_input_nodes):
-                ctx.refuse(self.name, node, "symbolic input shapes: the block op runs in PyTorch")
-                continue
             if any(isinstance(a, Node) for a in node.kwargs.values()):
                 ctx.refuse(self.name, node, "a tensor keyword argument: the op runs as it is")
                 continue
-            result = _inline(gm, node, _trace(node, self.table[node.target]))
+            sizes = None
+            if not all(_static(a.meta.get("val")) for a in node.all_input_nodes):
+                sizes = _symbolic_stand_ins(node)
+            traced = _trace(node, self.table[node.target], sizes) if sizes is not None or \
+                all(_static(a.meta.get("val")) for a in node.all_input_nodes) else None
+            if traced is None or (sizes and _bakes_a_size(traced, sizes)):
+                ctx.refuse(self.name, node, "symbolic input shapes and a decomposition that depends on "
+                                            "them: the block op runs in PyTorch")
+                continue
+            result = _inline(gm, node, traced)
             node.replace_all_uses_with(result)
             gm.graph.erase_node(node)
             ctx.rewrites[f"decomposed {node.target.name()}{self.why}"] += 1

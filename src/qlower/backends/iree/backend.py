@@ -152,6 +152,8 @@ class IreeBackend:
             return False
         return True
 
+    export_targets = True   # export(..., target=) compiles the module for another device
+
     @staticmethod
     def export(cm, path, format: str, target: str | None = None):
         from .export import export_iree
