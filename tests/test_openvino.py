@@ -608,3 +608,23 @@ def test_symmetric_activation_matmul_gives_int8_zero_point_free_attention_operan
     assert pv[0] == (torch.uint8, 0) and pv[1] == (torch.int8, 0)
     (qk, pv) = _matmul_operand_qparams(QuantConfig(quantize_attention=True))
     assert all(dtype == torch.uint8 for dtype, _ in qk + pv) and any(zp != 0 for _, zp in qk + pv)
+
+
+def test_a_cluster_that_outputs_a_size_falls_back_with_its_reason(monkeypatch):
+    """Batch and sequence dynamic, an op between two clusters refused: the first cluster computes
+    sizes the code after it reads. OpenVINO clusters return tensors only; this raised a raw
+    AttributeError from the backend (found with the zoo transformer int8, tenth session). Now
+    the cluster runs in PyTorch with the reason, and the model's outputs are right."""
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::cumsum")
+
+    class SizesAcrossARefusedOp(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[1]
+            z = torch.cumsum(torch.relu(x) * 2, 1)
+            return (z.reshape(x.shape[0] * n, -1) + 1).relu()
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=16)
+    model = SizesAcrossARefusedOp()
+    cm = qlower.compile(model, (torch.randn(2, 5, 4),), backend="openvino", dynamic_shapes=({0: batch, 1: seq},))
+    assert any(c.reason == "a cluster output is a size (scalar), not a tensor" for c in cm.report().fallbacks)
+    x = torch.randn(3, 7, 4)
+    torch.testing.assert_close(cm(x), model(x))

@@ -180,7 +180,17 @@ class OpenVinoBackend:
         if not inputs.runtime_args:  # constants only: evaluate once, no engine call
             install_constant(fused, call, inputs, info)
             return info
-        dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
+        outs = [out] if single else list(out)
+        if not all(isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in outs):
+            # a size (SymInt) computed in the cluster and read outside it (batch and sequence
+            # dynamic, an op between two clusters refused): the zoo transformer int8 raised a raw
+            # AttributeError here; this cluster runs in PyTorch instead, with the reason
+            info.status, info.reason = "fallback", "a cluster output is a size (scalar), not a tensor"
+            log.info("cluster #%d runs in PyTorch: %s", index, info.reason)
+            setattr(fused, call.target, OvCluster(sub, None, inputs.by_position, inputs.arity, [], single, info, None))
+            call.args = tuple(inputs.runtime_args)
+            return info
+        dtypes = [o.meta["val"].dtype for o in outs]
         try:
             model_bytes = translate(sub, constants, exact=not self.options.native)
             config = self.options.config()
