@@ -145,14 +145,15 @@ def test_unit_step_slices_pass_contract():
 
     class Slices(torch.nn.Module):
         def forward(self, a, b):
-            return a[:, 0:1:2], b[:, 0:3:2], b[:, 1:2]
+            return a[:, 0:1:2], b[:, 0:3:2], b[:, 1:2], b[:, 1:3:2], b[:, -2::5]
     a, b = torch.randn(1, 1, 10), torch.randn(1, 3, 10)
     gm = torch.export.export(Slices(), (a, b)).module()
     want = gm(a, b)
     ctx = PassManager([UnitStepSlices()]).run(gm, PassContext())
     steps = [n.args[4] if len(n.args) > 4 else 1 for n in gm.graph.nodes
              if n.op == "call_function" and n.target is torch.ops.aten.slice.Tensor]
-    assert sorted(steps) == [1, 1, 2] and sum(ctx.rewrites.values()) == 1
+    # positives: one element with an end past it (1:3:2 is element 1; -2::5 is element 1)
+    assert sorted(steps) == [1, 1, 1, 1, 2] and sum(ctx.rewrites.values()) == 3
     assert not UnitStepSlices().run(gm, PassContext())          # idempotent
     got = gm(a, b)
     assert all(torch.equal(w, g) for w, g in zip(want, got))
