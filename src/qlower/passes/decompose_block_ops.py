@@ -72,17 +72,15 @@ def _symbolic_stand_ins(node: Node) -> dict | None:
 
 
 def _bakes_a_size(traced: GraphModule, sizes: dict) -> bool:
-    """Whether any traced op takes a stand-in size (or a product of two) as an argument."""
-    stand_ins = set(sizes.values())
-    stand_ins |= {a * b for a in sizes.values() for b in sizes.values()}
-
+    """Whether any traced op takes a multiple of a stand-in size (the size, or a product with
+    it: a flattened view) as an argument."""
     def ints(arg):
         if isinstance(arg, (list, tuple)):
             return [i for x in arg for i in ints(x)]
         return [arg] if isinstance(arg, int) and not isinstance(arg, bool) else []
     for n in traced.graph.nodes:
-        if n.op == "call_function" and any(abs(i) in stand_ins or any(abs(i) % s == 0 for s in sizes.values())
-                                           for i in ints(list(n.args) + list(n.kwargs.values()))):
+        args = ints(list(n.args) + list(n.kwargs.values())) if n.op == "call_function" else []
+        if any(i != 0 and i % s == 0 for i in args for s in sizes.values()):
             return True
     return False
 
