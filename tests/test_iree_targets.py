@@ -130,6 +130,13 @@ def test_gpu_upload_paths_give_the_copy_path_s_bits_also_from_threads(cnn_module
     for t in threads:
         t.join()
     assert not errors
+    # a dynamic model at many sizes: the staged buffers per thread stay bounded
+    from qlower.backends.iree import vm
+    if upload != "auto":   # "auto" copies inputs this small
+        fn = load_function(cnn_module, "local-sync", upload=upload)
+        for position in range(vm.STAGED_SHAPES + 5):   # a new staging key each time
+            fn._argument(position, xs[0])
+        assert len(fn._staging.buffers) == vm.STAGED_SHAPES
     with pytest.raises(ValueError, match="unknown upload"):
         IreeFunction(pinned._context, pinned._function, pinned._device, True, "mmap")
 

@@ -48,6 +48,7 @@ def load_function(vmfb: bytes, driver: str, entry: str = "main", upload: str | N
 
 GPU_UPLOAD = "auto"   # how a GPU driver's inputs reach the device (IreeFunction._argument)
 INLINE_UPLOAD_BYTES = 64 * 1024   # "auto": at most this, "copy"; above it, "pinned-copy"
+STAGED_SHAPES = 16                # pinned uploads: buffers kept per thread, one per input shape
 
 
 class IreeFunction:
@@ -111,6 +112,8 @@ class IreeFunction:
         if buffers is None:
             buffers = self._staging.buffers = {}
         key = (position, a.shape, a.dtype.str)
+        if key not in buffers and len(buffers) >= STAGED_SHAPES:   # a dynamic model at many sizes
+            del buffers[next(iter(buffers))]                         # oldest first: memory stays bounded
         if key not in buffers:
             pinned = self._allocator.allocate_buffer(
                 int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
