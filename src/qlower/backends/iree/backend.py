@@ -263,32 +263,35 @@ class IreeBackend:
             list(pool.map(one, pending))
 
     def _compile_with_retry(self, p: "_Pending"):
-        """iree-compile with data tiling, and once more without it where IREE 3.13 fails with it:
-        f32 batched matmuls among data-tiled int8 ones ("'iree_codegen.load_from_buffer' op
-        buffer and tensor shapes must be compatible", measured on the zoo hf-bert's attention).
-        Without data tiling that cluster's int8 matmuls are ~3x slower, still far faster than
-        PyTorch; the report says so."""
+        """iree-compile with data tiling — not at all for a cluster it miscompiles
+        (`data_tiling_hazard`) — and again without it where IREE 3.13 fails with it: f32 batched
+        matmuls among data-tiled int8 ones ("'iree_codegen.load_from_buffer' op buffer and tensor
+        shapes must be compatible", measured on the zoo hf-bert's attention); then, for a failure
+        only the micro-kernels avoid (`_UKERNEL_RETRY_FAILURES`), with all of them. Without data
+        tiling a cluster's int8 matmuls are ~3x slower, still far faster than PyTorch; the report
+        says what was done."""
         options = self.options.resolved_for(p.info.ops)
+        notes = []
         hazard = data_tiling_hazard(p.sub)
         if hazard and options.data_tiling:
-            p.retry_note = f"iree: cluster #{p.info.id} compiled without data tiling ({hazard}: IREE 3.13 miscompiles it)"
+            notes.append(f"without data tiling ({hazard}: IREE 3.13 miscompiles it)")
             options = dataclasses.replace(options, data_tiling=False)
-        try:
-            return compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
-        except Exception as exc:  # noqa: BLE001  (a data-tiling failure is retried, others re-raised)
-            if not options.data_tiling or not any(m in str(exc) for m in _DATA_TILING_FAILURES):
-                raise
-            first = exc
-        options = dataclasses.replace(options, data_tiling=False)
-        note = f"iree: cluster #{p.info.id} compiled without data tiling (with it: {_first_line(first)[:160]})"
-        try:
-            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
-        except Exception as exc:  # noqa: BLE001
-            if options.ukernels == "all" or options.is_gpu or not any(m in str(exc) for m in _UKERNEL_RETRY_FAILURES):
-                raise
-            compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], dataclasses.replace(options, ukernels="all"))
-            note += " and with all micro-kernels"
-        p.retry_note = note
+        while True:
+            try:
+                compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
+                break
+            except Exception as exc:  # noqa: BLE001  (known IREE failures retried, others re-raised)
+                message = str(exc)
+                if options.data_tiling and any(m in message for m in _DATA_TILING_FAILURES):
+                    notes.append(f"without data tiling (with it: {_first_line(exc)[:160]})")
+                    options = dataclasses.replace(options, data_tiling=False)
+                elif options.ukernels != "all" and not options.is_gpu and any(m in message for m in _UKERNEL_RETRY_FAILURES):
+                    notes.append("with all micro-kernels")
+                    options = dataclasses.replace(options, ukernels="all")
+                else:
+                    raise
+        if notes:
+            p.retry_note = f"iree: cluster #{p.info.id} compiled " + " and ".join(notes)
         return compiled
 
     @staticmethod
