@@ -194,3 +194,22 @@ def test_cli_device_check_and_export_target(tmp_path):
     result = CliRunner().invoke(app, ["export", str(path), str(out), "--format", "vmfb", "--iree-target", "cuda:sm_80"])
     assert result.exit_code == 0, result.output
     assert b"cuda-nvptx-fb" in out.read_bytes()
+
+
+def test_export_for_another_target_keeps_the_data_tiling_hazard_rule(tmp_path):
+    """A cluster IREE 3.13's data tiling miscompiles (a batched float matmul with a dynamic
+    batch) is exported for another target without data tiling, as the backend compiles it."""
+    class ProductWithInput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            return self.lin(x) @ x.transpose(-1, -2)
+    torch.manual_seed(0)
+    cm = qlower.compile(ProductWithInput().eval(), (torch.randn(2, 4, 8),), backend="iree",
+                        dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    assert "--iree-opt-data-tiling" not in whole_model_cluster(cm).command
+    text = qlower.export(cm, tmp_path / "m.mlir", format="mlir", target="llvm-cpu:znver4").read_text()
+    compile_line = next(ln for ln in text.splitlines() if ln.startswith("// compile:"))
+    assert "--iree-llvmcpu-target-cpu=znver4" in compile_line and "--iree-opt-data-tiling" not in compile_line

@@ -17,6 +17,7 @@ only iree-base-runtime (docs/iree.md, "GPU targets").
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ...errors import BackendError
@@ -57,7 +58,10 @@ def header(cluster: IreeCluster, command: str | None = None, driver: str = "loca
 def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
     """The cluster's MLIR compiled for `target`: (vmfb, iree-compile command, runtime driver).
     A target IREE cannot compile this module for is a BackendError naming it."""
+    from .backend import data_tiling_hazard
     options = IreeOptions.for_target(target).resolved_for(cluster.info.ops)
+    if data_tiling_hazard(cluster.fallback):   # as the backend compiles it: never miscompiled
+        options = dataclasses.replace(options, data_tiling=False)
     input_type = _INPUT_TYPE[cluster.kind]
     try:
         compiled = compile_mlir(cluster.mlir, input_type, options)
