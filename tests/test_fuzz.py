@@ -974,3 +974,15 @@ def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
                                          Op("add", (2, 2), ()), Op("add", (0, 1), ()), Op("reshape", (4,), (1, 2)),
                                          Op("add_c", (2,), ())),
                    weights="zero", seed=114, per_channel=True, quantize_mul=True), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_clamp_to_a_single_value_after_a_requantize():
+    """A ReLU of a uint8 value whose zero point is 255 is clamp(q, 255, 255) after the conv's
+    requantize; IREE 3.13 computed tosa.clamp with min == max after a tosa.rescale wrongly (all
+    14 outputs off by one quantum of 0.0623 downstream), silently; found by the IREE fuzz run
+    (tenth session). Such a clamp is now emitted as the constant it is."""
+    _check(Program(in_shape=(2, 4, 4, 9), ops=(Op("gap", (0,), (False,)), Op("conv", (0,), (1, 2, 1, 2, 1, 1, True)),
+                                               Op("relu", (2,)), Op("attention", (3, 2), (False, None)), Op("relu", (2,)),
+                                               Op("matmul_w", (5,), (1,))),
+                   inputs="tiny", seed=0, per_channel=False), ("iree",))

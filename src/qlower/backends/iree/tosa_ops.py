@@ -666,7 +666,10 @@ def emit_integer_clamp(em: TosaEmitter, node: Node) -> Val:
     hi = args[1] if name == "aten::clamp_max" else args[2] if name == "aten::clamp" else None
     lo = lo_nat if lo is None else min(max(math.ceil(lo), lo_nat), hi_nat)
     hi = hi_nat if hi is None else max(min(math.floor(hi), hi_nat), lo_nat)
-    return _clamp_stored(em, x, min(lo, hi), hi)
+    if lo >= hi:   # one value everywhere (a ReLU of a value whose zero point is its top)
+        b = em.b
+        return Val(b.splat(x.shape, torch.int8, hi - x.offset, like=x.value), x.dtype, x.shape, x.offset)
+    return _clamp_stored(em, x, lo, hi)
 
 
 @tosa_lowering("qlower::mean", check=_mean_check)
