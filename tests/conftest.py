@@ -1,8 +1,22 @@
+import os
+
 import pytest
 import torch
 
 import qlower  # noqa: F401  (registers ops)
 from qlower import zoo
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per worker: the engines follow torch's thread count (ORT, OpenVINO), and two
+    # workers each spinning two ORT threads on two cores slow each other down
+    torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most 4 (each worker imports torch,
+    transformers and the engines: ~1.5 GB)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 class SmallNet(torch.nn.Module):

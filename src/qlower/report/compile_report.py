@@ -17,6 +17,7 @@ class ClusterInfo:
     reason: str | None = None         # why it fell back
     max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
     cache: str | None = None           # memory | disk | miss | rebuilt (a corrupt disk entry was replaced)
+    nonfinite_calls: int | None = None   # calls whose NaN/inf inputs ran this cluster in PyTorch (openvino)
     onnx: bytes | None = field(default=None, repr=False, compare=False)  # the emitted model, if any
 
 
@@ -114,6 +115,8 @@ class CompileReport:
                 status += f", cache {c.cache}"
             if c.max_abs_diff is not None:
                 status += f", worst diff vs PyTorch {c.max_abs_diff:.3g}"
+            if c.nonfinite_calls:
+                status += f", {c.nonfinite_calls} call(s) with NaN/inf inputs ran in PyTorch"
             lines.append(f"  #{c.id} {c.backend}: {c.nodes} nodes, {status}; {ops}")
         if self.rewrites:
             lines.append("rewrites:")

@@ -30,7 +30,7 @@ from ..onnxruntime.cache import LRUCache
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import compile_each_cluster, fuse_clusters, install_constant, pytorch_infos, split_inputs
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
-from .legalize import legalize
+from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
@@ -81,6 +81,7 @@ def translate(sub: GraphModule, constants: dict[str, torch.Tensor], exact: bool 
     model = onnx.inliner.inline_local_functions(model)
     if exact:
         legalize(model)
+    ieee_softmax(model)
     return model.SerializeToString()
 
 

@@ -235,11 +235,22 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     refine(POOLS, _pytorch_ceil_rule)
     refine(POOLS, _window_fits)
     refine(("aten::avg_pool2d",), _divisor_of_overhanging_window)
+    refine(("qlower::attention",), _ieee_attention)
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
         cap.register(name, _divides_at_run_time)
     return cap
+
+
+def _ieee_attention(node: Node) -> str | None:
+    """never as one op: decomposed into MatMul / Softmax / MatMul"""
+    # Measured (openvino 2026.4.1, causal [1, 1, 3, 2]): the fused attention the ONNX Attention
+    # op becomes returns 0 where PyTorch returns NaN -- an inf in q or k, an inf in v, a row of
+    # -inf scores (fully masked) -- while the decomposition gives PyTorch's NaN in all of them
+    # (found by the fuzz run: a causal attention over a max-pool's -inf padding).
+    return "OpenVINO's fused attention returns 0 where PyTorch returns NaN (non-finite scores, " \
+           "fully masked rows): decomposed into MatMul / Softmax / MatMul, which keep IEEE semantics"
 
 
 def _divides_at_run_time(node: Node) -> str | None:

@@ -1,5 +1,6 @@
 """ONNX-level legalization for OpenVINO: formulations its CPU plugin computes exactly (each
-measured against the reference kernels; docs/openvino.md). `legalize(model)` runs all three.
+measured against the reference kernels; docs/openvino.md). `legalize(model)` runs the three integer
+rewrites; `ieee_softmax(model)` runs on every model.
 
 Quantized add / mul (DequantizeLinear x2 -> Add/Mul -> QuantizeLinear, 8-bit): OpenVINO's
 QuantizeLinear multiplies by fp32(1/s) instead of dividing (1-LSB differences). The result is a
@@ -11,6 +12,12 @@ zp), the integer mean's, a quantize whose scale is 2^k): OpenVINO adds the zero 
 rounding (ties of odd zero points go the wrong way) and folds a preceding multiply into its
 FakeQuantize, re-associating (measured: 12 of 6.5M requantized values off by one). Mul(2^-k) ->
 Round -> Add(zp) -> Clip -> Cast computes RNE(x / 2^k) + zp as written (0 of 6.5M).
+
+Softmax / LogSoftmax: OpenVINO's kernels give NaN only at a row's NaN / +inf elements and 0
+(-inf) at the others, where PyTorch's whole row is NaN (measured: [inf, -inf, -inf] -> [nan, 0,
+0], [1, 2, inf] -> [0, 0, nan], [nan, 1, 2] -> [nan, 0, 0]). `ieee_softmax` adds
+0 * ReduceSum(row) (Softmax) or 0 * ReduceSum(Exp(row)) (LogSoftmax) to the output: 0 for a
+finite row (y + 0 == y bit for bit), NaN across a row holding one. Runs on every profile.
 
 DequantizeLinear: OpenVINO's ONNX frontend turns it into Convert -> Subtract -> Multiply and its
 transformations fold that into q*s - zp*s (measured: 3,921 of 7,680 values differ from the
@@ -198,8 +205,39 @@ def exact_quantize(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+def ieee_softmax(model: onnx.ModelProto) -> int:
+    """Softmax / LogSoftmax y in the main graph -> y + 0 * ReduceSum(row of y or Exp(y)), so a
+    row with one NaN is NaN throughout as in PyTorch. Returns how many were rewritten."""
+    graph = model.graph
+    nodes, rewritten = [], 0
+    for node in graph.node:
+        if node.op_type not in ("Softmax", "LogSoftmax"):
+            nodes.append(node)
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        out, base = node.output[0], f"{node.output[0]}__ovieee"
+        row = f"{base}_exp" if node.op_type == "LogSoftmax" else f"{base}_y"
+        nodes.append(helper.make_node(node.op_type, list(node.input), [f"{base}_y"], name=node.name,
+                                      axis=axis))
+        if node.op_type == "LogSoftmax":   # its -inf entries are legitimate (exp -> 0)
+            nodes.append(helper.make_node("Exp", [f"{base}_y"], [row]))
+        nodes += [helper.make_node("Constant", [], [f"{base}_axis"], value=numpy_helper.from_array(
+                      np.array([axis], np.int64))),
+                  helper.make_node("Constant", [], [f"{base}_zero"], value=numpy_helper.from_array(
+                      np.array(0, np.float32))),
+                  helper.make_node("ReduceSum", [row, f"{base}_axis"], [f"{base}_sum"], keepdims=1),
+                  helper.make_node("CastLike", [f"{base}_zero", f"{base}_sum"], [f"{base}_zero_t"]),
+                  helper.make_node("Mul", [f"{base}_sum", f"{base}_zero_t"], [f"{base}_nan"]),
+                  helper.make_node("Add", [f"{base}_y", f"{base}_nan"], [out])]
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten
+
+
 def legalize(model: onnx.ModelProto) -> dict[str, int]:
-    """All rewrites, in order (the table rewrite consumes its DequantizeLinears first)."""
+    """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first)."""
     return {"add/mul -> lookup table": table_add_mul(model),
             "QuantizeLinear (power-of-two scale) -> Round/Add/Clip/Cast": exact_quantize(model),
             "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 
@@ -72,6 +73,17 @@ def gemm_precisions(compiled) -> dict[str, int]:
     return counts
 
 
+def _all_finite(arrays: list[np.ndarray]) -> bool:
+    """No NaN/inf in any floating-point array: numpy's sum first (one pass, SIMD), and only a
+    non-finite sum (NaN/inf, or finite values whose sum overflowed) pays for the exact check."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in arrays:
+            if a.dtype.kind == "f" and a.size and not math.isfinite(float(np.add.reduce(a, axis=None))) \
+                    and not np.isfinite(a).all():
+                return False
+    return True
+
+
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     if t.requires_grad:
         t = t.detach()
@@ -120,10 +132,17 @@ class OvCluster(torch.nn.Module):
     def forward(self, *args):
         if self.compiled is None:
             return self._pytorch(args)
+        fed = args if self.feed is None else [args[i] for i in self.feed]
+        arrays = [_as_numpy(a) for a in fed]
+        if not _all_finite(arrays):
+            # OpenVINO's max-pool, ReduceMax and Clip skip NaN (measured: max_pool(NaN) ->
+            # -3.4e38) and its Softmax keeps NaN/+inf to their own element: a call whose input
+            # holds NaN/inf runs this cluster in PyTorch, whose IEEE semantics eager has
+            self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
+            return self._pytorch(args)
         try:
             request = self._request()
-            fed = args if self.feed is None else [args[i] for i in self.feed]
-            request.infer([_as_numpy(a) for a in fed], share_inputs=True)
+            request.infer(arrays, share_inputs=True)
             outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.compiled, self._requests = None, {}
