@@ -628,3 +628,56 @@ def test_a_cluster_that_outputs_a_size_falls_back_with_its_reason(monkeypatch):
     assert any(c.reason == "a cluster output is a size (scalar), not a tensor" for c in cm.report().fallbacks)
     x = torch.randn(3, 7, 4)
     torch.testing.assert_close(cm(x), model(x))
+
+
+# ----------------------------------------------------------------------------- NaN and inf
+class _Overflowing(torch.nn.Module):
+    """An inf born inside the cluster (x * 1e30 * 1e30 overflows), then `kind`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        y = x * 1e30 * 1e30
+        if self.kind == "softmax":
+            return torch.softmax(y, -1)
+        if self.kind == "log_softmax":
+            return torch.log_softmax(y, -1)
+        return qlower.blockops.ops.attention(y, x, x, None, self.kind == "causal", None)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "attention", "causal"])
+def test_nan_born_inside_a_cluster_stays_nan_as_in_eager(kind):
+    """OpenVINO's Softmax keeps a row's +inf/NaN to its own element (0 elsewhere) and its fused
+    attention returns 0: the guarded Softmax (legalize.ieee_softmax) and the decomposed attention
+    give eager's NaN rows; finite rows stay bit-identical to the unguarded kernel's."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 3)
+    x[0, 0, 1, 0] = 5.0   # row 1 of head 0 overflows to +inf
+    m = _Overflowing(kind)
+    cm = qlower.compile(m, (x,), backend="openvino")
+    assert not cm.report().fallbacks
+    if kind in ("attention", "causal"):
+        assert "decomposed qlower::attention (openvino lacks it)" in str(cm.report())
+    want, got = m(x), cm(x)
+    assert torch.isnan(want).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    finite = ~torch.isnan(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+
+
+def test_call_with_nan_input_runs_the_cluster_in_pytorch_and_says_so():
+    """max-pool skips NaN in OpenVINO (measured: -3.4e38): a call whose cluster input holds
+    NaN/inf runs that cluster in PyTorch; finite calls stay on OpenVINO."""
+    m = torch.nn.MaxPool2d(2)
+    x = torch.randn(1, 2, 4, 4)
+    cm = qlower.compile(m, (x,), backend="openvino")
+    assert torch.equal(cm(x), m(x))
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    assert torch.isnan(cm(bad)[0, 0, 0, 0]) and torch.isnan(m(bad)[0, 0, 0, 0])
+    assert cm(x).isfinite().all()
+    info = cm.report().compiled[0]
+    assert info.nonfinite_calls == 1 and info.status == "compiled"
+    assert "1 call(s) with NaN/inf inputs ran in PyTorch" in str(cm.report())
