@@ -193,6 +193,47 @@ def test_float_models_keep_their_dtype(dtype, backend):
 
 # ---------------------------------------------------------------- NaN/inf policy
 
+class _FloatOp(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        y = x * 2.0   # a cluster of more than one op
+        if self.kind == "max_pool":
+            return torch.nn.functional.max_pool2d(y, 2)
+        if self.kind == "sort":
+            return y.sort(-1).values
+        if self.kind == "clamp":
+            return y.clamp(-1.0, 1.0)
+        if self.kind == "maximum":
+            return torch.maximum(y, y.flip(-1))
+        if self.kind == "argmax":
+            return y.argmax(-1)
+        return torch.nn.functional.gelu(y)
+
+
+# Measured without the per-call check, on [nan, 1, 2, 3] / [inf, -inf, 0.5, -2] rows:
+# onnxruntime max_pool inf (eager nan), sort puts NaN third (eager last), gelu(inf) inf (eager
+# nan); iree clamp -1, maximum 3, argmax 3, sort NaN first; openvino max_pool -3.4e38.
+@pytest.mark.parametrize("kind", ["max_pool", "sort", "clamp", "maximum", "argmax", "gelu"])
+@pytest.mark.parametrize("backend", ["onnxruntime", "iree", "openvino"])
+def test_float_model_with_nan_or_inf_input_answers_as_eager(backend, kind):
+    """Engines propagate NaN/inf their own way; a call whose cluster input holds one runs that
+    cluster in PyTorch (counted in the report), and finite calls stay on the engine."""
+    m = _FloatOp(kind)
+    x = torch.randn(1, 1, 2, 4)
+    cm = qlower.compile(m, (x,), backend=backend)
+    assert not cm.report().fallbacks
+    bad = torch.tensor([[[[float("nan"), 1.0, 2.0, 3.0], [float("inf"), -float("inf"), 0.5, -2.0]]]])
+    want, got = m(bad), cm(bad)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) if want.is_floating_point() else True
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)) if want.is_floating_point() else torch.equal(got, want)
+    assert torch.equal(cm(x), cm(x)) and cm.report().compiled[0].nonfinite_calls == 1
+    assert "1 call(s) with NaN/inf inputs ran in PyTorch" in str(cm.report())
+
+
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_nan_input_of_a_quantized_model_warns_once_by_default(backend):
     cm, x = _compiled(backend)

@@ -3,6 +3,7 @@ cluster in turn, what replaces a cluster with no runtime inputs, and the report 
 nodes left in PyTorch."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -106,15 +107,47 @@ def maps_float_to_integers(gm: GraphModule) -> bool:
     return any(n.op == "call_function" and schema_name(n).split(".")[0] in _FLOAT_TO_INT for n in gm.graph.nodes)
 
 
-def float_graph_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str]:
-    """Runtime position -> name of each cluster argument that is a float32 graph input (other
-    float dtypes stay with the CompiledModule's own check)."""
+def float_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str | None]:
+    """Runtime position -> name of each float32 cluster argument the cluster checks for NaN/inf
+    on every call: a graph input carries its name (the NaN policy of a quantized model is told
+    about those), any other float32 argument (a value PyTorch or another cluster made) None.
+
+    Why every call: engines do not propagate NaN the way PyTorch does (measured: ONNX Runtime's
+    MaxPool skips NaN, its TopK-based sort misplaces it; IREE's clamp / maximum / argmax skip it;
+    OpenVINO's max-pool and Softmax), so a call whose input holds NaN/inf runs the cluster in
+    PyTorch (`nonfinite_positions`), which gives eager's answer."""
     out = {}
     for pos, arg in enumerate(runtime_args):
-        val = arg.meta.get("val") if getattr(arg, "op", None) == "placeholder" else None
+        val = arg.meta.get("val") if isinstance(arg, Node) else None
         if isinstance(val, torch.Tensor) and val.dtype is torch.float32:
-            out[pos] = arg.name
+            out[pos] = arg.name if arg.op == "placeholder" else None
     return out
+
+
+def nonfinite_positions(args, checks: dict[int, str | None], sums) -> list[int]:
+    """The checked positions whose input holds NaN/inf, given one sum per checked input (NaN/inf
+    propagate into a sum; a finite input whose sum overflowed is told apart by the exact check,
+    paid only then)."""
+    bad = []
+    for pos, total in zip(checks, sums):
+        if not math.isfinite(float(total)) and not bool(torch.isfinite(args[pos]).all()):
+            bad.append(pos)
+    return bad
+
+
+def tell_policy(handler, checks: dict[int, str | None], args, positions) -> None:
+    """`handler(name, tensor)` (a quantized model's NaN policy: warn or raise) for the graph
+    inputs among `positions`."""
+    if handler is None:
+        return
+    for pos in positions:
+        if checks[pos] is not None:
+            handler(checks[pos], args[pos])
+
+
+def policy_inputs(checks: dict[int, str | None]) -> frozenset:
+    """The graph-input names among a cluster's checks (what the NaN policy hears about)."""
+    return frozenset(name for name in checks.values() if name is not None)
 
 
 def worst_abs_diff(got, want) -> float:

@@ -28,7 +28,7 @@ from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import ConstantCluster, float_graph_inputs, maps_float_to_integers
+from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
 from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
@@ -177,7 +177,7 @@ class IreeBackend:
         self._compile_all([p for p in pending if p.emitted is not None])
         seconds = time.perf_counter() - start
         for p in pending:
-            self._install(fused, p, check_finite)
+            self._install(fused, p)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos = [p.info for p in pending]
@@ -187,14 +187,16 @@ class IreeBackend:
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
                      f"iree-compile {seconds:.2f} s")
         direct = _whole_model_runner(fused)
-        checked = [m for m in fused.children() if isinstance(m, IreeCluster) and m.finite_checks]
+        # a quantized model's NaN policy: the sums of its graph inputs come from the runners
+        checked = [m for m in fused.children() if isinstance(m, IreeCluster) and policy_inputs(m.finite_checks)] \
+            if check_finite else []
 
         def on_nonfinite(handler) -> None:
             for cluster in checked:
                 cluster.on_nonfinite = handler
         return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
                           needs_no_grad=direct is None,
-                          engine_checked_inputs=frozenset(n for c in checked for n in c.finite_checks.values()),
+                          engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks) for c in checked)),
                           on_nonfinite=on_nonfinite)
 
     # ------------------------------------------------------------------ clustering
@@ -299,9 +301,9 @@ class IreeBackend:
         p.info.status, p.info.reason = "fallback", f"{p.kind} compile failed: {_first_line(exc)}"
         log.warning("cluster #%d fell back to PyTorch: %s", p.info.id, p.info.reason)
 
-    def _install(self, fused: GraphModule, p: "_Pending", check_finite: bool) -> None:
-        """Replace the fused submodule by its runner (or its constant value). With `check_finite`
-        the runner sums the cluster's float32 graph inputs for the NaN policy."""
+    def _install(self, fused: GraphModule, p: "_Pending") -> None:
+        """Replace the fused submodule by its runner (or its constant value), which sums the
+        cluster's float32 inputs on every call (clusters.float_inputs)."""
         if p.info.status == "constant":
             with torch.no_grad():
                 setattr(fused, p.call.target, ConstantCluster(p.sub()))
@@ -315,7 +317,7 @@ class IreeBackend:
                                                   p.emitted.asm if p.emitted is not None else None,
                                                   compiled.vmfb if compiled else None,
                                                   compiled.command if compiled else None,
-                                                  float_graph_inputs(fused, p.runtime_args) if check_finite else None,
+                                                  float_inputs(fused, p.runtime_args),
                                                   self.options.runtime_driver()))
         p.call.args = tuple(p.runtime_args)
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule
 
-from ..clusters import worst_abs_diff
+from ..clusters import nonfinite_positions, tell_policy, worst_abs_diff
 from ...report import ClusterInfo
 from .vm import IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
@@ -54,8 +54,9 @@ class IreeCluster(torch.nn.Module):
         self.command = command    # the iree-compile command line that made it from `mlir`
         self.driver = driver      # the iree-runtime driver (device) it runs on
         self.check = os.environ.get(CHECK_ENV) == "1"
-        # runtime position -> graph input name: float graph inputs summed here on the arrays
-        # handed to IREE, for the NaN policy (the CompiledModule then skips its own check)
+        # runtime position -> graph input name (None: not a graph input): float32 inputs summed
+        # here on the arrays handed to IREE; NaN/inf in one runs the call in PyTorch
+        # (clusters.float_inputs says why), and the NaN policy hears of the graph inputs
         self.finite_checks = finite_checks or {}
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
@@ -66,14 +67,18 @@ class IreeCluster(torch.nn.Module):
     def forward(self, *args):
         if self.function is None:
             if self.finite_checks and self.on_nonfinite is not None:
-                self._check_finite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks})
+                tell_policy(self.on_nonfinite, self.finite_checks, args, self._nonfinite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks}))
             return self._pytorch(args)
         try:
             arrays = [_to_numpy(a) for a in args]
         except Exception as exc:  # noqa: BLE001  (a tensor numpy cannot hold: PyTorch from now on)
             return self._fall_back(exc, args)
         if self.finite_checks:   # outside the try: NonFiniteInputError is the caller's, not a run failure
-            self._check_finite(args, dict(enumerate(arrays)))
+            bad = self._nonfinite(args, dict(enumerate(arrays)))
+            if bad:
+                tell_policy(self.on_nonfinite, self.finite_checks, args, bad)
+                self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
+                return self._pytorch(args)
         try:
             outs = self.function(*arrays)
         except Exception as exc:  # noqa: BLE001  (any runtime failure)
@@ -91,18 +96,13 @@ class IreeCluster(torch.nn.Module):
         log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
         return self._pytorch(args)
 
-    def _check_finite(self, args, arrays) -> None:
-        """A non-finite sum (NaN/inf in the input, or a finite input whose sum overflowed) goes
-        to the handler, which checks the input exactly. numpy's sum of the array IREE is handed
-        anyway: measured after an IREE call on the zoo CNN at batch 8, 16 us against 50 us for
-        torch's (whose dispatch code the IREE call has evicted from the caches)."""
-        if self.on_nonfinite is None:
-            return
+    def _nonfinite(self, args, arrays) -> list[int]:
+        """The checked positions holding NaN/inf. numpy's sum of the array IREE is handed anyway:
+        measured after an IREE call on the zoo CNN at batch 8, 16 us against 50 us for torch's
+        (whose dispatch code the IREE call has evicted from the caches)."""
         with np.errstate(over="ignore", invalid="ignore"):   # inf - inf, overflow: the exact check decides
             sums = [np.add.reduce(arrays[pos], axis=None) for pos in self.finite_checks]
-        for (pos, name), total in zip(self.finite_checks.items(), sums):
-            if not math.isfinite(total):
-                self.on_nonfinite(name, args[pos])
+        return nonfinite_positions(args, self.finite_checks, sums)
 
     def _compare(self, got, want) -> None:
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))

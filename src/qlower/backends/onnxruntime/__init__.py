@@ -17,8 +17,10 @@ from torch.fx import GraphModule
 
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import (compile_each_cluster, float_graph_inputs, fuse_clusters, install_constant,
-                        maps_float_to_integers, pytorch_infos, split_inputs, worst_abs_diff)
+from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, maps_float_to_integers,
+                        nonfinite_positions, policy_inputs, pytorch_infos, split_inputs, tell_policy,
+                        worst_abs_diff)
+from ..input_sums import with_input_sums
 from . import cache, cpu
 from .capability import onnxruntime_capability
 from .explicit_reduction_dims import ExplicitReductionDims
@@ -119,8 +121,9 @@ class OrtCluster(torch.nn.Module):
         self.single_output = single_output
         self.info = info
         self.check = os.environ.get(CHECK_ENV) == "1"
-        # runtime position -> graph input name: float graph inputs whose sum the session also
-        # returns (one ReduceSum each, after the cluster's own outputs), for the NaN policy
+        # runtime position -> graph input name (None: not a graph input): float32 inputs whose
+        # sum the session also returns (one ReduceSum each, after the cluster's own outputs);
+        # NaN/inf in one runs the call in PyTorch (clusters.float_inputs says why)
         self.finite_checks = finite_checks or {}
         outputs = [o.name for o in session.get_outputs()] if session is not None else []
         self.n_outputs = len(outputs) - (len(self.finite_checks) if session is not None else 0)
@@ -161,7 +164,9 @@ class OrtCluster(torch.nn.Module):
             self._check_finite_in_pytorch(args)
             return self._pytorch(args)
         if self.finite_checks:
-            self._check_sums(outs[self.n_outputs:], args)
+            bad = nonfinite_positions(args, self.finite_checks, outs[self.n_outputs:])
+            if bad:
+                return self._nonfinite_call(args, bad)
             outs = outs[:self.n_outputs]
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
         if self.scalar_kinds is not None:
@@ -170,22 +175,19 @@ class OrtCluster(torch.nn.Module):
             self._compare(result, self._pytorch(args))
         return result
 
-    def _check_sums(self, sums, args) -> None:
-        """A non-finite sum (NaN/inf in the input, or a finite input that overflowed the sum)
-        goes to the handler, which checks the input exactly."""
-        if self.on_nonfinite is None:
-            return
-        for (pos, name), total in zip(self.finite_checks.items(), sums):
-            if not math.isfinite(total.item()):
-                self.on_nonfinite(name, args[pos])
+    def _nonfinite_call(self, args, bad: list[int]):
+        """NaN/inf in an input: the NaN policy hears of the graph inputs among them (a quantized
+        model warns or raises), and this call's result is PyTorch's (eager's IEEE semantics)."""
+        tell_policy(self.on_nonfinite, self.finite_checks, args, bad)
+        self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
+        return self._pytorch(args)
 
     def _check_finite_in_pytorch(self, args) -> None:
-        """The session is gone (fallback): the sums are computed here instead."""
+        """The session is gone (fallback): the policy's sums are computed here instead."""
         if self.on_nonfinite is None:
             return
-        for pos, name in self.finite_checks.items():
-            if not math.isfinite(args[pos].sum().item()):
-                self.on_nonfinite(name, args[pos])
+        tell_policy(self.on_nonfinite, self.finite_checks, args, [pos for pos, name in self.finite_checks.items()
+                                 if name is not None and not math.isfinite(args[pos].sum().item())])
 
     def _compare(self, got, want) -> None:
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))
@@ -236,23 +238,6 @@ def _direct_runner(fused: GraphModule):
     return run
 
 
-def _with_input_sums(model_bytes: bytes, positions: list[int]) -> bytes:
-    """The model plus one output per listed graph input: ReduceSum over all of it (NaN/inf
-    propagate into the sum). Inside the session this costs ~1 us per input; the same sum taken
-    in PyTorch before each run cost 16 us per call on the zoo LSTM (3 inputs; measured: the
-    session ran ~10 us slower after any torch or numpy reduction, not only by the sums' own cost)."""
-    import onnx
-    model = onnx.load_from_string(model_bytes)
-    graph = model.graph
-    for k, pos in enumerate(positions):
-        name = graph.input[pos].name
-        out = f"qlower_input_sum_{k}"
-        graph.node.append(onnx.helper.make_node("ReduceSum", [name], [out], keepdims=0, name=f"qlower_input_sum_{k}"))
-        elem = graph.input[pos].type.tensor_type.elem_type
-        graph.output.append(onnx.helper.make_tensor_value_info(out, elem, []))
-    return model.SerializeToString()
-
-
 def _session_key(key: str, checks: dict[int, str]) -> str:
     return f"{key}|sums{sorted(checks)}" if checks else key
 
@@ -263,7 +248,7 @@ def _session_with_sums(model_bytes: bytes, opts: OrtOptions, key: str, checks: d
     inputs itself)."""
     if checks:
         try:
-            return _session(_with_input_sums(model_bytes, list(checks)), opts, _session_key(key, checks))
+            return _session(with_input_sums(model_bytes, list(checks)), opts, _session_key(key, checks))
         except Exception as exc:  # noqa: BLE001  (never lose the cluster to its NaN check)
             log.info("input sums not added to the session: %s", str(exc).splitlines()[0][:200])
             checks.clear()
@@ -321,14 +306,16 @@ class OnnxRuntimeBackend:
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
         direct = _direct_runner(fused)
-        clusters = [m for m in fused.children() if isinstance(m, OrtCluster) and m.finite_checks]
+        # a quantized model's NaN policy: the sums of its graph inputs come from the sessions
+        clusters = [m for m in fused.children() if isinstance(m, OrtCluster) and policy_inputs(m.finite_checks)] \
+            if check_finite else []
 
         def on_nonfinite(handler) -> None:
             for cluster in clusters:
                 cluster.on_nonfinite = handler
         return Executable(run=direct or fused, clusters=infos, module=fused,
                           needs_no_grad=direct is None,
-                          engine_checked_inputs=frozenset(n for c in clusters for n in c.finite_checks.values()),
+                          engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks) for c in clusters)),
                           on_nonfinite=on_nonfinite)
 
     @staticmethod
@@ -358,7 +345,7 @@ class OnnxRuntimeBackend:
         if not inputs.runtime_args:  # constants only (e.g. arange -> unsqueeze): no session
             install_constant(fused, call, inputs, info)
             return info
-        checks = float_graph_inputs(fused, inputs.runtime_args) if check_finite else {}
+        checks = float_inputs(fused, inputs.runtime_args)
         try:
             key = cache.cluster_key(sub, constants, self.options)
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants, _session_key(key, checks))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import threading
 
@@ -13,7 +12,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...errors import BackendError
-from ..clusters import worst_abs_diff
+from ..clusters import nonfinite_positions, worst_abs_diff
 from ...report import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
@@ -73,17 +72,6 @@ def gemm_precisions(compiled) -> dict[str, int]:
     return counts
 
 
-def _all_finite(arrays: list[np.ndarray]) -> bool:
-    """No NaN/inf in any floating-point array: numpy's sum first (one pass, SIMD), and only a
-    non-finite sum (NaN/inf, or finite values whose sum overflowed) pays for the exact check."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        for a in arrays:
-            if a.dtype.kind == "f" and a.size and not math.isfinite(float(np.add.reduce(a, axis=None))) \
-                    and not np.isfinite(a).all():
-                return False
-    return True
-
-
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     if t.requires_grad:
         t = t.detach()
@@ -100,11 +88,15 @@ class OvCluster(torch.nn.Module):
 
     def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
                  output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo,
-                 feed: list[int] | None = None):
+                 feed: list[int] | None = None, finite_checks: dict[int, str | None] | None = None):
         super().__init__()
         # runtime argument positions of the compiled model's inputs, in its order; None: all of
         # them in order (OpenVINO drops ONNX inputs nothing reads, e.g. a KV-cache step's sizes)
         self.feed = feed
+        # runtime position -> graph input name (None: not one): float32 inputs whose sums the
+        # compiled model returns after its own outputs; NaN/inf in one runs the call in PyTorch
+        # (clusters.float_inputs says why)
+        self.finite_checks = finite_checks or {}
         self.fallback = fallback
         self.constants = constants
         self.arity = arity
@@ -132,22 +124,20 @@ class OvCluster(torch.nn.Module):
     def forward(self, *args):
         if self.compiled is None:
             return self._pytorch(args)
-        fed = args if self.feed is None else [args[i] for i in self.feed]
-        arrays = [_as_numpy(a) for a in fed]
-        if not _all_finite(arrays):
-            # OpenVINO's max-pool, ReduceMax and Clip skip NaN (measured: max_pool(NaN) ->
-            # -3.4e38) and its Softmax keeps NaN/+inf to their own element: a call whose input
-            # holds NaN/inf runs this cluster in PyTorch, whose IEEE semantics eager has
-            self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
-            return self._pytorch(args)
         try:
             request = self._request()
-            request.infer(arrays, share_inputs=True)
-            outs = [request.get_output_tensor(i).data for i in range(len(self.output_dtypes))]
+            fed = args if self.feed is None else [args[i] for i in self.feed]
+            request.infer([_as_numpy(a) for a in fed], share_inputs=True)
+            n = len(self.output_dtypes)
+            outs = [request.get_output_tensor(i).data for i in range(n)]
+            sums = [request.get_output_tensor(n + k).data for k in range(len(self.finite_checks))]
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.compiled, self._requests = None, {}
             self.info.status, self.info.reason = "fallback", f"run failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
+            return self._pytorch(args)
+        if sums and nonfinite_positions(args, self.finite_checks, sums):
+            self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
             return self._pytorch(args)
         # copies: the request's output buffers are reused by the next call
         result = tuple(torch.from_numpy(np.array(o, copy=True)).to(d) for o, d in zip(outs, self.output_dtypes))
