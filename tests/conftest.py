@@ -13,6 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(optionalhook=True)   # pytest -p no:xdist knows no such hook
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per core this process may use, at most 4 (each worker imports torch,
     transformers and the engines: ~1.5 GB)."""
