@@ -273,13 +273,16 @@ def _assert_float_model_not_checked(backend: str) -> None:
     model, x = _net()
     fp32 = qlower.compile(model, (x,), backend=backend, nan_policy="raise")
     assert fp32._executable.engine_checked_inputs == frozenset()
+    out = fp32(_nan(x))   # no NonFiniteInputError: eager's answer (the call ran in PyTorch)
+    torch.testing.assert_close(out, model(_nan(x)), equal_nan=True)
 
 
 def test_onnxruntime_sums_the_inputs_inside_the_session_and_still_checks_after_a_fallback():
     """The NaN check of a quantized model's float32 inputs runs as one ReduceSum per input in
     the cluster's session (a torch reduction before each run cost ~16 us per call on small
     models); the exported ONNX has no such output; a cluster that fell back to PyTorch at run
-    time checks in PyTorch. Near miss: a float model's session gets no sums."""
+    time checks in PyTorch. Near miss: a float model's NaN policy is not engaged (its sessions sum
+    their inputs too, but only to run a NaN/inf call in PyTorch)."""
     cm, x, cluster = _engine_checked("onnxruntime")
     assert len(cluster.output_names) == cluster.n_outputs + 1
     assert "qlower_input_sum" not in str(cm.report().clusters[0].onnx)
@@ -294,12 +297,12 @@ def test_onnxruntime_sums_the_inputs_inside_the_session_and_still_checks_after_a
 def test_iree_sums_the_inputs_it_hands_to_iree_and_still_checks_after_a_fallback():
     """IREE's runner sums a quantized model's float32 inputs with numpy on the arrays it hands
     to IREE (torch's sum after an IREE call cost ~100 us more per call on the zoo CNN at batch
-    8: its dispatch code is no longer cached), silently even where the sum overflows; a cluster
-    that fell back checks too. Near miss: a float model's clusters check nothing."""
+    8: its dispatch code is no longer cached), silently (max - min: nothing overflows);
+    a cluster that fell back checks too. Near miss: a float model's NaN policy is not engaged."""
     cm, x, cluster = _engine_checked("iree")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cm(torch.full_like(x, 3e38))   # finite; numpy's float32 sum overflows without a warning
+        cm(torch.full_like(x, 3e38))   # finite: no warning
     with pytest.raises(NonFiniteInputError):
         cm(torch.where(torch.arange(x.numel()).view_as(x) == 0, float("inf"), -float("inf")))
     cluster.function = None   # as after a run failure

@@ -97,12 +97,19 @@ class IreeCluster(torch.nn.Module):
         return self._pytorch(args)
 
     def _nonfinite(self, args, arrays) -> list[int]:
-        """The checked positions holding NaN/inf. numpy's sum of the array IREE is handed anyway:
-        measured after an IREE call on the zoo CNN at batch 8, 16 us against 50 us for torch's
-        (whose dispatch code the IREE call has evicted from the caches)."""
-        with np.errstate(over="ignore", invalid="ignore"):   # inf - inf, overflow: the exact check decides
-            sums = [np.add.reduce(arrays[pos], axis=None) for pos in self.finite_checks]
-        return nonfinite_positions(args, self.finite_checks, sums)
+        """The checked positions holding NaN/inf, from each array's max - min in Python floats
+        (NaN/inf propagate into it; no float32 arithmetic, so nothing overflows and numpy never
+        warns). Measured hot: 1.8 us for a 1x16x64 input, 4.0 us for 8x3x32x32 (a float64-
+        accumulated sum 1.3 / 10.9 us, and it warns on inf - inf); on the zoo transformer at
+        batch 1 (1 thread, Intel Xeon AMX, 44-46 us calls) a float32 np.add.reduce under
+        np.errstate had cost +4.7 us per call; torch's sum after an IREE call ~3x numpy's (the
+        call evicts torch's dispatch code from the caches)."""
+        values = []
+        for pos in self.finite_checks:
+            a = arrays[pos]
+            values.append(float(np.maximum.reduce(a, axis=None)) - float(np.minimum.reduce(a, axis=None))
+                          if a.size else 0.0)
+        return nonfinite_positions(args, self.finite_checks, values)
 
     def _compare(self, got, want) -> None:
         self.info.max_abs_diff = max(self.info.max_abs_diff or 0.0, worst_abs_diff(got, want))
