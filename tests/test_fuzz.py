@@ -555,6 +555,9 @@ def _with_nonfinite(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
+NONFINITE_INPUT = 2   # the position of _with_nonfinite's input among _test_inputs'
+
+
 def _test_inputs(prog: Program):
     xs = [prog.sample(100), prog.sample(101), _with_nonfinite(prog.sample(105))]
     if prog.dynamic:
@@ -655,6 +658,10 @@ def check_program(prog: Program, backends: tuple[str, ...]):
         sensitivity = [_ulp_sensitivity(m64, x, e64) for x, e64 in zip(xs, eager64)]
         overflow = [torch.isnan(e) & torch.isfinite(e64) if e.shape == e64.shape else None
                     for e, e64 in zip(eager, eager64)]
+        if any(o is not None and bool(o.any()) for o in overflow):
+            # fp64 cannot tell PyTorch's overflow from NaN propagation on the NaN/inf input:
+            # where the ordinary inputs overflow, its NaN placement is not compared
+            overflow[NONFINITE_INPUT] = torch.ones_like(eager[NONFINITE_INPUT], dtype=torch.bool)
 
     # ---------------------------------------------------------------- fp32
     for b in backends:
@@ -824,7 +831,9 @@ def test_regression_iree_group_norm_decomposition_on_permuted_input():
     """group_norm on a permuted (non-contiguous) tensor raised a raw ValueError on iree: the
     backend lacks the block op, so DecomposeBlockOps inlines its decomposition, which _trace()
     recorded on CONTIGUOUS examples: x.reshape(n, groups, -1) became aten.view, and a view of the
-    permuted input fails. Examples now carry the input's strides (decompose_block_ops._example_like)."""
+    permuted input fails. Examples now carry the input's strides (decompose_block_ops._example_like).
+    Once programs also ran on NaN/inf inputs, the int8 cluster's PyTorch run of such a call hit
+    a view of the permute inside the cluster: clusters.run_in_pytorch retries with reshapes."""
     _check(Program(in_shape=(1, 6, 8, 9), seed=610,
                    ops=(Op("conv", (0,), (4, 2, 1, 1, 1, 2, False)), Op("permute", (1,), (1, 3, 2)),
                         Op("group_norm", (2,), (2, False)))), ("iree",))

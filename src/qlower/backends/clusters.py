@@ -135,6 +135,31 @@ def nonfinite_positions(args, checks: dict[int, str | None], sums) -> list[int]:
     return bad
 
 
+def run_in_pytorch(fallback: GraphModule, args):
+    """A cluster's graph run by PyTorch (a call with NaN/inf inputs, a failed engine). The graph
+    was legalized for an engine with value semantics, so a `view` in it may meet a value PyTorch
+    holds strided (measured: group_norm decomposed for IREE after a permute inside the cluster:
+    "view size is not compatible"): inputs go in contiguous, and on that error the graph's views
+    become reshapes (the same values; a copy where a view cannot be made) and the call is retried."""
+    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad():
+        try:
+            return fallback(*args)
+        except RuntimeError as exc:
+            if "view size is not compatible" not in str(exc) or not _views_as_reshapes(fallback):
+                raise
+            return fallback(*args)
+
+
+def _views_as_reshapes(gm: GraphModule) -> bool:
+    views = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.view.default]
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    if views:
+        gm.recompile()
+    return bool(views)
+
+
 def tell_policy(handler, checks: dict[int, str | None], args, positions) -> None:
     """`handler(name, tensor)` (a quantized model's NaN policy: warn or raise) for the graph
     inputs among `positions`."""

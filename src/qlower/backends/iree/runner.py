@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 
 import numpy as np
 import torch
 from torch.fx import GraphModule
 
-from ..clusters import nonfinite_positions, tell_policy, worst_abs_diff
+from ..clusters import nonfinite_positions, run_in_pytorch, tell_policy, worst_abs_diff
 from ...report import ClusterInfo
 from .vm import IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
@@ -61,8 +60,7 @@ class IreeCluster(torch.nn.Module):
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     def _pytorch(self, args):
-        with torch.no_grad():
-            return self.fallback(*args)
+        return run_in_pytorch(self.fallback, args)
 
     def forward(self, *args):
         if self.function is None:

@@ -18,8 +18,8 @@ from torch.fx import GraphModule
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, maps_float_to_integers,
-                        nonfinite_positions, policy_inputs, pytorch_infos, split_inputs, tell_policy,
-                        worst_abs_diff)
+                        nonfinite_positions, policy_inputs, pytorch_infos, run_in_pytorch, split_inputs,
+                        tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
 from . import cache, cpu
 from .capability import onnxruntime_capability
@@ -147,8 +147,7 @@ class OrtCluster(torch.nn.Module):
         return [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
 
     def _pytorch(self, runtime_args):
-        with torch.no_grad():
-            return self.fallback(*self._full_args(runtime_args))
+        return run_in_pytorch(self.fallback, self._full_args(runtime_args))
 
     def forward(self, *args):
         session = self.session

@@ -12,7 +12,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...errors import BackendError
-from ..clusters import nonfinite_positions, worst_abs_diff
+from ..clusters import nonfinite_positions, run_in_pytorch, worst_abs_diff
 from ...report import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
@@ -117,9 +117,8 @@ class OvCluster(torch.nn.Module):
 
     def _pytorch(self, runtime_args):
         it = iter(runtime_args)
-        full = [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
-        with torch.no_grad():
-            return self.fallback(*full)
+        return run_in_pytorch(self.fallback, [self.constants[i] if i in self.constants else next(it)
+                                              for i in range(self.arity)])
 
     def forward(self, *args):
         if self.compiled is None:
