@@ -124,13 +124,13 @@ def float_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str | None
     return out
 
 
-def nonfinite_positions(args, checks: dict[int, str | None], sums) -> list[int]:
-    """The checked positions whose input holds NaN/inf, given one sum per checked input (NaN/inf
-    propagate into a sum; a finite input whose sum overflowed is told apart by the exact check,
-    paid only then)."""
+def nonfinite_positions(args, checks: dict[int, str | None], values) -> list[int]:
+    """The checked positions whose input holds NaN/inf, given one value per checked input that
+    NaN/inf propagate into (its sum, or max - min); a finite input whose value overflowed is told
+    apart by the exact check, paid only then."""
     bad = []
-    for pos, total in zip(checks, sums):
-        if not math.isfinite(float(total)) and not bool(torch.isfinite(args[pos]).all()):
+    for pos, value in zip(checks, values):
+        if not math.isfinite(float(value)) and not bool(torch.isfinite(args[pos]).all()):
             bad.append(pos)
     return bad
 

@@ -65,7 +65,8 @@ class IreeCluster(torch.nn.Module):
     def forward(self, *args):
         if self.function is None:
             if self.finite_checks and self.on_nonfinite is not None:
-                tell_policy(self.on_nonfinite, self.finite_checks, args, self._nonfinite(args, {pos: _to_numpy(args[pos]) for pos in self.finite_checks}))
+                arrays = {pos: _to_numpy(args[pos]) for pos in self.finite_checks}
+                tell_policy(self.on_nonfinite, self.finite_checks, args, self._nonfinite(args, arrays))
             return self._pytorch(args)
         try:
             arrays = [_to_numpy(a) for a in args]
