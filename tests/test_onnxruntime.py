@@ -526,3 +526,29 @@ def test_translation_retraces_only_clusters_that_need_decomposition(monkeypatch)
         assert [c.status for c in cm.report().clusters] == ["compiled"]
         assert len(calls) == retraced, type(net).__name__
         torch.testing.assert_close(cm(x), net(x))
+
+
+class _Histc(torch.nn.Module):
+    def __init__(self, lo: float, hi: float):
+        super().__init__()
+        self.lo, self.hi = lo, hi
+
+    def forward(self, x):
+        return torch.histc(x * 2.0, 4, self.lo, self.hi)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_histc_with_a_data_range_is_refused_up_front(backend):
+    """torch.histc's default min == max (the range is the data's): torchlib raises
+    NotImplementedError while translating, so the cluster failed at compile time after the
+    capability had accepted it. Now refused up front with its reason; near miss: an explicit
+    range translates and runs on the engine. Both match eager."""
+    pytest.importorskip(backend)
+    x = torch.randn(2, 3, 8)
+    for lo, hi, refused in ((0.0, 0.0, True), (-1.0, 1.0, False)):
+        m = _Histc(lo, hi)
+        cm = qlower.compile(m, (x,), backend=backend)
+        reasons = [c.reason for c in cm.report().clusters if c.status == "fallback"]
+        assert not any("compile failed" in r for r in reasons), reasons
+        assert any("histc with min == max" in r for r in reasons) == refused, reasons
+        assert torch.equal(cm(x), m(x))

@@ -80,6 +80,13 @@ def _vecdot_empty(node: Node) -> str | None:
         if any(s is not None and 0 in s for s in shapes) else None
 
 
+# torchlib raises NotImplementedError for the default min == max (the range is the data's).
+def _histc_data_range(node: Node) -> str | None:
+    args = full_args(node)
+    return "histc with min == max (a data-dependent range) is not translated by torchlib" \
+        if args[2] == args[3] else None
+
+
 # An empty reduction gives -0, eager NaN (measured: std/var/var_mean/std_mean of a (0, 5) input).
 def _empty_moments(node: Node) -> str | None:
     shape = _shape(full_args(node)[0])
@@ -121,6 +128,7 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::avg_pool3d": _divisor_override_3d,
     "aten::linalg_matrix_power": _matrix_power_zero,
     "aten::linalg_vecdot": _vecdot_empty,
+    "aten::histc": _histc_data_range,
     **{f"aten::{op}{overload}": _empty_moments for op in ("std", "var", "std_mean", "var_mean")
        for overload in ("", ".dim", ".correction")},
     "aten::special_erfcx": _inaccurate,
