@@ -440,6 +440,48 @@ def test_decompose_pass_under_symbolic_shapes_inlines_only_size_free_decompositi
             torch.testing.assert_close(gm(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+def test_recompose_calls_the_decomposed_block_op_again_with_its_kernels_bits():
+    """A cluster's PyTorch graph (NaN/inf calls, a failed engine) calls a decomposed block op
+    again: LayerNorm of a constant row is exactly 0 in the kernel and not in the decomposition
+    (its mean an ulp off, times 1/sqrt(eps)) — the difference that gave a NaN input a different
+    int8 code on IREE than on the reference backend (fuzz, eleventh session)."""
+    from qlower.passes import PassContext, PassManager
+    from qlower.passes.decompose_block_ops import DECOMPOSED_FROM, DecomposeBlockOps, recompose_block_ops
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.rand(7) + 0.5), nn.Parameter(torch.zeros(7))
+
+        def forward(self, x):
+            return bops.layer_norm(x * 3.0, [7], self.w, self.b, 1e-5) + 1.0
+    model = Norm().eval()
+    x = torch.full((2, 7), 0.1)
+    x[1] = torch.randn(7)
+    with torch.no_grad():
+        want = model(x)
+        gm = torch.export.export(model, (x,)).module()
+        PassManager([DecomposeBlockOps(lambda n: False)]).run(gm, PassContext())
+        decomposed = gm(x)
+        assert not torch.equal(decomposed, want)   # the decomposition's roundings differ
+        assert recompose_block_ops(gm)                   # positive: one LayerNorm call again
+        assert [n.target for n in gm.graph.nodes if n.op == "call_function"].count(qops.layer_norm.default) == 1
+        assert not any(DECOMPOSED_FROM in n.meta for n in gm.graph.nodes)
+        assert torch.equal(gm(x), want)                  # the kernel's bits
+        assert not recompose_block_ops(gm)               # idempotent
+
+        # near miss: the node that reads the input is gone (another cluster computes it):
+        # the decomposition stays as it is
+        gm = torch.export.export(model, (x,)).module()
+        PassManager([DecomposeBlockOps(lambda n: False)]).run(gm, PassContext())
+        tagged = [n for n in gm.graph.nodes if DECOMPOSED_FROM in n.meta]
+        record = tagged[0].meta[DECOMPOSED_FROM][0]
+        reader = next(n for n in tagged if n.meta[DECOMPOSED_FROM][1] == record.inputs[0][0])
+        del reader.meta[DECOMPOSED_FROM]
+        assert not recompose_block_ops(gm)
+        assert torch.equal(gm(x), decomposed)
+
+
 def test_backend_decomposes_denied_block_op_and_reports_it(monkeypatch):
     monkeypatch.setenv("QLOWER_OP_DENYLIST", "qlower::rotary_embedding")
     module, inputs, _ = ONNX_CASES["rotary_interleaved"]

@@ -1111,3 +1111,27 @@ def test_regression_iree_clamp_to_a_single_value_after_a_requantize():
                                                Op("relu", (2,)), Op("attention", (3, 2), (False, None)), Op("relu", (2,)),
                                                Op("matmul_w", (5,), (1,))),
                    inputs="tiny", seed=0, per_channel=False), ("iree",))
+
+
+_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM = Program(
+    in_shape=(1, 6, 7), ops=(Op("layer_norm", (0,), ()), Op("ln_block", (1,), ()), Op("clamp", (2,), (0.25, None)),
+                             Op("ln_block", (1,), ()), Op("clamp", (4,), (0.25, None)), Op("matmul_w", (5,), (3,))),
+    weights="huge", inputs="huge", seed=1977, act="uint8")
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_nan_call_runs_the_decomposed_norm_as_its_kernel():
+    """On the NaN/inf input the IREE cluster runs in PyTorch; its graph held LayerNorm as IREE's
+    legalization decomposed it. The rows holding NaN/inf reach that norm as constant rows (NaN
+    quantized to a code), where the decomposition's mean is an ulp off and 1/sqrt(eps) turns it
+    into different int8 codes: 9 of 18 outputs off by up to 14 quanta (2.55e5) against the
+    reference backend (fuzz, eleventh session, 607th example). The PyTorch graph now calls the
+    block op again (`clusters.pytorch_graph`)."""
+    _check(_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM, ("iree",))
+
+
+def test_regression_nan_call_runs_a_denied_norm_as_its_kernel_on_onnxruntime(monkeypatch):
+    """The same program on onnxruntime with the LayerNorm block op denied (so decomposed for
+    the engine): the NaN/inf call's PyTorch run must give the reference backend's codes."""
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "qlower::layer_norm")
+    _check(_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM, ("onnxruntime",))

@@ -13,6 +13,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from ..fx import constant_value, mutated_attributes, schema_name
 from ..partition import Capability, cluster_graph
+from ..passes.decompose_block_ops import DECOMPOSED_FROM, recompose_block_ops
 from ..passes.functionalize_state import WRITE_BACK
 from ..report import ClusterInfo
 
@@ -133,6 +134,22 @@ def nonfinite_positions(args, checks: dict[int, str | None], values) -> list[int
         if not math.isfinite(float(value)) and not bool(torch.isfinite(args[pos]).all()):
             bad.append(pos)
     return bad
+
+
+def pytorch_graph(sub: GraphModule) -> GraphModule:
+    """The graph a cluster runs in PyTorch (a call with NaN/inf inputs, a failed engine): `sub`
+    with every block op an engine's legalization decomposed called as the block op again
+    (`recompose_block_ops`), so those calls give eager's bits, not the decomposition's fp32
+    roundings. A new GraphModule sharing sub's tensors; `sub` itself when nothing was decomposed
+    (sub stays what the engine was given: export and the data-tiling check read it)."""
+    if not any(DECOMPOSED_FROM in n.meta for n in sub.graph.nodes):
+        return sub
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(sub.graph, {})
+    graph.output(out)
+    gm = GraphModule(sub, graph)
+    recompose_block_ops(gm)
+    return gm
 
 
 def run_in_pytorch(fallback: GraphModule, args):

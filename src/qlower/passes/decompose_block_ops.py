@@ -18,9 +18,12 @@ static last dim) is inlined under symbolic shapes too.
 Postconditions: no unsupported block op with a decomposition and static shapes remains; the
 graph computes the decomposition, which tests hold equal to the op's reference kernel.
 Idempotent: the ATen ops it inserts are not block ops.
+Each inserted node is tagged (`DECOMPOSED_FROM`) so that a cluster the engine cannot run can call
+the block op again in PyTorch (`recompose_block_ops`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -97,13 +100,89 @@ def _example_like(val: torch.Tensor, sizes: dict | None = None) -> torch.Tensor:
     return torch.zeros(shape, dtype=val.dtype)
 
 
+# meta key on every call a decomposition inserted: (its Recompose, its position in the decomposition)
+DECOMPOSED_FROM = "qlower.decomposed_from"
+
+
+@dataclass(eq=False)   # identity: the copies of one decomposition's nodes share one record
+class Recompose:
+    """How to call a decomposed block op again: its target, its arguments with each tensor
+    argument k written as `_Input(k)`, and where to find input k among the decomposition's nodes
+    (the position of a node that reads it, the index among that node's `all_input_nodes`)."""
+    target: object
+    args: tuple
+    kwargs: dict
+    inputs: tuple[tuple[int, int], ...]
+    result: int            # the position of the node whose value is the block op's
+
+
+@dataclass(frozen=True)
+class _Input:
+    index: int
+
+
 def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
+    inputs = [a for a in node.args if isinstance(a, Node)]
+    inserted: list[Node] = []
+
     def copy(t: Node, env: dict) -> Node:
         if t.op == "get_attr":
             return add_constant(gm, getattr(traced, t.target), "decomposed")
-        return call(gm, t.target, torch.fx.node.map_arg(t.args, env.__getitem__),
-                    torch.fx.node.map_arg(t.kwargs, env.__getitem__), like=node)
-    return splice(gm, traced.graph, [a for a in node.args if isinstance(a, Node)], node, copy)
+        new = call(gm, t.target, torch.fx.node.map_arg(t.args, env.__getitem__),
+                   torch.fx.node.map_arg(t.kwargs, env.__getitem__), like=node)
+        inserted.append(new)
+        return new
+    result = splice(gm, traced.graph, inputs, node, copy)
+    _tag(node, inputs, inserted, result)
+    return result
+
+
+def _tag(node: Node, inputs: list[Node], inserted: list[Node], result) -> None:
+    """Record on the inserted nodes how `node` is called again (`recompose_block_ops`); nothing
+    when the decomposition does not read every tensor input or its value is not one of them."""
+    if not isinstance(result, Node) or result not in inserted:
+        return
+    where = []
+    for k, inp in enumerate(inputs):
+        reader = next((i for i, n in enumerate(inserted) if inp in n.all_input_nodes), None)
+        if reader is None:
+            return
+        where.append((reader, inserted[reader].all_input_nodes.index(inp)))
+    numbered = iter(range(len(inputs)))
+    args = tuple(_Input(next(numbered)) if isinstance(a, Node) else a for a in node.args)
+    record = Recompose(node.target, args, dict(node.kwargs), tuple(where), inserted.index(result))
+    for i, n in enumerate(inserted):
+        n.meta[DECOMPOSED_FROM] = (record, i)
+
+
+def recompose_block_ops(gm: GraphModule) -> bool:
+    """The inverse of DecomposeBlockOps, for a graph PyTorch runs (a cluster's fallback): each
+    decomposition whose nodes that read its inputs and give its value are all in `gm` becomes
+    the block op's call again, whose kernel is the one eager and the reference backend run. Why:
+    the decomposition's fp32 roundings differ from the kernel's (a LayerNorm's mean of a constant
+    row one ulp off, amplified by 1 / sqrt(eps) into a different int8 code: fuzz, iree, a NaN
+    input whose rows reached the norm as constants). Returns whether it changed gm."""
+    groups: dict[int, tuple[Recompose, dict[int, Node]]] = {}
+    for n in gm.graph.nodes:
+        tag = n.meta.get(DECOMPOSED_FROM)
+        if tag is not None:
+            groups.setdefault(id(tag[0]), (tag[0], {}))[1][tag[1]] = n
+    changed = False
+    for record, members in groups.values():
+        result = members.get(record.result)
+        if result is None or any(p not in members for p, _ in record.inputs):
+            continue
+        inputs = [members[p].all_input_nodes[i] for p, i in record.inputs]
+        args = tuple(inputs[a.index] if isinstance(a, _Input) else a for a in record.args)
+        with gm.graph.inserting_before(result):
+            block = gm.graph.call_function(record.target, args, record.kwargs)
+        block.meta = {k: v for k, v in result.meta.items() if k != DECOMPOSED_FROM}
+        result.replace_all_uses_with(block)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return changed
 
 
 class DecomposeBlockOps(Pass):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule
 
-from ..clusters import nonfinite_positions, run_in_pytorch, tell_policy, worst_abs_diff
+from ..clusters import nonfinite_positions, pytorch_graph, run_in_pytorch, tell_policy, worst_abs_diff
 from ...report import ClusterInfo
 from .vm import IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
@@ -42,7 +42,8 @@ class IreeCluster(torch.nn.Module):
                  command: str | None = None, finite_checks: dict[int, str] | None = None,
                  driver: str = "local-sync"):
         super().__init__()
-        self.fallback = fallback
+        self.fallback = fallback   # what the engine was given
+        self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
         self.function = function
         self.output_dtypes = output_dtypes
         self.single_output = single
@@ -60,7 +61,7 @@ class IreeCluster(torch.nn.Module):
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     def _pytorch(self, args):
-        return run_in_pytorch(self.fallback, args)
+        return run_in_pytorch(self.in_pytorch, args)
 
     def forward(self, *args):
         if self.function is None:

@@ -18,7 +18,7 @@ from torch.fx import GraphModule
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, maps_float_to_integers,
-                        nonfinite_positions, policy_inputs, pytorch_infos, run_in_pytorch, split_inputs,
+                        nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos, run_in_pytorch, split_inputs,
                         tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
 from . import cache, cpu
@@ -113,7 +113,8 @@ class OrtCluster(torch.nn.Module):
     def __init__(self, fallback: GraphModule, session, input_names: list[str], constants: dict[int, torch.Tensor],
                  arity: int, single_output: bool, info: ClusterInfo, finite_checks: dict[int, str] | None = None):
         super().__init__()
-        self.fallback = fallback
+        self.fallback = fallback   # what the engine was given
+        self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
         self.session = session
         self.input_names = input_names
         self.constants = constants
@@ -147,7 +148,7 @@ class OrtCluster(torch.nn.Module):
         return [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
 
     def _pytorch(self, runtime_args):
-        return run_in_pytorch(self.fallback, self._full_args(runtime_args))
+        return run_in_pytorch(self.in_pytorch, self._full_args(runtime_args))
 
     def forward(self, *args):
         session = self.session

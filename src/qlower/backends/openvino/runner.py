@@ -12,7 +12,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...errors import BackendError
-from ..clusters import nonfinite_positions, run_in_pytorch, worst_abs_diff
+from ..clusters import nonfinite_positions, pytorch_graph, run_in_pytorch, worst_abs_diff
 from ...report import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
@@ -97,7 +97,8 @@ class OvCluster(torch.nn.Module):
         # compiled model returns after its own outputs; NaN/inf in one runs the call in PyTorch
         # (clusters.float_inputs says why)
         self.finite_checks = finite_checks or {}
-        self.fallback = fallback
+        self.fallback = fallback   # what the engine was given
+        self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
         self.constants = constants
         self.arity = arity
         self.output_dtypes = output_dtypes
@@ -117,7 +118,7 @@ class OvCluster(torch.nn.Module):
 
     def _pytorch(self, runtime_args):
         it = iter(runtime_args)
-        return run_in_pytorch(self.fallback, [self.constants[i] if i in self.constants else next(it)
+        return run_in_pytorch(self.in_pytorch, [self.constants[i] if i in self.constants else next(it)
                                               for i in range(self.arity)])
 
     def forward(self, *args):
