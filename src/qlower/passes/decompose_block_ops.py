@@ -106,19 +106,39 @@ DECOMPOSED_FROM = "qlower.decomposed_from"
 
 @dataclass(eq=False)   # identity: the copies of one decomposition's nodes share one record
 class Recompose:
-    """How to call a decomposed block op again: its target, its arguments with each tensor
-    argument k written as `_Input(k)`, and where to find input k among the decomposition's nodes
-    (the position of a node that reads it, the index among that node's `all_input_nodes`)."""
+    """How to call a decomposed block op again: its target, its arguments with tensor argument k
+    written `_Input(k)`, and each inserted node as it was inserted (`_shape`), so a decomposition
+    a later pass changed (its matmuls lowered to integer ops, say) is told apart and left alone."""
     target: object
     args: tuple
     kwargs: dict
-    inputs: tuple[tuple[int, int], ...]
+    nodes: tuple           # per inserted node: (target, its argument leaves as `_shape` writes them)
     result: int            # the position of the node whose value is the block op's
 
 
 @dataclass(frozen=True)
 class _Input:
     index: int
+
+
+@dataclass(frozen=True)
+class _Member:
+    position: int
+
+
+_OTHER = "<another node>"   # a node of the graph neither an input nor inserted (a constant)
+
+
+def _leaves(node: Node) -> list:
+    return torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+
+
+def _shape(node: Node, members: dict[Node, int], inputs: dict[Node, int]) -> tuple:
+    def leaf(a):
+        if not isinstance(a, Node):
+            return a
+        return _Member(members[a]) if a in members else _Input(inputs[a]) if a in inputs else _OTHER
+    return node.target, tuple(leaf(a) for a in _leaves(node))
 
 
 def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
@@ -139,40 +159,74 @@ def _inline(gm: GraphModule, node: Node, traced: GraphModule) -> Node:
 
 def _tag(node: Node, inputs: list[Node], inserted: list[Node], result) -> None:
     """Record on the inserted nodes how `node` is called again (`recompose_block_ops`); nothing
-    when the decomposition does not read every tensor input or its value is not one of them."""
-    if not isinstance(result, Node) or result not in inserted:
+    when its value is not one inserted node or a tensor input appears twice."""
+    if not isinstance(result, Node) or result not in inserted or len(set(inputs)) != len(inputs):
         return
-    where = []
-    for k, inp in enumerate(inputs):
-        reader = next((i for i, n in enumerate(inserted) if inp in n.all_input_nodes), None)
-        if reader is None:
-            return
-        where.append((reader, inserted[reader].all_input_nodes.index(inp)))
-    numbered = iter(range(len(inputs)))
-    args = tuple(_Input(next(numbered)) if isinstance(a, Node) else a for a in node.args)
-    record = Recompose(node.target, args, dict(node.kwargs), tuple(where), inserted.index(result))
+    members = {n: i for i, n in enumerate(inserted)}
+    numbered = {n: k for k, n in enumerate(inputs)}
+    args = tuple(_Input(numbered[a]) if isinstance(a, Node) else a for a in node.args)
+    record = Recompose(node.target, args, dict(node.kwargs),
+                       tuple(_shape(n, members, numbered) for n in inserted), members[result])
     for i, n in enumerate(inserted):
         n.meta[DECOMPOSED_FROM] = (record, i)
 
 
+def _intact_inputs(record: Recompose, members: dict[int, Node]) -> list[Node] | None:
+    """The block op's tensor inputs if every inserted node is in the graph once, as inserted
+    (same target, same arguments up to which node is an input); else None."""
+    if len(members) != len(record.nodes):
+        return None
+    position = {n: p for p, n in members.items()}
+    found: dict[int, Node] = {}
+    for p, (target, recorded) in enumerate(record.nodes):
+        node = members[p]
+        actual = _leaves(node)
+        if node.target != target or len(actual) != len(recorded):
+            return None
+        for want, got in zip(recorded, actual):
+            if isinstance(want, _Input):
+                if not isinstance(got, Node) or got in position or found.setdefault(want.index, got) is not got:
+                    return None
+            elif isinstance(want, _Member):
+                if position.get(got) != want.position:
+                    return None
+            elif want is _OTHER:
+                if not isinstance(got, Node) or got in position:
+                    return None
+            elif isinstance(got, Node) or not _same_literal(want, got):
+                return None
+    n_inputs = sum(isinstance(a, _Input) for a in record.args)
+    return [found[k] for k in range(n_inputs)] if len(found) == n_inputs else None
+
+
+def _same_literal(a, b) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:   # noqa: BLE001  (a value without a plain ==)
+        return False
+
+
 def recompose_block_ops(gm: GraphModule) -> bool:
     """The inverse of DecomposeBlockOps, for a graph PyTorch runs (a cluster's fallback): each
-    decomposition whose nodes that read its inputs and give its value are all in `gm` becomes
-    the block op's call again, whose kernel is the one eager and the reference backend run. Why:
-    the decomposition's fp32 roundings differ from the kernel's (a LayerNorm's mean of a constant
-    row one ulp off, amplified by 1 / sqrt(eps) into a different int8 code: fuzz, iree, a NaN
-    input whose rows reached the norm as constants). Returns whether it changed gm."""
+    decomposition still in `gm` as it was inserted becomes the block op's call again, whose
+    kernel is the one eager and the reference backend run. Why: the decomposition's fp32
+    roundings differ from the kernel's (a LayerNorm's mean of a constant row one ulp off,
+    amplified by 1 / sqrt(eps) into a different int8 code: fuzz, iree, a NaN input whose rows
+    reached the norm as constants). A decomposition split across clusters or changed by a later
+    pass (its matmuls lowered to integer ops: the program then computes something else) stays.
+    Returns whether it changed gm."""
     groups: dict[int, tuple[Recompose, dict[int, Node]]] = {}
     for n in gm.graph.nodes:
         tag = n.meta.get(DECOMPOSED_FROM)
         if tag is not None:
-            groups.setdefault(id(tag[0]), (tag[0], {}))[1][tag[1]] = n
+            record, members = groups.setdefault(id(tag[0]), (tag[0], {}))
+            members[tag[1]] = None if tag[1] in members else n   # twice: not as inserted
     changed = False
     for record, members in groups.values():
-        result = members.get(record.result)
-        if result is None or any(p not in members for p, _ in record.inputs):
+        inputs = None if None in members.values() else _intact_inputs(record, members)
+        if inputs is None:
             continue
-        inputs = [members[p].all_input_nodes[i] for p, i in record.inputs]
+        result = members[record.result]
         args = tuple(inputs[a.index] if isinstance(a, _Input) else a for a in record.args)
         with gm.graph.inserting_before(result):
             block = gm.graph.call_function(record.target, args, record.kwargs)
