@@ -1071,6 +1071,50 @@ def test_int8_linears_with_batch_and_sequence_dynamic_bit_exact():
         assert_equal(ref(x), got(x))
 
 
+class _PositionIds(torch.nn.Module):
+    """BERT's embeddings in small: position ids sliced to the length of *another* input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pos_ids", torch.arange(64)[None, :])
+        self.emb = torch.nn.Embedding(64, 16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, ids):
+        return self.fc(x + self.emb(self.pos_ids[:, : ids.shape[1]]))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_float_op_sized_by_another_input_leaves_the_int8_cluster(dynamic):
+    """`pos_ids[:, :ids.shape[1]]` in an int8 cluster: a float op in a TOSA module is imported
+    alone, and its end (the sequence length of `ids`) is none of its inputs' dims, so emission
+    failed and the whole cluster ran in PyTorch (a MiniLM-size encoder with dynamic batch and
+    sequence: 0 IREE clusters). It is now refused up front, with the reason, and the rest
+    compiles. Near miss: with static shapes the slice stays in the cluster."""
+    torch.manual_seed(0)
+    model = _PositionIds().eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    ex = (torch.randn(2, 8, 16, generator=g), ids)
+    seq = torch.export.Dim("seq", min=2, max=64)   # at most the position table's length
+    dynamic_shapes = ({1: seq}, {1: seq}) if dynamic else None
+    program = qlower.quantize(model, ex, [(torch.randn(2, 8, 16, generator=g), ids) for _ in range(3)],
+                              dynamic_shapes=dynamic_shapes)
+    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic_shapes)
+                for b in ("reference", "iree"))
+    report = got.report()
+    assert len(report.compiled) == 1 and "qlower::linear" in report.compiled[0].ops
+    assert not any("compile failed" in (c.reason or "") for c in report.clusters)
+    if dynamic:
+        assert [c.reason.split(": ")[0] for c in report.fallbacks] == ["aten::slice.Tensor"]
+        assert "none of its inputs' dims" in report.fallbacks[0].reason
+    else:
+        assert not report.fallbacks
+    for s in ((3, 8, 20) if dynamic else (8,)):
+        x, i = torch.randn(2, s, 16, generator=g), torch.zeros(2, s, dtype=torch.int64)
+        assert_equal(ref(x, i), got(x, i))
+
+
 def test_zoo_transformer_int8_with_batch_and_sequence_dynamic_is_one_cluster():
     """Was 10 clusters and 64 PyTorch fallbacks ("more than one dynamic dim in a tensor")."""
     entry = ZOO["transformer"]

@@ -37,7 +37,7 @@ from .lowerings import DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
-from .torch_import import import_float_cluster
+from .torch_import import import_float_cluster, underivable_size
 
 log = logging.getLogger("qlower.iree")
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
@@ -169,7 +169,7 @@ class IreeBackend:
     def compile(self, gm: GraphModule) -> Executable:
         notes = []
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
-        fused, kinds = self._fuse(gm)
+        fused, kinds, capability = self._fuse(gm)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
         pending = [self._emit_cluster(fused, call, i, kinds[str(call.target)], mutated) for i, call in enumerate(calls)]
@@ -181,7 +181,7 @@ class IreeBackend:
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos = [p.info for p in pending]
-        infos += self._pytorch_infos(fused, len(infos))
+        infos += self._pytorch_infos(fused, len(infos), capability)
         counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("tosa", "torch")}
         notes += [p.retry_note for p in pending if p.retry_note]
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
@@ -200,25 +200,44 @@ class IreeBackend:
                           on_nonfinite=on_nonfinite)
 
     # ------------------------------------------------------------------ clustering
-    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str]]:
+    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str], Capability]:
         """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
         op is a "tosa" module (its float ops become private functions in it); an all-float
-        cluster is a "torch" module for IREE's own torch input pipeline.
-        Returns (graph, submodule name -> kind)."""
+        cluster is a "torch" module for IREE's own torch input pipeline; a float op a TOSA module
+        cannot import (`underivable_size`) is refused and the graph clustered again.
+        Returns (graph, submodule name -> kind, the capability with those refusals)."""
         _one_user_per_size(gm)
-        clusters = _sizes_with_their_users(cluster_graph(gm.graph, self.capability, self.options.min_cluster_size).clusters)
-        kinds = {f"cluster_{i}": ("tosa" if any(kind_of(n) == "tosa" for n in c) else "torch")
-                 for i, c in enumerate(clusters)}
+        refused: dict[str, str] = {}
+        while True:   # a float op a TOSA module cannot import leaves it: cluster again without it
+            clusters = _sizes_with_their_users(cluster_graph(gm.graph, self._capability_for(refused),
+                                                             self.options.min_cluster_size).clusters)
+            tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
+            more = {n.name: why for c, t in zip(clusters, tosa) if t for n in c
+                    if kind_of(n) == "torch" and (why := underivable_size(n)) is not None}
+            if not more:
+                break
+            refused.update(more)
+        kinds = {f"cluster_{i}": ("tosa" if t else "torch") for i, t in enumerate(tosa)}
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clusters], prefix="cluster_")
-        return fused, kinds
+        return fused, kinds, self._capability_for(refused)
 
-    def _pytorch_infos(self, fused: GraphModule, start: int) -> list[ClusterInfo]:
+    def _capability_for(self, refused: dict[str, str]) -> Capability:
+        """The capability, also refusing the nodes named in `refused` (name -> reason)."""
+        if not refused:
+            return self.capability
+
+        def wrap(predicate):
+            return lambda node: refused.get(node.name) or predicate(node)
+        return Capability(self.capability.backend, {name: wrap(p) for name, p in self.capability.ops.items()})
+
+    @staticmethod
+    def _pytorch_infos(fused: GraphModule, start: int, capability: Capability) -> list[ClusterInfo]:
         """One ClusterInfo per computing node left in PyTorch, with the capability's reason."""
         infos = []
         for node in fused.graph.nodes:
             if node.op != "call_function" or not _computes(node):
                 continue
-            reason = self.capability.why_not(node)
+            reason = capability.why_not(node)
             if reason is None:
                 continue   # supported, but a lone shape op between clusters: PyTorch by design
             status = "state" if node.meta.get(WRITE_BACK) else "fallback"
@@ -311,7 +330,8 @@ class IreeBackend:
             return
         out = next(n for n in p.sub.graph.nodes if n.op == "output").args[0]
         single = not isinstance(out, (tuple, list))
-        dtypes = [o.meta["val"].dtype for o in ([out] if single else out)]
+        # (a value that is no tensor — a chunk's list — only in a cluster that failed to emit)
+        dtypes = [getattr(o.meta.get("val"), "dtype", None) for o in ([out] if single else out)]
         compiled = p.compiled
         setattr(fused, p.call.target, IreeCluster(p.sub, p.function, dtypes, single, p.info, p.kind,
                                                   p.emitted.asm if p.emitted is not None else None,

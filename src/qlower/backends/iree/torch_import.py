@@ -70,23 +70,51 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
 _INFERRED = ("aten::view", "aten::reshape", "aten::_unsafe_view")   # infer one size given as -1
 
 
+def _size_source(node: Node, val) -> tuple[Node, int] | None:
+    """(tensor input of `node`, dim) whose size is the symbolic size `val`, or None."""
+    for a in node.all_input_nodes:
+        t = a.meta.get("val")
+        if isinstance(t, torch.Tensor):
+            for i, d in enumerate(t.shape):
+                if str(d) == str(val):
+                    return a, i
+    return None
+
+
+def _inferred(node: Node, count: int) -> bool:
+    """The op's one symbolic size can be given as -1 (a view of a known element count)."""
+    from ...fx import schema_name
+    return count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1])
+
+
+def underivable_size(node: Node) -> str | None:
+    """Why `node`, imported alone into a TOSA module, cannot be given one of its symbolic size
+    arguments (`_size_in` would raise), or None. Measured: the position ids of a BERT with a
+    dynamic sequence, `position_ids[:, :input_ids.shape[1]]`, took the whole int8 cluster to
+    PyTorch when found at compile time."""
+    sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
+    for arg in sizes:
+        val = arg.meta.get("val")
+        if isinstance(val, torch.SymInt) and _size_source(node, val) is None and not _inferred(node, len(sizes)):
+            return (f"a size argument ({val}) that is none of its inputs' dims, in an integer (TOSA) cluster "
+                    f"where float ops are imported one at a time")
+    return None
+
+
 def _size_in(graph: torch.fx.Graph, node: Node, arg: Node, env: dict, count: int):
     """A size argument of `node` (dynamic shapes), recomputed in its one-node graph: a literal
     when it is static, `sym_size` of an input with that very size, or -1 where the op infers one
-    size; else NotImplementedError (the cluster falls back with it as the reason)."""
-    from ...fx import schema_name
+    size; else NotImplementedError (`underivable_size` refuses such a node before clustering
+    ends; the cluster falls back with it as the reason)."""
     val = arg.meta.get("val")
     if isinstance(val, int):
         return int(val)
-    for a in node.all_input_nodes:
-        t = a.meta.get("val")
-        if isinstance(t, torch.Tensor) and a in env:
-            for i, d in enumerate(t.shape):
-                if str(d) == str(val):
-                    size = graph.call_function(torch.ops.aten.sym_size.int, (env[a], i))
-                    size.meta["val"] = val
-                    return size
-    if count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1]):
+    source = _size_source(node, val)
+    if source is not None and source[0] in env:
+        size = graph.call_function(torch.ops.aten.sym_size.int, (env[source[0]], source[1]))
+        size.meta["val"] = val
+        return size
+    if _inferred(node, count):
         return -1
     raise NotImplementedError(f"{node.name}: size argument {val} is not a dim of its inputs")
 
