@@ -1115,6 +1115,48 @@ def test_float_op_sized_by_another_input_leaves_the_int8_cluster(dynamic):
         assert_equal(ref(x, i), got(x, i))
 
 
+class _MaskedAttention(torch.nn.Module):
+    """Attention with a boolean padding mask, as transformers' BERT builds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :].to(torch.bool))
+        return self.o(y.transpose(1, 2).reshape(b, s, 16))
+
+
+def test_attention_left_whole_under_dynamic_shapes_stays_out_of_the_int8_cluster():
+    """Batch and sequence dynamic: attention's decomposition reads the sizes, so it stays one
+    `scaled_dot_product_attention` node; inside the int8 cluster it became `tm_tensor.attention`
+    and iree-compile failed ("'tensor.dim' op unexpected during shape cleanup"), taking the whole
+    cluster to PyTorch (a MiniLM-size encoder: its 246-node body cluster). It is now refused
+    while clustering, with the reason; the linears compile, bit-exact at other sizes."""
+    torch.manual_seed(0)
+    model = _MaskedAttention().eval()
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 5:] = 0
+    ex = (torch.randn(2, 8, 16, generator=g), mask)
+    dynamic_shapes = ({0: _BATCH, 1: _SEQ}, {0: _BATCH, 1: _SEQ})
+    program = qlower.quantize(model, ex, [(torch.randn(2, 8, 16, generator=g), mask) for _ in range(3)],
+                              dynamic_shapes=dynamic_shapes)
+    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic_shapes)
+                for b in ("reference", "iree"))
+    report = got.report()
+    assert not any("compile failed" in (c.reason or "") for c in report.clusters)
+    assert sum("qlower::linear" in c.ops for c in report.compiled) == 2
+    sdpa = [c for c in report.fallbacks if "scaled_dot_product_attention" in c.ops]
+    assert len(sdpa) == 1 and "tm_tensor.attention" in sdpa[0].reason
+    for b, s in ((1, 3), (3, 20)):
+        x, m = torch.randn(b, s, 16, generator=g), torch.ones(b, s, dtype=torch.int64)
+        m[0, -1] = 0
+        assert_equal(ref(x, m), got(x, m))
+
+
 def test_zoo_transformer_int8_with_batch_and_sequence_dynamic_is_one_cluster():
     """Was 10 clusters and 64 PyTorch fallbacks ("more than one dynamic dim in a tensor")."""
     entry = ZOO["transformer"]

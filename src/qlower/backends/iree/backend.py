@@ -37,7 +37,7 @@ from .lowerings import DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
-from .torch_import import import_float_cluster, underivable_size
+from .torch_import import import_float_cluster, not_importable_alone
 
 log = logging.getLogger("qlower.iree")
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
@@ -204,7 +204,7 @@ class IreeBackend:
         """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
         op is a "tosa" module (its float ops become private functions in it); an all-float
         cluster is a "torch" module for IREE's own torch input pipeline; a float op a TOSA module
-        cannot import (`underivable_size`) is refused and the graph clustered again.
+        cannot import (`not_importable_alone`) is refused and the graph clustered again.
         Returns (graph, submodule name -> kind, the capability with those refusals)."""
         _one_user_per_size(gm)
         refused: dict[str, str] = {}
@@ -213,7 +213,7 @@ class IreeBackend:
                                                              self.options.min_cluster_size).clusters)
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
             more = {n.name: why for c, t in zip(clusters, tosa) if t for n in c
-                    if kind_of(n) == "torch" and (why := underivable_size(n)) is not None}
+                    if kind_of(n) == "torch" and (why := not_importable_alone(n)) is not None}
             if not more:
                 break
             refused.update(more)

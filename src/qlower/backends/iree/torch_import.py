@@ -87,11 +87,17 @@ def _inferred(node: Node, count: int) -> bool:
     return count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1])
 
 
-def underivable_size(node: Node) -> str | None:
-    """Why `node`, imported alone into a TOSA module, cannot be given one of its symbolic size
-    arguments (`_size_in` would raise), or None. Measured: the position ids of a BERT with a
-    dynamic sequence, `position_ids[:, :input_ids.shape[1]]`, took the whole int8 cluster to
-    PyTorch when found at compile time."""
+def not_importable_alone(node: Node) -> str | None:
+    """Why float op `node` cannot be a private function of a TOSA module, or None (found at
+    compile time each took its whole int8 cluster to PyTorch; refused while clustering now):
+    - scaled_dot_product_attention becomes `tm_tensor.attention`, which IREE 3.13 fails to
+      legalize there ("failed to legalize operation 'tm_tensor.attention'"; with dynamic dims
+      "'tensor.dim' op unexpected during shape cleanup": a MiniLM-size encoder with batch and
+      sequence dynamic, whose attention's decomposition stays out because it reads the sizes);
+    - a symbolic size argument that is none of its own inputs' dims (`_size_in` would raise):
+      BERT's `position_ids[:, :input_ids.shape[1]]` with a dynamic sequence."""
+    if node.target is torch.ops.aten.scaled_dot_product_attention.default:
+        return "IREE 3.13 cannot legalize tm_tensor.attention in an integer (TOSA) cluster"
     sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for arg in sizes:
         val = arg.meta.get("val")
@@ -104,7 +110,7 @@ def underivable_size(node: Node) -> str | None:
 def _size_in(graph: torch.fx.Graph, node: Node, arg: Node, env: dict, count: int):
     """A size argument of `node` (dynamic shapes), recomputed in its one-node graph: a literal
     when it is static, `sym_size` of an input with that very size, or -1 where the op infers one
-    size; else NotImplementedError (`underivable_size` refuses such a node before clustering
+    size; else NotImplementedError (`not_importable_alone` refuses such a node before clustering
     ends; the cluster falls back with it as the reason)."""
     val = arg.meta.get("val")
     if isinstance(val, int):
