@@ -174,19 +174,54 @@ class Linear(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [U8, S8])
-@pytest.mark.parametrize("k,extreme", [(24, False), (768, False), (3072, True)])
-def test_linear_accumulator_bit_exact(dtype, k, extreme):
+@pytest.mark.parametrize("k,case", [(24, "random"), (768, "random"), (3072, "extreme"), (3072, "large")])
+def test_linear_accumulator_bit_exact(dtype, k, case):
+    """The int32 accumulator itself. K = 3072 ("extreme": every product at its maximum, |sum|
+    1e8; "large": products near it with arbitrary low bits, |sum| ~8e7, what fp32 would round):
+    beyond 2^24 OpenVINO's fp32 accumulation rounds, so the linear is split over its input
+    features into bounded linears whose int32 accumulators are added (split_accumulation.py) and
+    stays on OpenVINO, exact. Was: refused, PyTorch ran it (BERT-base's FFN down-projections)."""
     g = torch.Generator().manual_seed(k)
     lo, hi = rng(dtype)
     w, x, x_zp = random_q((16, k), S8, g), random_q((3, 4, k), dtype, g), int(torch.randint(lo, hi + 1, (), generator=g))
-    if extreme:
+    if case == "extreme":
         x, w, x_zp = torch.full_like(x, hi), torch.full_like(w, -128), lo
+    elif case == "large":
+        x = torch.randint(hi - 40, hi + 1, x.shape, generator=g).to(dtype)
+        w, x_zp = torch.randint(-128, -88, w.shape, generator=g).to(S8), lo
     ref, got, exe = compile_both(Linear(w, torch.randint(-3000, 3000, (16,), generator=g, dtype=torch.int32), x_zp), x)
-    if extreme:   # |accumulator| > 2^24: refused (fp32 accumulation in OpenVINO), PyTorch runs it
-        assert [c.backend for c in exe.clusters] == ["pytorch"] and "2^24" in exe.clusters[0].reason
-    else:
-        assert_all_on_openvino(exe)
+    if case != "random":
+        assert int(ref.abs().max()) > 2**24
+    if case == "large":   # odd sums beyond 2^24: not fp32 values, so any fp32 rounding would show
+        assert int(((ref.abs() > 2**24) & (ref % 2 != 0)).sum()) > 0
+    assert_all_on_openvino(exe)
     assert_equal(ref, got)
+
+
+def test_split_accumulation_fires_only_beyond_the_bound():
+    """The pass: split points keep every channel's partial sum (bias in the first) below 2^24;
+    near misses: within the bound, or one column alone at it (no split helps)."""
+    from qlower.backends.openvino.split_accumulation import split_points
+    columns = torch.full((2, 3072), 255 * 128, dtype=torch.int64)
+    cuts = split_points(columns, torch.tensor([5000, 0]))
+    assert cuts[0] == 0 and cuts[-1] == 3072 and len(cuts) == 7
+    for k0, k1 in zip(cuts, cuts[1:]):
+        first = torch.tensor([5000, 0]) if k0 == 0 else 0
+        assert int((columns[:, k0:k1].sum(1) + first).max()) < 2**24
+    assert split_points(columns[:, :500], torch.zeros(2, dtype=torch.int64)) is None
+    assert split_points(torch.full((1, 4), 2**24, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)) is None
+    # on a graph: fires once, the accumulator unchanged, idempotent
+    from qlower.backends.openvino.split_accumulation import SplitAccumulation
+    from qlower.passes import PassContext, PassManager
+    x = torch.full((2, 3072), 255, dtype=U8)
+    model = Linear(torch.full((4, 3072), -128, dtype=S8), torch.arange(4, dtype=torch.int32), 0)
+    gm = torch.export.export(model, (x,)).module()
+    want = gm(x)
+    ctx = PassManager([SplitAccumulation()]).run(gm, PassContext())
+    assert sum(ctx.rewrites.values()) == 1
+    assert [n.target for n in gm.graph.nodes].count(torch.ops.qlower.linear.default) == 6   # 514 columns each
+    assert torch.equal(gm(x), want)
+    assert not PassManager([SplitAccumulation()]).run(gm, PassContext()).rewrites
 
 
 class Matmul(torch.nn.Module):

@@ -33,6 +33,7 @@ from ..clusters import compile_each_cluster, float_inputs, fuse_clusters, instal
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
+from .split_accumulation import SplitAccumulation
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
 _COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
@@ -132,8 +133,11 @@ class OpenVinoBackend:
             snap_to_power_of_two(observed)
 
     def legalize_passes(self) -> list:
-        """Block ops the CPU plugin lacks, decomposed (its ONNX-level rewrites are legalize.py's)."""
-        return [decompose_unsupported_block_ops(self.capability)]
+        """Block ops the CPU plugin lacks, decomposed; canonical numerics: linears whose fp32
+        accumulation could round split over their input features (split_accumulation.py). Its
+        ONNX-level rewrites are legalize.py's."""
+        passes = [decompose_unsupported_block_ops(self.capability)]
+        return passes if self.options.native else passes + [SplitAccumulation()]
 
     def available(self) -> bool:
         try:
