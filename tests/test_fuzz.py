@@ -1135,3 +1135,15 @@ def test_regression_nan_call_runs_a_denied_norm_as_its_kernel_on_onnxruntime(mon
     the engine): the NaN/inf call's PyTorch run must give the reference backend's codes."""
     monkeypatch.setenv("QLOWER_OP_DENYLIST", "qlower::layer_norm")
     _check(_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM, ("onnxruntime",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_global_average_pool_after_a_broadcast_weight():
+    """RMSNorm (its weight a broadcast product) then a global average pool: iree-compile 3.13
+    crashed on the mean over two dims (segmentation fault with data tiling, "'vector.contract'
+    op invalid accumulator/result vector shape" without), the capability had accepted the
+    cluster (fuzz, twelfth session). Fixed by SingleDimReductions (iree legalization)."""
+    _check(Program(in_shape=(2, 5, 6, 5), ops=(Op("softmax", (0,), (1,)), Op("conv", (0,), (10, 3, 2, 2, 1, 5, False)),
+                                               Op("rms", (0,), ()), Op("gap", (3,), (False,)), Op("reshape", (4,), (5, 1))),
+                   weights="huge", inputs="const", seed=1008, act="int8", per_channel=False, weight_bits=7,
+                   activations="per-token"), ("iree",))

@@ -1231,3 +1231,51 @@ def test_float_batched_matmul_with_a_dynamic_batch_matches_eager(kind):
         x = torch.randn(b, 4, 8, generator=g)
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+_W5 = torch.rand(5, generator=torch.Generator().manual_seed(0)) + 0.5
+_REDUCTIONS_OF_A_BROADCAST_PRODUCT = {
+    "mean_hw": lambda x: (x * _W5).mean((2, 3)),
+    "sum_non_contiguous_keepdim": lambda x: (x * _W5).sum((1, 3), keepdim=True),
+    "mean_all": lambda x: (x * _W5).mean(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REDUCTIONS_OF_A_BROADCAST_PRODUCT))
+def test_multi_dim_reduction_of_a_broadcast_product_compiles(case):
+    """iree-compile 3.13 fails on a sum/mean over several dims of a product with a broadcast
+    operand ("'vector.contract' op invalid accumulator/result vector shape"; a segmentation
+    fault with data tiling) and the cluster fell back whole — found by the IREE fuzz run (RMSNorm
+    then a global average pool). SingleDimReductions writes it over one merged dim: it compiles
+    and matches eager."""
+    fn = _REDUCTIONS_OF_A_BROADCAST_PRODUCT[case]
+    x = torch.randn(2, 5, 6, 5, generator=torch.Generator().manual_seed(1))
+    cm = qlower.compile(_OneOp(fn), (x,), backend="iree")
+    report = cm.report()
+    assert len(report.compiled) == 1 and not report.fallbacks
+    assert any("multi-dim reduction written over one merged dim" in n for n in report.notes)
+    torch.testing.assert_close(cm(x), fn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_single_dim_reductions_pass_contract():
+    """Positive (several dims, permuted when not trailing), near misses (one dim, symbolic
+    shapes, integer input), values, idempotence."""
+    from qlower.backends.iree.single_dim_reductions import SingleDimReductions
+    from qlower.passes import PassContext, PassManager
+
+    def run(fn, x, dynamic_shapes=None):
+        gm = torch.export.export(_OneOp(fn), (x,), dynamic_shapes=dynamic_shapes).module()
+        want = gm(x)
+        ctx = PassManager([SingleDimReductions()]).run(gm, PassContext())
+        torch.testing.assert_close(gm(x), want, rtol=1e-6, atol=1e-6)
+        again = PassManager([SingleDimReductions()]).run(gm, PassContext())
+        assert not again.rewrites   # idempotent
+        return sum(ctx.rewrites.values()), {n.target for n in gm.graph.nodes}
+    x = torch.randn(2, 5, 6, 5)
+    n, targets = run(lambda t: (t * _W5).sum((1, 3), keepdim=True), x)
+    assert n == 1 and torch.ops.aten.permute.default in targets
+    n, targets = run(lambda t: t.mean((2, 3)), x)
+    assert n == 1 and torch.ops.aten.permute.default not in targets   # trailing: a reshape only
+    assert run(lambda t: t.mean(3), x)[0] == 0                                        # one dim
+    assert run(lambda t: t.mean((1, 2)), x, ({0: torch.export.Dim("b", min=2, max=8)},))[0] == 0   # symbolic
+    assert run(lambda t: t.to(torch.int64).sum((1, 2)), x)[0] == 0                    # integers
