@@ -439,3 +439,27 @@ def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net
     assert calls == [None]
     x = (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(5)),)
     assert torch.equal(again(*x), first(*x))
+
+
+def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_island_flips(selector):
+    """The default path a user takes: a MiniLM-size sentence encoder (6 layers, 384 wide),
+    `quantize="int8"`, backend auto. Its engines' float softmax/LayerNorm/GELU round differently
+    from PyTorch's and flip requantized codes (beyond the float tolerance on hundreds of the 768
+    outputs); before the quantization-error rule every engine was refused and the model ran on
+    the reference interpreter (65 ms a call here against onnxruntime's 4)."""
+    pytest.importorskip("transformers")
+    from qlower.zoo.realsuite import _tokens, minilm_size
+    backends, why = auto_backends(("onnxruntime", "openvino"))
+    if len([b for b in backends if b.name != "reference"]) < 2:
+        pytest.skip(f"needs onnxruntime and openvino installed ({why})")
+    model = minilm_size()
+    x = _tokens(32)(2, torch.Generator().manual_seed(0))
+    calibration = [_tokens(32)(2, torch.Generator().manual_seed(i)) for i in range(1, 4)]
+    cm = qlower.compile(model, x, quantize="int8", calibration=calibration, auto_candidates=("onnxruntime", "openvino"))
+    report = cm.report()
+    assert report.backend != "reference", report.engine_choice
+    chosen = next(t for t in report.engine_trials if t.status == "chosen")
+    assert chosen.check.startswith("within the quantization error")   # the float tolerance alone refuses it
+    with torch.no_grad():
+        cos = torch.nn.functional.cosine_similarity(cm(*x), model(*x))
+    assert float(cos.min()) > 0.999
