@@ -166,6 +166,32 @@ def test_dynamic_dim_beyond_its_declared_range_is_an_input_error(backend, tmp_pa
         assert "Dim(min=..., max=...)" in info.value.hint
 
 
+class _PositionTable(torch.nn.Module):
+    """Position embeddings from a 64-entry table, sliced to the input's length (BERT's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pos", torch.arange(64)[None, :])
+        self.emb = torch.nn.Embedding(64, 8)
+
+    def forward(self, ids):
+        return self.emb(self.pos[:, : ids.shape[1]])
+
+
+def test_declared_dim_range_the_model_cannot_take_names_the_range_and_the_fix():
+    """A sequence declared up to 128 on a 64-position table: torch.export's first line alone
+    ("Constraints violated (seq)!") named neither the range nor the fix; the CaptureError now
+    carries both (torch's suggested Dim). Near miss: max=64 compiles."""
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    with pytest.raises(CaptureError, match=r"declared dynamic shapes do not hold: .*seq <= 128") as info:
+        qlower.compile(_PositionTable(), (ids,), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=128)},),
+                       backend="reference")
+    assert "Dim('seq', max=64)" in info.value.hint
+    cm = qlower.compile(_PositionTable(), (ids,), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},),
+                        backend="reference")
+    assert cm(torch.zeros(2, 64, dtype=torch.int64)).shape == (1, 64, 8)
+
+
 def test_unknown_nan_policy_is_an_input_error():
     model, x = _net()
     with pytest.raises(InputError, match="nan_policy"):

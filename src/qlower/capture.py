@@ -53,6 +53,27 @@ def _describe_export_failure(exc: BaseException) -> tuple[str, str | None, str |
     return first[:300], (ops[0] if ops else None), (user_lines[-1] if user_lines else None)
 
 
+def _constraint_violation(text: str) -> tuple[str, str] | None:
+    """(cause, hint) for torch.export's "Constraints violated" error: which declared range the
+    model does not support and torch's suggested Dim — its first line alone ("Constraints
+    violated (seq)!") named neither (a BERT whose position table holds 512 ids, declared up to
+    1024 tokens)."""
+    if "Constraints violated" not in text:
+        return None
+    lines = [ln.strip() for ln in text.splitlines()]
+    why = [ln.lstrip("- ") for ln in lines if ln.startswith("- ")]
+    fixes = []
+    if "Suggested fixes:" in lines:
+        for ln in lines[lines.index("Suggested fixes:") + 1:]:
+            if not ln:
+                break
+            fixes.append(ln)
+    cause = "; ".join(why) or lines[0]
+    hint = ("declare what the model supports: " + "; ".join(fixes)) if fixes else \
+        "narrow the declared Dim ranges to the sizes the model supports"
+    return f"the declared dynamic shapes do not hold: {cause}"[:600], hint
+
+
 def _hint_for(exc: BaseException) -> str:
     """The fix depends on why export failed: a branch on a tensor's value, a dtype mismatch
     between inputs and weights, or an op export cannot trace."""
@@ -79,8 +100,12 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
         ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
+        hint = _hint_for(exc)
+        violation = _constraint_violation(str(exc))
+        if violation is not None:
+            cause, hint = violation
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
-                           schema=op, source=source, hint=_hint_for(exc)) from exc
+                           schema=op, source=source, hint=hint) from exc
     _check_operand_dtypes(ep)
     return ep
 
