@@ -167,6 +167,22 @@ def test_int8_float_islands_accepted_within_the_quantization_error(selector):
     assert not select._compare(torch.tensor([0.3, 1e-4]), torch.tensor([0.3, 0.0]), False, 1e-4, 1e-5)[0]
 
 
+def test_program_quantized_before_compile_measures_against_its_own_qdq_simulation(selector):
+    """`compile(qlower.quantize(...))`: there is no float model, so the quantization-error rule
+    measures against the Q/DQ program run in float (measured: a MiniLM-size encoder's openvino
+    candidate, 329 of 768 elements beyond the float tolerance, accepted at the reference's SQNR;
+    it had been refused). Here the reference backend equals that simulation exactly, so a
+    candidate that deviates at all is the less faithful one and stays refused — by that rule."""
+    torch.manual_seed(0)
+    model = FloatIslandNet().eval()
+    x = (torch.randn(*X_SHAPE, generator=torch.Generator().manual_seed(3)),)
+    program = qlower.quantize(model, x, calib(X_SHAPE))
+    cm = qlower.compile(program, x, auto_candidates=("flips", "slow"))
+    trials = by_name(cm.report())
+    assert cm.report().backend == "slow" and trials["slow"].check == "float tolerance"
+    assert trials["flips"].status == "mismatch" and "not within the quantization error" in trials["flips"].reason
+
+
 def test_quantization_error_rule():
     t = torch.tensor
     s = AutoSettings()

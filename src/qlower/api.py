@@ -82,7 +82,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     if auto_candidates is not None and backend != "auto":
         raise QlowerError(f"auto_candidates is for backend='auto', not backend={backend!r}")
 
-    requantizes = quantizing and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model))
+    prequantized = isinstance(model, torch.export.ExportedProgram) and is_quantized(model)
+    requantizes = quantizing and not prequantized
 
     def pipeline_for(chosen) -> list:
         """The passes to run: the user's list as given, else the default pipeline as the backend
@@ -135,7 +136,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         selector = default_selector()
         backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
         selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
-                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes else None,
+                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes or prequantized else None,
                                     source_digest=lambda: source_digest(source(), calibration if requantizes else None))
         chosen, program, executable = selection.backend, selection.program, selection.executable
     else:
@@ -158,7 +159,9 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
 
 def _float_outputs(model, example_inputs):
     """The float model's outputs on the example inputs (engine choice compares the accuracy of
-    different quantized programs with them); the model's buffers are restored afterwards."""
+    different quantized programs with them, and an engine's with the reference backend's); for
+    a program quantized before compile, its own Q/DQ simulation in float, the nearest to a float
+    model there is. The model's buffers are restored afterwards."""
     from .quantize import _state_restored
     module = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     with torch.no_grad(), _state_restored(module, [n for n, _ in module.named_buffers()]):
