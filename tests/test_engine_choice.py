@@ -474,8 +474,10 @@ def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_is
     cm = qlower.compile(model, x, quantize="int8", calibration=calibration, auto_candidates=("onnxruntime", "openvino"))
     report = cm.report()
     assert report.backend != "reference", report.engine_choice
-    chosen = next(t for t in report.engine_trials if t.status == "chosen")
-    assert chosen.check.startswith("within the quantization error")   # the float tolerance alone refuses it
+    # neither engine is refused as wrong (the float tolerance alone refused openvino on every
+    # run, and onnxruntime with two threads: which roundings differ depends on the thread count)
+    assert not [t.backend for t in report.engine_trials if t.status == "mismatch"], report.engine_choice
+    assert any((t.check or "").startswith("within the quantization error") for t in report.engine_trials)
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(cm(*x), model(*x))
     assert float(cos.min()) > 0.999

@@ -1147,3 +1147,15 @@ def test_regression_iree_global_average_pool_after_a_broadcast_weight():
                                                Op("rms", (0,), ()), Op("gap", (3,), (False,)), Op("reshape", (4,), (5, 1))),
                    weights="huge", inputs="const", seed=1008, act="int8", per_channel=False, weight_bits=7,
                    activations="per-token"), ("iree",))
+
+
+def test_regression_onnxscript_optimizer_failure_does_not_fail_the_cluster():
+    """int8 linear -> x + x -> relu -> clamp -> clamp -> LayerNorm over one feature: onnxscript
+    0.7.2's Clip-Clip fusion read the dtype of a value shape inference had left unknown (after a
+    com.microsoft op) and raised, so the capability-accepted cluster fell back (onnxruntime fuzz
+    run, twelfth session). The translator now retries without the optimizer's rewrite rules."""
+    _check(Program(in_shape=(2, 10), ops=(Op("matmul_w", (0,), (1,)), Op("add", (1, 1), ()), Op("relu", (1,), ()),
+                                          Op("clamp", (2,), (0.25, None)), Op("clamp", (4,), (0.25, 0.5)),
+                                          Op("ln_block", (5,), ())),
+                   weights="normal", inputs="normal", seed=6727, act="uint8", per_channel=False, weight_bits=7,
+                   quantize_mul=False, activations="static"), ("onnxruntime",))

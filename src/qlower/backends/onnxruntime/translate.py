@@ -108,18 +108,44 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
     import onnxscript
     with _quiet(), torch.no_grad(), torch_deprecation_silenced():
         ep = _capture(sub, constants)
+
+        def translated():
+            try:
+                with bound_constants(_constants_by_input(ep)):
+                    model = _to_onnx(_prepared_for_onnx(ep))
+            except Exception as exc:
+                raise TranslateError(_first_cause(exc)) from exc
+            _add_called_functions(model)
+            _declare_opset(model)
+            return model
+        model = translated()
         try:
-            with bound_constants(_constants_by_input(ep)):
-                model = _to_onnx(_prepared_for_onnx(ep))
-        except Exception as exc:
-            raise TranslateError(_first_cause(exc)) from exc
-        _add_called_functions(model)
-        _declare_opset(model)
-        onnxscript.optimizer.optimize_ir(model, inline=False)
+            onnxscript.optimizer.optimize_ir(model, inline=False)
+        except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
+            # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
+            # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
+            # found by the onnxruntime fuzz run, twelfth session). The failed pass may have left
+            # the model half-rewritten: translate again and run the optimizer's passes but its
+            # rewrite rules.
+            model = translated()
+            _optimize_without_rewrite_rules(model)
     _register_folded_constants(model)
     _outputs_from_nodes(model)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
+
+
+def _optimize_without_rewrite_rules(model) -> None:
+    """`onnxscript.optimizer.optimize_ir(model, inline=False)` minus its pattern rewrite rules:
+    constant folding, dead code, constants lifted to initializers and deduplicated, names fixed."""
+    import onnx_ir as ir
+    import onnxscript
+    common = ir.passes.common
+    onnxscript.optimizer.fold_constants(model)
+    ir.passes.Sequential(common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(),
+                         common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+                         common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
+                         common.OutputFixPass(), common.NameFixPass())(model)
 
 
 @functools.lru_cache(maxsize=1)
