@@ -192,6 +192,47 @@ def test_declared_dim_range_the_model_cannot_take_names_the_range_and_the_fix():
     assert cm(torch.zeros(2, 64, dtype=torch.int64)).shape == (1, 64, 8)
 
 
+class _SpecialCaseOfTwo(torch.nn.Module):
+    """A branch on the sequence length (MobileBERT's guard is `seq - 1 != 1`)."""
+
+    def forward(self, x):
+        if x.shape[1] == 2:
+            return x * 2
+        return x + 1
+
+
+def test_declared_dim_range_with_an_excluded_size_suggests_the_range_that_holds():
+    """torch.export names the guard (`seq != 2`) but suggests no fix; qlower evaluates the guard
+    over the declared range and names the Dim that holds. Near miss: min=3 compiles."""
+    x = torch.zeros(2, 8)
+    with pytest.raises(CaptureError, match="declared dynamic shapes do not hold") as info:
+        qlower.compile(_SpecialCaseOfTwo(), (x,), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},),
+                       backend="reference")
+    assert "Dim('seq', min=3, max=64)" in info.value.hint
+    cm = qlower.compile(_SpecialCaseOfTwo(), (x,), dynamic_shapes=({1: torch.export.Dim("seq", min=3, max=64)},),
+                        backend="reference")
+    assert torch.equal(cm(torch.zeros(2, 5)), torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("guard,holds", [
+    ("((-1) + seq) != 1", [3, 4, 5, 6]),
+    ("Eq(Mod(seq, 2), 0)", [2, 4, 6]),
+    ("3 <= seq and seq <= 5", [3, 4, 5]),
+    ("not seq < 4", [4, 5, 6]),
+])
+def test_guard_predicates_as_torch_prints_them(guard, holds):
+    from qlower.capture import _guard_predicate
+    pred = _guard_predicate(guard, "seq")
+    assert [v for v in range(2, 7) if pred(v)] == holds
+
+
+def test_a_guard_form_not_read_gives_no_suggestion():
+    from qlower.capture import _range_fix
+    why = ("Not all values of seq = L['x'].size()[1] in the specified range seq <= 64 satisfy the "
+           "generated guard __import__('os').getpid() != 2.")
+    assert _range_fix(why, ({1: torch.export.Dim("seq", min=2, max=64)},)) is None
+
+
 def test_unknown_nan_policy_is_an_input_error():
     model, x = _net()
     with pytest.raises(InputError, match="nan_policy"):

@@ -53,11 +53,12 @@ def _describe_export_failure(exc: BaseException) -> tuple[str, str | None, str |
     return first[:300], (ops[0] if ops else None), (user_lines[-1] if user_lines else None)
 
 
-def _constraint_violation(text: str) -> tuple[str, str] | None:
+def _constraint_violation(text: str, dynamic_shapes=None) -> tuple[str, str] | None:
     """(cause, hint) for torch.export's "Constraints violated" error: which declared range the
     model does not support and torch's suggested Dim — its first line alone ("Constraints
     violated (seq)!") named neither (a BERT whose position table holds 512 ids, declared up to
-    1024 tokens)."""
+    1024 tokens). Where torch suggests nothing (MobileBERT's guard `seq - 1 != 1`), the guard is
+    evaluated over the declared range and the sizes it excludes are named."""
     if "Constraints violated" not in text:
         return None
     lines = [ln.strip() for ln in text.splitlines()]
@@ -68,10 +69,90 @@ def _constraint_violation(text: str) -> tuple[str, str] | None:
             if not ln:
                 break
             fixes.append(ln)
+    if not fixes:
+        fixes = [fix for fix in map(lambda w: _range_fix(w, dynamic_shapes), why) if fix]
     cause = "; ".join(why) or lines[0]
     hint = ("declare what the model supports: " + "; ".join(fixes)) if fixes else \
         "narrow the declared Dim ranges to the sizes the model supports"
     return f"the declared dynamic shapes do not hold: {cause}"[:600], hint
+
+
+_GUARD = re.compile(r"Not all values of (\w+) = (.+?) in the specified range .*? satisfy the generated guard (.+?)\.?$")
+_MAX_SIZES_TRIED = 65536
+
+
+def _declared_dims(dynamic_shapes) -> dict[str, tuple[int, int]]:
+    """name -> (min, max) of every torch.export.Dim in a dynamic_shapes structure."""
+    found = {}
+    for leaf in torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda v: hasattr(v, "__name__")
+                                                and hasattr(v, "min")):
+        if hasattr(leaf, "min") and hasattr(leaf, "max") and hasattr(leaf, "__name__"):
+            found[leaf.__name__] = (int(leaf.min), int(leaf.max))
+    return found
+
+
+_GUARD_FUNCTIONS = {"Eq": lambda a, b: a == b, "Ne": lambda a, b: a != b, "Mod": lambda a, b: a % b,
+                    "FloorDiv": lambda a, b: a // b, "Max": max, "Min": min}
+
+
+def _guard_predicate(text: str, name: str):
+    """size -> bool for a guard as torch prints it (`seq != 2`, `(seq % 2) == 0`,
+    `3 <= seq and seq <= 64`, `Eq(Mod(seq, 2), 0)`): arithmetic, comparisons and boolean
+    operators on one size and integer constants, read as a Python expression tree (anything else,
+    ValueError)."""
+    import ast
+    import operator as op
+    binary = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.FloorDiv: op.floordiv, ast.Mod: op.mod}
+    compare = {ast.Eq: op.eq, ast.NotEq: op.ne, ast.Lt: op.lt, ast.LtE: op.le, ast.Gt: op.gt, ast.GtE: op.ge}
+    tree = ast.parse(text.strip(), mode="eval").body
+
+    def value(node, size: int):
+        if isinstance(node, ast.Name) and node.id == name:
+            return size
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, bool)):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+            v = value(node.operand, size)
+            return -v if isinstance(node.op, ast.USub) else not v
+        if isinstance(node, ast.BinOp) and type(node.op) in binary:
+            return binary[type(node.op)](value(node.left, size), value(node.right, size))
+        if isinstance(node, ast.BoolOp):
+            vals = [bool(value(v, size)) for v in node.values]
+            return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if isinstance(node, ast.Compare) and all(type(o) in compare for o in node.ops):
+            left, result = value(node.left, size), True
+            for o, right_node in zip(node.ops, node.comparators):
+                right = value(right_node, size)
+                result, left = result and compare[type(o)](left, right), right
+            return result
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _GUARD_FUNCTIONS:
+            return _GUARD_FUNCTIONS[node.func.id](*(value(a, size) for a in node.args))
+        raise ValueError(f"guard term {ast.dump(node)[:80]} not read")
+
+    return lambda size: bool(value(tree, size))
+
+
+def _range_fix(why: str, dynamic_shapes) -> str | None:
+    """`Dim('seq', min=3, max=64)` when the sizes a guard excludes lie at the ends of the declared
+    range, else the excluded sizes; None when the guard cannot be evaluated."""
+    m = _GUARD.search(why)
+    if m is None:
+        return None
+    name, source, guard = m.groups()
+    bounds = _declared_dims(dynamic_shapes).get(name)
+    if bounds is None or bounds[1] - bounds[0] >= _MAX_SIZES_TRIED:
+        return None
+    try:
+        holds = _guard_predicate(guard.replace(source, name), name)
+        ok = [v for v in range(bounds[0], bounds[1] + 1) if holds(v)]
+    except (SyntaxError, ValueError, ArithmeticError):   # a guard form not read here: torch's text stays
+        return None
+    if not ok:
+        return f"no size of {name} in [{bounds[0]}, {bounds[1]}] satisfies {guard}"
+    if ok == list(range(ok[0], ok[-1] + 1)):
+        return f"Dim('{name}', min={ok[0]}, max={ok[-1]})"
+    excluded = sorted(set(range(bounds[0], bounds[1] + 1)) - set(ok))
+    return f"{name} must not be {', '.join(map(str, excluded[:8]))}{', ...' if len(excluded) > 8 else ''}"
 
 
 def _hint_for(exc: BaseException) -> str:
@@ -101,7 +182,7 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         hint = _hint_for(exc)
-        violation = _constraint_violation(str(exc))
+        violation = _constraint_violation(str(exc), dynamic_shapes)
         if violation is not None:
             cause, hint = violation
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
