@@ -308,24 +308,52 @@ class _Mask(torch.nn.Module):
 @pytest.mark.parametrize("op", ["not", "logical_and", "or", "expand", "and", "xor", "new_ones"])
 def test_boolean_mask_arithmetic_on_iree(op):
     """Mask arithmetic imports and matches (it was refused wholesale as "boolean-only": 15
-    PyTorch fallbacks on a MiniLM-size encoder); measured op by op, only `&` and `^`
-    (aten.__and__ / __xor__) and a boolean tensor created from a shape (torch-mlir's
-    dense<true> literal) fail in
-    iree-compile — refused up front with their reasons, never a failed cluster."""
+    PyTorch fallbacks on a MiniLM-size encoder); measured op by op, only a boolean tensor created
+    from a shape (torch-mlir's dense<true> literal) fails in iree-compile — refused up front
+    with its reason, never a failed cluster. `&` and `^` (aten.__and__ / __xor__, which fail
+    as they are) run as bitwise_and / bitwise_xor (BitwiseOperators)."""
     x, m = torch.randn(2, 4, 4), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     model = _Mask(op)
     cm = qlower.compile(model, (x, m), backend="iree")
     report = cm.report()
     assert not any("compile failed" in (c.reason or "") for c in report.clusters)
-    if op in ("and", "xor"):
-        assert [c.reason.split(": ")[0] for c in report.fallbacks] == [f"aten::__{op}__.Tensor"]
-    elif op == "new_ones":
+    if op == "new_ones":
         assert [c.reason.split(": ")[0] for c in report.fallbacks] == ["aten::new_ones"]
         assert "dense<true>" in report.fallbacks[0].reason
     else:
         assert len(report.compiled) == 1 and not report.fallbacks
+    if op in ("and", "xor"):
+        assert any("bitwise_and / bitwise_xor" in n for n in report.notes)
     with torch.no_grad():
         torch.testing.assert_close(cm(x, m), model(x, m), rtol=1e-6, atol=1e-6)
+
+
+class _IntegerBitwise(torch.nn.Module):
+    def forward(self, i, j):
+        return (i & j) ^ (i & 6) ^ (j ^ 3) ^ torch.bitwise_xor(i, 5) ^ (i | j)
+
+
+def test_bitwise_operators_pass_contract():
+    """Positive (`&`, `^`, tensor and scalar forms, integers), near misses (`|`, bitwise_and
+    already), values bit for bit, idempotence; then on IREE: one cluster, equal to eager
+    (`bitwise_xor.Scalar` fails in iree-compile like `__xor__`: a 0-d constant operand)."""
+    from qlower.backends.iree.bitwise_operators import BitwiseOperators
+    from qlower.passes import PassContext, PassManager
+    i, j = torch.randint(-50, 50, (2, 8)), torch.randint(-50, 50, (2, 8))
+    gm = torch.export.export(_IntegerBitwise(), (i, j)).module()
+    want = gm(i, j)
+    ctx = PassManager([BitwiseOperators()]).run(gm, PassContext())
+    assert sum(ctx.rewrites.values()) == 8   # 2 __and__, 4 __xor__.Tensor, __xor__.Scalar, bitwise_xor.Scalar
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    assert not targets & {aten.__and__.Tensor, aten.__and__.Scalar, aten.__xor__.Tensor, aten.__xor__.Scalar,
+                          aten.bitwise_xor.Scalar}
+    assert aten.__or__.Tensor in targets   # `|` compiles as it is: left alone
+    assert torch.equal(gm(i, j), want)
+    assert not PassManager([BitwiseOperators()]).run(gm, PassContext()).rewrites   # idempotent
+    cm = qlower.compile(_IntegerBitwise(), (i, j), backend="iree")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
+    assert torch.equal(cm(i, j), _IntegerBitwise()(i, j))
 
 
 def test_zoo_lstm_int8_runs_its_conv1d_front_end_and_head_on_iree():

@@ -30,6 +30,7 @@ from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
+from .bitwise_operators import BitwiseOperators
 from .single_dim_reductions import SingleDimReductions
 from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
@@ -163,9 +164,10 @@ class IreeBackend:
     def legalize_passes(self) -> list:
         """Block ops IREE's capability lacks, decomposed; attention in a quantized program in
         its math form; pools whose ceil_mode changes nothing written without it (torch-mlir
-        mis-sizes them); multi-dim float reductions over one merged dim (iree-compile fails)."""
+        mis-sizes them); multi-dim float reductions over one merged dim (iree-compile fails);
+        `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions()]
+                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []

@@ -162,16 +162,16 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             "aten::diff", "aten::cummax", "aten::cummin", "aten::median", "aten::nanmedian",
                             "aten::mode", "aten::kthvalue", "aten::searchsorted", "aten::histc", "aten::logsumexp",
                             "aten::erfinv", "aten::lgamma", "aten::digamma", "aten::i0", "aten::fmod",
-                            "aten::hypot", "aten::cdist", "aten::_cdist_forward", "aten::__and__",
-                            "aten::__xor__"})
+                            "aten::hypot", "aten::cdist", "aten::_cdist_forward"})
 
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
 # on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a
 # MiniLM-size encoder): to(bool), ge/gt, ~, logical_not/and, bitwise_and, |, *, expand, index,
-# where, masked_fill, to(float) all compile; `&` and `^` (aten.__and__ / __xor__, in
-# _NOT_LEGALIZED: "failed to legalize operation 'torch.aten.__and__.Tensor'", `__xor__` left as
-# torch.operator) and a boolean tensor created from a shape
-# (new_ones(dtype=bool): "failed to legalize 'torch.vtensor.literal' ... dense<true>") do not.
+# where, masked_fill, to(float) all compile; `&` and `^` (aten.__and__ / __xor__: "failed to
+# legalize operation 'torch.aten.__and__.Tensor'", `__xor__` left as torch.operator) compile once
+# written as bitwise_and / bitwise_xor (legalization bitwise_operators.py); a boolean tensor
+# created from a shape (new_ones(dtype=bool): "failed to legalize 'torch.vtensor.literal' ...
+# dense<true>") does not.
 _BOOL_CREATION = frozenset({"aten::new_ones", "aten::new_full", "aten::ones", "aten::ones_like", "aten::full",
                             "aten::full_like", "aten::new_empty", "aten::empty", "aten::empty_like",
                             "aten::scalar_tensor"})
