@@ -31,6 +31,7 @@ from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
 from .bitwise_operators import BitwiseOperators
+from .boolean_constants import BooleanConstants
 from .single_dim_reductions import SingleDimReductions
 from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
@@ -165,9 +166,10 @@ class IreeBackend:
         """Block ops IREE's capability lacks, decomposed; attention in a quantized program in
         its math form; pools whose ceil_mode changes nothing written without it (torch-mlir
         mis-sizes them); multi-dim float reductions over one merged dim (iree-compile fails);
-        `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those)."""
+        `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those); boolean tensors
+        created as int32 != 0 (torch-mlir fails on a boolean splat)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators()]
+                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []

@@ -6,6 +6,7 @@ compiler's message as the reason."""
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 from torch.fx import GraphModule, Node
@@ -136,5 +137,21 @@ def float_node_function(sub: GraphModule, node: Node, name: str):
     module = importer.module
     passmanager.PassManager.parse(_TO_LINALG).run(module.operation)
     fn = next(op for op in module.body.operations if op.operation.name == "func.func")
+    _check_no_specialized_dims(fn, node)
     fn.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
     return fn, runtime, module
+
+
+_CAST = re.compile(r"tensor\.cast %arg\d+ : tensor<([^>]*)> to tensor<([^>]*)>")
+
+
+def _check_no_specialized_dims(fn, node: Node) -> None:
+    """Raise when torch-mlir's lowering of the lone op casts an argument's dynamic dim to a
+    static size: measured, `view(x, [-1, 64])` of x [?, ?, 64] became a cast to [?, 1, 64] —
+    silently wrong at every other size. The TOSA emitter reshapes float tensors itself now;
+    this keeps any other such lowering from reaching a module (the cluster falls back)."""
+    for source, target in _CAST.findall(str(fn)):
+        src, dst = source.split("x")[:-1], target.split("x")[:-1]
+        if len(src) == len(dst) and any(a == "?" and b != "?" for a, b in zip(src, dst)):
+            raise NotImplementedError(f"{node.name}: torch-mlir's lowering fixes a dynamic dim "
+                                      f"(tensor<{source}> cast to tensor<{target}>)")

@@ -291,8 +291,18 @@ class TosaEmitter:
 
     def _emit_float(self, node: Node):
         """A float op inside an integer cluster: imported alone (FX importer), lowered to linalg
-        by torch-mlir's pipeline, moved into this module as a private function and called."""
+        by torch-mlir's pipeline, moved into this module as a private function and called.
+
+        A float view/reshape is emitted here instead, like an integer one: imported alone,
+        torch-mlir lowers `view(x, [-1, 64])` of x [?, ?, 64] (also with the size written as
+        s0*s1) as a cast of x to [?, 1, 64], and IREE then asserts at every call that the
+        sequence is 1 (GPT-2 / OPT int8 with batch and sequence dynamic: three clusters failed at
+        their first call and ran in PyTorch)."""
         from .torch_import import float_node_function
+        from .tosa_ops import float_reshape
+        reshaped = float_reshape(self, node)
+        if reshaped is not None:
+            return reshaped
         name = f"float_{len(self.float_functions)}"
         fn, runtime, _ = float_node_function(self.sub, node, name)
         self.module_ip.insert(fn.operation.detach_from_parent())

@@ -19,7 +19,7 @@ import torch
 from torch.fx import Node
 
 from ... import numerics
-from ...fx import full_args
+from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
 from .tosa_emit import TosaEmitter, Val, offset_of
 
@@ -721,6 +721,18 @@ _IDENTITIES = ("aten::contiguous", "aten::clone", "aten::alias")
 @tosa_lowering(*_RESHAPES, check=integer_input, dynamic_dims=True)
 def emit_reshape(em: TosaEmitter, node: Node) -> Val:
     return _to_output_shape(em, em.value(node.all_input_nodes[0]), node)
+
+
+def float_reshape(em: TosaEmitter, node: Node) -> Val | None:
+    """A float tensor's reshape in a TOSA module, emitted as an integer one is (tosa.reshape, or
+    tensor.reshape with sizes computed from the function's argument dims); None when `node` is
+    not one or a size is not a product of those dims (the importer takes it then)."""
+    if schema_name(node) not in _RESHAPES or not isinstance(node.meta.get("val"), torch.Tensor):
+        return None
+    try:
+        return _to_output_shape(em, em.value(node.all_input_nodes[0]), node)
+    except NotImplementedError:
+        return None
 
 
 @tosa_lowering("aten::permute", check=integer_input, dynamic_dims=True)
