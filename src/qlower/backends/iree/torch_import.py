@@ -30,8 +30,12 @@ def import_float_cluster(sub: GraphModule):
 
 # torch-mlir's own lowering of the torch dialect to linalg on builtin tensors (registered in
 # iree-base-compiler's Python PassManager): how a float op joins a TOSA module (see docs/iree.md).
+# Its TMTensor ops (attention, scan, sort, ...) are then converted to IREE's LinalgExt, which the
+# TOSA input pipeline accepts (left as tm_tensor.* they failed to legalize: the int8 cluster of
+# OPT / MPNet with a `cumsum` of the mask, an encoder's dynamic-shape attention).
 _TO_LINALG = ("builtin.module(torch-function-to-torch-backend-pipeline,"
-              "torch-backend-to-linalg-on-tensors-backend-pipeline)")
+              "torch-backend-to-linalg-on-tensors-backend-pipeline,"
+              "func.func(torch-iree-tm-tensor-to-linalg-ext))")
 
 
 def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Node]]:
@@ -90,15 +94,14 @@ def _inferred(node: Node, count: int) -> bool:
 
 def not_importable_alone(node: Node) -> str | None:
     """Why float op `node` cannot be a private function of a TOSA module, or None (found at
-    compile time each took its whole int8 cluster to PyTorch; refused while clustering now):
-    - scaled_dot_product_attention becomes `tm_tensor.attention`, which IREE 3.13 fails to
-      legalize there ("failed to legalize operation 'tm_tensor.attention'"; with dynamic dims
-      "'tensor.dim' op unexpected during shape cleanup": a MiniLM-size encoder with batch and
-      sequence dynamic, whose attention's decomposition stays out because it reads the sizes);
-    - a symbolic size argument that is none of its own inputs' dims (`_size_in` would raise):
-      BERT's `position_ids[:, :input_ids.shape[1]]` with a dynamic sequence."""
-    if node.target is torch.ops.aten.scaled_dot_product_attention.default:
-        return "IREE 3.13 cannot legalize tm_tensor.attention in an integer (TOSA) cluster"
+    compile time it took its whole int8 cluster to PyTorch; refused while clustering now): a
+    symbolic size argument that is none of its own inputs' dims (`_size_in` would raise):
+    BERT's `position_ids[:, :input_ids.shape[1]]` with a dynamic sequence.
+
+    (Ops torch-mlir lowers to TMTensor — attention, cumsum's scan, sort — were refused too:
+    "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
+    cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
+    pipeline does, and they compile and match: thirteenth session.)"""
     sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for arg in sizes:
         val = arg.meta.get("val")
