@@ -1302,6 +1302,45 @@ def test_attention_left_whole_under_dynamic_shapes_joins_the_int8_cluster():
         assert_equal(ref(x, m), got(x, m))
 
 
+class _SplitRotate(torch.nn.Module):
+    """GPT-2's q/k/v split, LLaMA's rotate_half slices and NeoX's chunk, on an int8 projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(16, dim=-1)
+        a, b = k.chunk(2, dim=-1)
+        return self.o(torch.cat((-q[..., 8:], q[..., :8]), dim=-1) + torch.cat((b, a), dim=-1) * 0.5 + v)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_slices_and_splits_of_int8_tensors_run_in_the_int8_cluster(dynamic):
+    """split / chunk / slice of a quantized tensor were refused ("reads or produces a quantized
+    integer tensor outside qlower's integer ops"): 8 PyTorch fallbacks on LLaMA int8, 16 slices +
+    2 chunks on GPT-NeoX (sweep, thirteenth session). They are data movement on stored values:
+    tensor.extract_slice in the TOSA module, bit-exact with the reference."""
+    torch.manual_seed(0)
+    model = _SplitRotate().eval()
+    g = torch.Generator().manual_seed(0)
+    ex = (torch.randn(2, 6, 16, generator=g),)
+    ds = ({0: _BATCH, 1: _SEQ},) if dynamic else None
+    program = qlower.quantize(model, ex, [(torch.randn(2, 6, 16, generator=g),) for _ in range(3)],
+                              dynamic_shapes=ds)
+    ops = {str(n.target) for n in program.graph.nodes}
+    assert {"aten.split.Tensor", "aten.chunk.default", "aten.slice.Tensor"} <= ops
+    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=ds)
+                for b in ("reference", "iree"))
+    report = got.report()
+    assert not any("quantized integer tensor" in c.reason for c in report.fallbacks), report.fallbacks
+    on_iree = {op for c in report.compiled for op in c.ops}
+    assert {"aten::split.Tensor", "aten::chunk", "aten::slice.Tensor"} <= on_iree
+    for b, s in ((3, 9), (1, 2)) if dynamic else ((2, 6),):
+        x = torch.randn(b, s, 16, generator=g)
+        assert_equal(ref(x), got(x))
+
+
 class _CumsumPositions(torch.nn.Module):
     """OPT / MPNet-style position ids: a cumsum of the attention mask, in front of an int8 linear."""
 

@@ -16,7 +16,7 @@ from .rnn_seq_first import RnnSeqFirst
 
 
 def default_pipeline() -> list[Pass]:
-    return [DropMetadataAsserts(), InlineGradModeRegions(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize()]
 
 

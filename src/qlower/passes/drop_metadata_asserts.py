@@ -5,7 +5,9 @@ device / layout that export already proved and recorded in meta['val']. In a com
 they only cost a call, and worse, they keep intermediate values alive as cluster outputs and
 block the single-cluster fast path.
 
-Preconditions: none.
+Preconditions: none; run after InlineGradModeRegions (the asserts inside a grad-mode region,
+LLaMA's rotary embedding, reach the main graph only then: run before it, three were left
+reading cluster values, which became extra cluster outputs and blocked ONNX export).
 BEFORE:  y = aten.to.dtype(x, int64);  aten._assert_tensor_metadata(y, dtype=int64);  z = f(y)
 AFTER:   y = aten.to.dtype(x, int64);  z = f(y)
 Not fired: data-dependent checks (`_assert_scalar`, `_assert_async`), which guard facts that

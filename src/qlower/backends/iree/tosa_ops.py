@@ -750,6 +750,71 @@ def emit_transpose(em: TosaEmitter, node: Node) -> Val:
     return em.b.transpose(x, perm)
 
 
+def _static_range(x, dim, start, end, step) -> range | None:
+    """The indices a slice of `x` along `dim` keeps, or None when that dim or a bound is symbolic."""
+    size = x.shape[dim % x.dim()]
+    if not all(isinstance(v, int) for v in (size, step)) or not all(v is None or isinstance(v, int) for v in (start, end)):
+        return None
+    return range(size)[slice(start, end, step)]
+
+
+def _slice_check(node: Node) -> str | None:
+    """an integer tensor sliced along a static dim with constant bounds (other dims may be
+    dynamic), keeping at least one element"""
+    why = integer_input(node)
+    if why is not None:
+        return why
+    x, (_, dim, start, end, step) = node.args[0].meta["val"], full_args(node)
+    kept = _static_range(x, dim, start, end, step)
+    if kept is None:
+        return "a slice along a dynamic dim, or with symbolic bounds"
+    return None if len(kept) else "an empty slice"
+
+
+def _extract(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
+    """tensor.extract_slice of `x`: `kept` along `dim`, every element of the other dims (their
+    dynamic sizes computed from the function's argument dims)."""
+    from iree.compiler.dialects import tensor
+    rank, dynamic = len(x.shape), em.b.ir.ShapedType.get_dynamic_size()
+    offsets, strides = [0] * rank, [1] * rank
+    offsets[dim], strides[dim] = kept.start, kept.step
+    sizes = [s if isinstance(s, int) else dynamic for s in out_shape]
+    out = tensor.extract_slice(em.b.ttype(dims(out_shape), x.dtype), x.value, [],
+                               [em.b.index(s) for s in out_shape if not isinstance(s, int)], [],
+                               offsets, sizes, strides)
+    return Val(out, x.dtype, dims(out_shape), x.offset)
+
+
+@tosa_lowering("aten::slice.Tensor", check=_slice_check, dynamic_dims=True)
+def emit_slice(em: TosaEmitter, node: Node) -> Val:
+    """A slice of stored integer values (exact: data movement; rotary's halves of an int8 q/k)."""
+    x, (_, dim, start, end, step) = node.args[0].meta["val"], full_args(node)
+    dim %= x.dim()
+    return _extract(em, em.value(node.args[0]), dim, _static_range(x, dim, start, end, step), node.meta["val"].shape)
+
+
+def _split_check(node: Node) -> str | None:
+    """an integer tensor split along a static dim"""
+    why = integer_input(node)
+    if why is not None:
+        return why
+    x, dim = node.args[0].meta["val"], full_args(node)[2]
+    return None if isinstance(x.shape[dim % x.dim()], int) else "a split along a dynamic dim"
+
+
+@tosa_lowering("aten::split.Tensor", "aten::split_with_sizes", "aten::chunk", check=_split_check, dynamic_dims=True)
+def emit_split(em: TosaEmitter, node: Node) -> list[Val]:
+    """The pieces of a split / chunk of stored integer values (GPT-2's q/k/v, NeoX's chunk), one
+    slice each; the graph's getitems pick them."""
+    x, dim = node.args[0].meta["val"], full_args(node)[2] % node.args[0].meta["val"].dim()
+    v, pieces, start = em.value(node.args[0]), [], 0
+    for out in node.meta["val"]:
+        length = out.shape[dim]
+        pieces.append(_extract(em, v, dim, range(start, start + length), out.shape))
+        start += length
+    return pieces
+
+
 @tosa_lowering(*_IDENTITIES, check=integer_input, dynamic_dims=True)
 def emit_identity(em: TosaEmitter, node: Node) -> Val:
     return em.value(node.args[0])
