@@ -40,7 +40,7 @@ from .lowerings import DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
-from .torch_import import import_float_cluster, not_importable_alone
+from .torch_import import import_float_cluster, input_symbols, not_importable_alone
 
 log = logging.getLogger("qlower.iree")
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
@@ -225,7 +225,7 @@ class IreeBackend:
                                                              self.options.min_cluster_size).clusters)
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
             more = {n.name: why for c, t in zip(clusters, tosa) if t for n in c
-                    if kind_of(n) == "torch" and (why := not_importable_alone(n)) is not None}
+                    if kind_of(n) == "torch" and (why := not_importable_alone(n, input_symbols(c))) is not None}
             if not more:
                 break
             refused.update(more)

@@ -202,11 +202,29 @@ def float_check(node: Node) -> str | None:
         return f"dtype {unheld} has no numpy equivalent to hand to IREE"
     if schema.name in _BOOL_CREATION and getattr(node.meta.get("val"), "dtype", None) is torch.bool:
         return "a boolean tensor made from nothing: torch-mlir fails to legalize its dense<true> literal"
+    several = _several_dynamic_index_tensors(node)
+    if several is not None:
+        return several
     pool = _noop_ceil_pool(node) or _ceil_pool_beside_a_single_window(node) or _short_single_window_pool(node) \
         or _short_single_window_conv(node)
     if pool is not None:
         return pool
     return data_dependent(node)
+
+
+def _several_dynamic_index_tensors(node: Node) -> str | None:
+    """Advanced indexing with two or more 1-D index tensors of dynamic length (CLIP's pooled
+    output `h[arange(batch), ids.argmax(-1)]` with the batch dynamic): torch-mlir fails to
+    legalize `torch.aten.index.Tensor_hacked_twin` and the whole cluster fell back (thirteenth
+    session's sweep). Measured: one index tensor, several of static length, and broadcast-shaped
+    ones (GPT-2's mask: [B, 1, 1, 1] with [1, 1, S, 1]) compile."""
+    if getattr(node.target, "_schema", None) is None or node.target._schema.name != "aten::index":
+        return None
+    indices = [i.meta.get("val") for i in (node.args[1] if len(node.args) > 1 else []) if isinstance(i, Node)]
+    flat = [t for t in indices if isinstance(t, torch.Tensor) and t.dim() == 1 and DYN in dims(t.shape)]
+    if len(flat) < 2:
+        return None
+    return "advanced indexing with several 1-D index tensors of dynamic length (torch-mlir fails to legalize it)"
 
 
 def _short_single_window_pool(node: Node) -> str | None:

@@ -40,7 +40,9 @@ _TO_LINALG = ("builtin.module(torch-function-to-torch-backend-pipeline,"
 
 def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Node]]:
     """`node` alone as a GraphModule: its constant inputs as get_attr (imported as literals),
-    the others as placeholders. Returns it and the runtime inputs, in placeholder order."""
+    the others as placeholders — a symbolic size none of its inputs has (`arange(seq)`) too, as
+    an integer argument the TOSA module computes from its own arguments' dims. Returns it and
+    the runtime inputs, in placeholder order."""
     owner = torch.nn.Module()
     graph = torch.fx.Graph()
     env: dict[Node, Node] = {}
@@ -57,8 +59,14 @@ def _one_node_graph(sub: GraphModule, node: Node) -> tuple[GraphModule, list[Nod
             env[arg] = graph.placeholder(f"in{i}")
             runtime.append(arg)
         env[arg].meta["val"] = arg.meta["val"]
+    for i, arg in enumerate(sizes):
+        if _passed_in(node, arg.meta.get("val"), len(sizes)) and _may_pass_sizes(node):
+            env[arg] = graph.placeholder(f"size{i}")
+            env[arg].meta["val"] = arg.meta["val"]
+            runtime.append(arg)
     for arg in sizes:
-        env[arg] = _size_in(graph, node, arg, env, len(sizes))
+        if arg not in env:
+            env[arg] = _size_in(graph, node, arg, env, len(sizes))
     copy = graph.node_copy(node, lambda a: env[a])
     copy.meta["val"] = node.meta["val"]
     if isinstance(node.meta["val"], (tuple, list)):   # a list result (unbind, split): a tuple of
@@ -92,11 +100,30 @@ def _inferred(node: Node, count: int) -> bool:
     return count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1])
 
 
-def not_importable_alone(node: Node) -> str | None:
+# Ops whose symbolic size arguments may be passed in as integers: measured to compile and match
+# (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand / view: with a
+# passed-in size MPNet's int8 cluster failed in iree-compile ("'func.func' op exceeded stack
+# allocation limit ... Got 864691128455135936 bytes"), so those stay refused with their reason.
+_SIZES_PASSED_IN = ("aten::arange", "aten::slice")
+
+
+def _passed_in(node: Node, val, count: int) -> bool:
+    """A symbolic size argument the lone op cannot compute from its own inputs."""
+    return isinstance(val, torch.SymInt) and _size_source(node, val) is None and not _inferred(node, count)
+
+
+def _may_pass_sizes(node: Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.name in _SIZES_PASSED_IN
+
+
+def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str | None:
     """Why float op `node` cannot be a private function of a TOSA module, or None (found at
     compile time it took its whole int8 cluster to PyTorch; refused while clustering now): a
-    symbolic size argument that is none of its own inputs' dims (`_size_in` would raise):
-    BERT's `position_ids[:, :input_ids.shape[1]]` with a dynamic sequence.
+    symbolic size argument that is none of its own inputs' dims and that the module cannot
+    compute either — `available`: the symbols its cluster's tensor inputs have as dims (BERT's
+    `position_ids[:, :input_ids.shape[1]]`, `arange(seq)`: passed in as integer arguments when
+    the cluster reads a tensor of that length, thirteenth session).
 
     (Ops torch-mlir lowers to TMTensor — attention, cumsum's scan, sort — were refused too:
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
@@ -105,10 +132,38 @@ def not_importable_alone(node: Node) -> str | None:
     sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for arg in sizes:
         val = arg.meta.get("val")
-        if isinstance(val, torch.SymInt) and _size_source(node, val) is None and not _inferred(node, len(sizes)):
-            return (f"a size argument ({val}) that is none of its inputs' dims, in an integer (TOSA) cluster "
-                    f"where float ops are imported one at a time")
+        if _passed_in(node, val, len(sizes)) and not (_may_pass_sizes(node) and computable_from(val, available)):
+            return (f"a size argument ({val}) that is neither a dim of its inputs nor of the integer (TOSA) "
+                    f"cluster's inputs (float ops are imported one at a time)")
     return None
+
+
+def computable_from(val, symbols: frozenset) -> bool:
+    """`val` (a SymInt) is an integer, symbol, or sum / product of `symbols` (what the TOSA
+    emitter's `Builder.index` computes at run time)."""
+    import sympy
+    expr = getattr(getattr(val, "node", None), "expr", None)
+    if expr is None:
+        return False
+    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(expr)) \
+        and expr.free_symbols <= symbols
+
+
+def input_symbols(nodes) -> frozenset:
+    """The symbols the tensor inputs of a cluster (`nodes`) have as whole dims: the sizes a TOSA
+    module can read from its arguments (TosaEmitter binds them)."""
+    inside = set(nodes)
+    found = set()
+    for n in nodes:
+        for a in n.all_input_nodes:
+            val = a.meta.get("val")
+            if a in inside or not isinstance(val, torch.Tensor):
+                continue
+            for d in val.shape:
+                expr = getattr(getattr(d, "node", None), "expr", None)
+                if expr is not None and expr.is_Symbol:
+                    found.add(expr)
+    return frozenset(found)
 
 
 def _size_in(graph: torch.fx.Graph, node: Node, arg: Node, env: dict, count: int):

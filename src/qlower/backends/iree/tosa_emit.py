@@ -289,6 +289,15 @@ class TosaEmitter:
         self.private_functions += 1
         return self.b.func.CallOp(result_types, name, args).results
 
+    def _argument(self, node: Node):
+        """A lone float function's argument: a tensor's value, or a symbolic size it cannot
+        compute itself as an i64 computed from this module's argument dims."""
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return self.value(node).value
+        i64 = self.b.ir.IntegerType.get_signless(64)
+        return self.b.arith.index_cast(i64, self.b.index(val))
+
     def _emit_float(self, node: Node):
         """A float op inside an integer cluster: imported alone (FX importer), lowered to linalg
         by torch-mlir's pipeline, moved into this module as a private function and called.
@@ -308,7 +317,7 @@ class TosaEmitter:
         self.module_ip.insert(fn.operation.detach_from_parent())
         self.float_functions.append(name)
         results = list(fn.type.results)
-        call = self.b.func.CallOp(results, name, [self.value(a).value for a in runtime])
+        call = self.b.func.CallOp(results, name, [self._argument(a) for a in runtime])
         vals = node.meta["val"]
         many = isinstance(vals, (tuple, list))
         outs = [Val(r, v.dtype, dims(v.shape)) for r, v in zip(call.results, vals if many else [vals])]
