@@ -402,8 +402,8 @@ def _draw_op(draw, shapes: list, dynamic: bool, only: set | None = None) -> Op |
 
 
 @st.composite
-def programs(draw, static_only: bool = False):
-    dynamic = False if static_only else draw(st.integers(0, 3)) == 0
+def programs(draw):
+    dynamic = draw(st.integers(0, 3)) == 0
     batch = 2 if dynamic else draw(st.integers(1, 2))
     rank = draw(st.sampled_from([4, 3, 3, 2] if dynamic else [4, 4, 3, 2]))
     dynamic_seq = dynamic and rank == 3 and draw(st.booleans())
