@@ -119,6 +119,11 @@ def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
 
 
 _ARCHS = sorted(TEXT) + sorted(VISION)
+# int8 SQNR floor vs eager (random weights: a sanity bound that a broken lowering falls far below).
+# ConvNeXt measured 20.3 dB at batch 3 on onnxruntime, IREE and the reference backend (bit-equal:
+# quantization, not a lowering): its 32x32 input leaves a 64-value output, and its residual
+# branches are scaled by layer-scale 1e-6 before the per-tensor quantized add.
+_INT8_FLOOR_DB = {"convnext": 18.0}
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
@@ -139,7 +144,7 @@ def test_onnxruntime_one_cluster_and_right_at_every_size(name, quantize, tmp_pat
             if quantize is None:
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             else:
-                assert _sqnr(want, got) > 25.0
+                assert _sqnr(want, got) > _INT8_FLOOR_DB.get(name, 25.0)
             assert torch.equal(loaded(*x), got)
     qlower.export(cm, tmp_path / "m.onnx", format="onnx")
 
@@ -165,7 +170,7 @@ def test_iree_no_failed_cluster_and_bit_exact_in_the_fixed_profile(name, quantiz
             if quantize is None:
                 torch.testing.assert_close(got, model(*x), rtol=1e-4, atol=1e-4)
             else:
-                assert _sqnr(model(*x), got) > 25.0
+                assert _sqnr(model(*x), got) > _INT8_FLOOR_DB.get(name, 25.0)
                 torch.testing.assert_close(got, ref(*x), rtol=0, atol=1e-3)
     failed = [c for c in cm.report().clusters if "failed" in (c.reason or "")]
     assert not failed, failed

@@ -1195,6 +1195,39 @@ def test_float_view_merging_two_dynamic_dims_in_an_int8_cluster_bit_exact():
     assert not got.report().fallbacks   # no cluster failed at run time either
 
 
+class _HeadsIntoBatch(torch.nn.Module):
+    """BLOOM's attention layout in small: heads folded into the batch, `view(4 * B, S, 4)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(16), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.norm(x).view(b, s, 4, 4).transpose(1, 2).reshape(b * 4, s, 4)
+        return self.fc(h)
+
+
+def test_float_reshape_to_a_product_of_dynamic_sizes_stays_in_the_int8_cluster():
+    """A float reshape whose size is `4*batch` was refused in int8 clusters (a size none of its
+    inputs' dims: BLOOM int8 had 9 PyTorch fallbacks); the TOSA emitter reshapes float tensors
+    itself and computes such sizes from its arguments' dims, so it stays: one cluster,
+    bit-exact at other sizes."""
+    torch.manual_seed(0)
+    model = _HeadsIntoBatch().eval()
+    g = torch.Generator().manual_seed(0)
+    ex = (torch.randn(2, 5, 16, generator=g),)
+    dynamic = ({0: _BATCH, 1: _SEQ},)
+    program = qlower.quantize(model, ex, [(torch.randn(2, 5, 16, generator=g),) for _ in range(3)],
+                              dynamic_shapes=dynamic)
+    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic)
+                for b in ("reference", "iree"))
+    assert len(got.report().compiled) == 1 and not got.report().fallbacks
+    for b, s in ((1, 7), (3, 24)):
+        x = torch.randn(b, s, 16, generator=g)
+        assert_equal(ref(x), got(x))
+
+
 def test_a_lone_float_op_whose_lowering_fixes_a_dynamic_dim_is_refused():
     """The safety net under the fix above: a float op imported alone whose torch-mlir lowering
     casts a dynamic dim of an argument to a static size is refused at emission (the cluster

@@ -36,7 +36,8 @@ from .single_dim_reductions import SingleDimReductions
 from .unit_step_slices import UnitStepSlices
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
-from .lowerings import DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, symbolic_size
+from .lowerings import (DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, not_in_a_float_module,
+                        symbolic_size)
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import EmittedModule, TosaEmitter
@@ -216,7 +217,8 @@ class IreeBackend:
         """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
         op is a "tosa" module (its float ops become private functions in it); an all-float
         cluster is a "torch" module for IREE's own torch input pipeline; a float op a TOSA module
-        cannot import (`not_importable_alone`) is refused and the graph clustered again.
+        cannot import (`not_importable_alone`), or an all-float module cannot hold
+        (`not_in_a_float_module`), is refused and the graph clustered again.
         Returns (graph, submodule name -> kind, the capability with those refusals)."""
         _one_user_per_size(gm)
         refused: dict[str, str] = {}
@@ -224,8 +226,8 @@ class IreeBackend:
             clusters = _sizes_with_their_users(cluster_graph(gm.graph, self._capability_for(refused),
                                                              self.options.min_cluster_size).clusters)
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
-            more = {n.name: why for c, t in zip(clusters, tosa) if t for n in c
-                    if kind_of(n) == "torch" and (why := not_importable_alone(n, input_symbols(c))) is not None}
+            more = {n.name: why for c, t in zip(clusters, tosa) for n in c if kind_of(n) == "torch" and
+                    (why := not_importable_alone(n, input_symbols(c)) if t else not_in_a_float_module(n)) is not None}
             if not more:
                 break
             refused.update(more)

@@ -202,9 +202,6 @@ def float_check(node: Node) -> str | None:
         return f"dtype {unheld} has no numpy equivalent to hand to IREE"
     if schema.name in _BOOL_CREATION and getattr(node.meta.get("val"), "dtype", None) is torch.bool:
         return "a boolean tensor made from nothing: torch-mlir fails to legalize its dense<true> literal"
-    several = _several_dynamic_index_tensors(node)
-    if several is not None:
-        return several
     pool = _noop_ceil_pool(node) or _ceil_pool_beside_a_single_window(node) or _short_single_window_pool(node) \
         or _short_single_window_conv(node)
     if pool is not None:
@@ -212,12 +209,14 @@ def float_check(node: Node) -> str | None:
     return data_dependent(node)
 
 
-def _several_dynamic_index_tensors(node: Node) -> str | None:
-    """Advanced indexing with two or more 1-D index tensors of dynamic length (CLIP's pooled
-    output `h[arange(batch), ids.argmax(-1)]` with the batch dynamic): torch-mlir fails to
-    legalize `torch.aten.index.Tensor_hacked_twin` and the whole cluster fell back (thirteenth
-    session's sweep). Measured: one index tensor, several of static length, and broadcast-shaped
-    ones (GPT-2's mask: [B, 1, 1, 1] with [1, 1, S, 1]) compile."""
+def not_in_a_float_module(node: Node) -> str | None:
+    """Why float op `node` cannot be part of an all-float (torch-dialect) module, or None:
+    advanced indexing with two or more 1-D index tensors of dynamic length (CLIP's pooled output
+    `h[arange(batch), ids.argmax(-1)]` with the batch dynamic): IREE's torch input pipeline fails
+    to legalize `torch.aten.index.Tensor_hacked_twin` and the whole cluster fell back (thirteenth
+    session's sweep). Measured: one index tensor, several of static length, broadcast-shaped
+    ones (GPT-2's mask: [B, 1, 1, 1] with [1, 1, S, 1]), and the same op imported alone into an
+    int8 (TOSA) module compile."""
     if getattr(node.target, "_schema", None) is None or node.target._schema.name != "aten::index":
         return None
     indices = [i.meta.get("val") for i in (node.args[1] if len(node.args) > 1 else []) if isinstance(i, Node)]

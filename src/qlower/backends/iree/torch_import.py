@@ -129,6 +129,9 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
     cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
     pipeline does, and they compile and match: thirteenth session.)"""
+    from .tosa_ops import emits_float_reshape
+    if emits_float_reshape(node, available):   # not imported: the TOSA emitter reshapes it
+        return None
     sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for arg in sizes:
         val = arg.meta.get("val")

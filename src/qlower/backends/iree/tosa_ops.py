@@ -723,6 +723,15 @@ def emit_reshape(em: TosaEmitter, node: Node) -> Val:
     return _to_output_shape(em, em.value(node.all_input_nodes[0]), node)
 
 
+def emits_float_reshape(node: Node, available: frozenset) -> bool:
+    """`float_reshape` takes `node` in a TOSA module whose arguments have the dims `available`:
+    a reshape whose symbolic output sizes are sums / products of those (bloom's `4*batch`)."""
+    from .torch_import import computable_from
+    val = node.meta.get("val")
+    return schema_name(node) in _RESHAPES and isinstance(val, torch.Tensor) and \
+        all(isinstance(d, int) or computable_from(d, available) for d in val.shape)
+
+
 def float_reshape(em: TosaEmitter, node: Node) -> Val | None:
     """A float tensor's reshape in a TOSA module, emitted as an integer one is (tosa.reshape, or
     tensor.reshape with sizes computed from the function's argument dims); None when `node` is
