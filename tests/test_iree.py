@@ -1177,8 +1177,16 @@ def test_float_view_merging_two_dynamic_dims_in_an_int8_cluster_bit_exact():
     [?, 1, 16]: a silent wrong answer at every other size (here), run failures on GPT-2 / OPT
     int8 with batch and sequence dynamic (an evaluator-style sweep, thirteenth session). The
     TOSA emitter now reshapes float tensors itself (tensor.reshape, sizes from the arguments)."""
+    got = _one_int8_cluster_bit_exact_at_other_sizes(_FlattenTokens())
+    cluster = next(m for m in got._executable.module.modules() if getattr(m, "mlir", None))
+    assert "tensor<?x1x16xf32>" not in cluster.mlir
+
+
+def _one_int8_cluster_bit_exact_at_other_sizes(model):
+    """`model` ([B, S, 16] in) quantized with batch and sequence dynamic: one IREE cluster, no
+    fallback, equal to the reference backend at other sizes (and no cluster failing at run time)."""
     torch.manual_seed(0)
-    model = _FlattenTokens().eval()
+    model = model.eval()
     g = torch.Generator().manual_seed(0)
     ex = (torch.randn(2, 5, 16, generator=g),)
     dynamic = ({0: _BATCH, 1: _SEQ},)
@@ -1187,12 +1195,11 @@ def test_float_view_merging_two_dynamic_dims_in_an_int8_cluster_bit_exact():
     ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic)
                 for b in ("reference", "iree"))
     assert len(got.report().compiled) == 1 and not got.report().fallbacks
-    cluster = next(m for m in got._executable.module.modules() if getattr(m, "mlir", None))
-    assert "tensor<?x1x16xf32>" not in cluster.mlir
     for b, s in ((1, 7), (3, 24), (2, 5)):
         x = torch.randn(b, s, 16, generator=g)
         assert_equal(ref(x), got(x))
-    assert not got.report().fallbacks   # no cluster failed at run time either
+    assert not got.report().fallbacks
+    return got
 
 
 class _HeadsIntoBatch(torch.nn.Module):
@@ -1213,19 +1220,7 @@ def test_float_reshape_to_a_product_of_dynamic_sizes_stays_in_the_int8_cluster()
     inputs' dims: BLOOM int8 had 9 PyTorch fallbacks); the TOSA emitter reshapes float tensors
     itself and computes such sizes from its arguments' dims, so it stays: one cluster,
     bit-exact at other sizes."""
-    torch.manual_seed(0)
-    model = _HeadsIntoBatch().eval()
-    g = torch.Generator().manual_seed(0)
-    ex = (torch.randn(2, 5, 16, generator=g),)
-    dynamic = ({0: _BATCH, 1: _SEQ},)
-    program = qlower.quantize(model, ex, [(torch.randn(2, 5, 16, generator=g),) for _ in range(3)],
-                              dynamic_shapes=dynamic)
-    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic)
-                for b in ("reference", "iree"))
-    assert len(got.report().compiled) == 1 and not got.report().fallbacks
-    for b, s in ((1, 7), (3, 24)):
-        x = torch.randn(b, s, 16, generator=g)
-        assert_equal(ref(x), got(x))
+    _one_int8_cluster_bit_exact_at_other_sizes(_HeadsIntoBatch())
 
 
 def test_a_lone_float_op_whose_lowering_fixes_a_dynamic_dim_is_refused():
