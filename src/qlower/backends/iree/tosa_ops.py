@@ -815,7 +815,7 @@ def _split_check(node: Node) -> str | None:
 def emit_split(em: TosaEmitter, node: Node) -> list[Val]:
     """The pieces of a split / chunk of stored integer values (GPT-2's q/k/v, NeoX's chunk), one
     slice each; the graph's getitems pick them."""
-    x, dim = node.args[0].meta["val"], full_args(node)[2] % node.args[0].meta["val"].dim()
+    dim = full_args(node)[2] % node.args[0].meta["val"].dim()
     v, pieces, start = em.value(node.args[0]), [], 0
     for out in node.meta["val"]:
         length = out.shape[dim]
