@@ -1223,6 +1223,35 @@ def test_float_reshape_to_a_product_of_dynamic_sizes_stays_in_the_int8_cluster()
     _one_int8_cluster_bit_exact_at_other_sizes(_HeadsIntoBatch())
 
 
+class _RepeatKV(torch.nn.Module):
+    """LLaMA's grouped-query `repeat_kv` on an int8 projection: [B, 2, S, 8] -> [B, 4, S, 8]."""
+
+    def __init__(self):
+        super().__init__()
+        self.k, self.o = torch.nn.Linear(16, 16), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        k = self.k(x).view(b, s, 2, 8).transpose(1, 2)
+        k = k[:, :, None].expand(b, 2, 2, s, 8).reshape(b, 4, s, 8)
+        return self.o(k.transpose(1, 2).reshape(b, s, 32))
+
+
+def test_expand_of_an_int8_tensor_stays_in_the_int8_cluster():
+    """GQA's repeat of an int8 k/v (`expand` along a size-1 dim) was refused ("reads or produces
+    a quantized integer tensor outside qlower's integer ops": zoo hf-llama int8, 2 fallbacks); it
+    is `tosa.tile` of the stored values now — one cluster, bit-exact at other sizes."""
+    torch.manual_seed(0)
+    model, g = _RepeatKV().eval(), torch.Generator().manual_seed(0)
+    ex = (torch.randn(2, 5, 16, generator=g),)
+    program = qlower.quantize(model, ex, [(torch.randn(2, 5, 16, generator=g),) for _ in range(3)])
+    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed") for b in ("reference", "iree"))
+    assert len(got.report().compiled) == 1 and not got.report().fallbacks
+    assert "aten::expand" in got.report().compiled[0].ops
+    x = torch.randn(2, 5, 16, generator=g)
+    assert_equal(ref(x), got(x))
+
+
 def test_a_lone_float_op_whose_lowering_fixes_a_dynamic_dim_is_refused():
     """The safety net under the fix above: a float op imported alone whose torch-mlir lowering
     casts a dynamic dim of an argument to a static size is refused at emission (the cluster

@@ -101,9 +101,11 @@ def _inferred(node: Node, count: int) -> bool:
 
 
 # Ops whose symbolic size arguments may be passed in as integers: measured to compile and match
-# (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand / view: with a
-# passed-in size MPNet's int8 cluster failed in iree-compile ("'func.func' op exceeded stack
-# allocation limit ... Got 864691128455135936 bytes"), so those stay refused with their reason.
+# (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand: passed its sizes
+# it compiled and matched on BERT's mask and ViT's class token, but MPNet's int8 cluster failed in
+# iree-compile ("'func.func' op exceeded stack allocation limit ... Got 864691128455135936
+# bytes"), so it stays refused with its reason (1-2 fallbacks on those models). Float reshapes are
+# not imported at all (tosa_ops.emits_float_reshape).
 _SIZES_PASSED_IN = ("aten::arange", "aten::slice")
 
 

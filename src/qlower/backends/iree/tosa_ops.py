@@ -824,6 +824,32 @@ def emit_split(em: TosaEmitter, node: Node) -> list[Val]:
     return pieces
 
 
+def _expand_check(node: Node) -> str | None:
+    """an integer tensor expanded along static dims of size 1 (no new leading dims)"""
+    why = integer_input(node)
+    if why is not None:
+        return why
+    x, out = node.args[0].meta["val"], node.meta["val"]
+    if x.dim() != out.dim():
+        return "an expand that adds leading dims"
+    if any(str(i) != str(o) and not (isinstance(i, int) and i == 1 and isinstance(o, int))
+           for i, o in zip(x.shape, out.shape)):
+        return "an expand to a dynamic size"
+    return None
+
+
+@tosa_lowering("aten::expand", check=_expand_check, dynamic_dims=True)
+def emit_expand(em: TosaEmitter, node: Node) -> Val:
+    """tosa.tile of stored integer values (GQA's repeat of an int8 k/v: exact data movement)."""
+    x, out = em.value(node.args[0]), node.meta["val"].shape
+    multiples = [o if i == 1 and isinstance(o, int) else 1 for i, o in zip(x.shape, out)]
+    if all(m == 1 for m in multiples):
+        return x
+    shape = [m * d if d != DYN else DYN for m, d in zip(multiples, x.shape)]
+    tiled = em.b.tosa.tile(em.b.ttype(shape, x.dtype), x.value, em.b.shape_value(multiples))
+    return Val(tiled, x.dtype, shape, x.offset)
+
+
 @tosa_lowering(*_IDENTITIES, check=integer_input, dynamic_dims=True)
 def emit_identity(em: TosaEmitter, node: Node) -> Val:
     return em.value(node.args[0])
