@@ -102,10 +102,12 @@ def _inferred(node: Node, count: int) -> bool:
 
 # Ops whose symbolic size arguments may be passed in as integers: measured to compile and match
 # (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand: passed its sizes
-# it compiled and matched on BERT's mask and ViT's class token, but MPNet's int8 cluster failed in
-# iree-compile ("'func.func' op exceeded stack allocation limit ... Got 864691128455135936
-# bytes"), so it stays refused with its reason (1-2 fallbacks on those models). Float reshapes are
-# not imported at all (tosa_ops.emits_float_reshape).
+# it compiled and matched on BERT's mask and ViT's class token, but MPNet's int8 cluster then
+# failed in iree-compile ("'func.func' op exceeded stack allocation limit ... Got
+# 864691128455135936 bytes" — in the lone softmax over [?, 4, ?, ?] that the expanded position
+# bias feeds, which the expand's refusal had kept out of the cluster), so it stays refused with
+# its reason (1-2 fallbacks on those models). Float reshapes are not imported at all
+# (tosa_ops.emits_float_reshape).
 _SIZES_PASSED_IN = ("aten::arange", "aten::slice")
 
 
