@@ -83,12 +83,10 @@ _MAX_SIZES_TRIED = 65536
 
 def _declared_dims(dynamic_shapes) -> dict[str, tuple[int, int]]:
     """name -> (min, max) of every torch.export.Dim in a dynamic_shapes structure."""
-    found = {}
-    for leaf in torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda v: hasattr(v, "__name__")
-                                                and hasattr(v, "min")):
-        if hasattr(leaf, "min") and hasattr(leaf, "max") and hasattr(leaf, "__name__"):
-            found[leaf.__name__] = (int(leaf.min), int(leaf.max))
-    return found
+    def is_dim(v) -> bool:
+        return all(hasattr(v, a) for a in ("__name__", "min", "max"))
+    leaves = torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=is_dim)
+    return {leaf.__name__: (int(leaf.min), int(leaf.max)) for leaf in leaves if is_dim(leaf)}
 
 
 _GUARD_FUNCTIONS = {"Eq": lambda a, b: a == b, "Ne": lambda a, b: a != b, "Mod": lambda a, b: a % b,

@@ -167,14 +167,10 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
 # on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a
 # MiniLM-size encoder): to(bool), ge/gt, ~, logical_not/and, bitwise_and, |, *, expand, index,
-# where, masked_fill, to(float) all compile; `&` and `^` (aten.__and__ / __xor__: "failed to
-# legalize operation 'torch.aten.__and__.Tensor'", `__xor__` left as torch.operator) compile once
-# written as bitwise_and / bitwise_xor (legalization bitwise_operators.py); a boolean tensor
-# created from a shape (new_ones(dtype=bool): "failed to legalize 'torch.vtensor.literal' ...
-# dense<true>") does not.
-_BOOL_CREATION = frozenset({"aten::new_ones", "aten::new_full", "aten::ones", "aten::ones_like", "aten::full",
-                            "aten::full_like", "aten::new_empty", "aten::empty", "aten::empty_like",
-                            "aten::scalar_tensor"})
+# where, masked_fill, to(float) all compile. `&` / `^` and boolean tensors created from a shape
+# (new_ones(dtype=bool): "failed to legalize 'torch.vtensor.literal' ... dense<true>") do not as
+# they are: the legalizations bitwise_operators.py and boolean_constants.py rewrite them before
+# clustering, so nothing here refuses them.
 
 # Float dtypes torch has and numpy (through which the runner hands tensors to IREE) has not.
 _NOT_IN_NUMPY = frozenset({torch.bfloat16, torch.complex32} |
@@ -200,8 +196,6 @@ def float_check(node: Node) -> str | None:
     unheld = next((t.dtype for t in vals if t.dtype in _NOT_IN_NUMPY), None)
     if unheld is not None:   # measured: a bfloat16 model's call raised "unsupported ScalarType BFloat16"
         return f"dtype {unheld} has no numpy equivalent to hand to IREE"
-    if schema.name in _BOOL_CREATION and getattr(node.meta.get("val"), "dtype", None) is torch.bool:
-        return "a boolean tensor made from nothing: torch-mlir fails to legalize its dense<true> literal"
     pool = _noop_ceil_pool(node) or _ceil_pool_beside_a_single_window(node) or _short_single_window_pool(node) \
         or _short_single_window_conv(node)
     if pool is not None:

@@ -133,6 +133,7 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
     cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
     pipeline does, and they compile and match: thirteenth session.)"""
+    from .tosa_emit import computable_from
     from .tosa_ops import emits_float_reshape
     if emits_float_reshape(node, available):   # not imported: the TOSA emitter reshapes it
         return None
@@ -143,17 +144,6 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
             return (f"a size argument ({val}) that is neither a dim of its inputs nor of the integer (TOSA) "
                     f"cluster's inputs (float ops are imported one at a time)")
     return None
-
-
-def computable_from(val, symbols: frozenset) -> bool:
-    """`val` (a SymInt) is an integer, symbol, or sum / product of `symbols` (what the TOSA
-    emitter's `Builder.index` computes at run time)."""
-    import sympy
-    expr = getattr(getattr(val, "node", None), "expr", None)
-    if expr is None:
-        return False
-    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(expr)) \
-        and expr.free_symbols <= symbols
 
 
 def input_symbols(nodes) -> frozenset:

@@ -51,6 +51,17 @@ class EmittedModule:
     op_names: list[str] = field(default_factory=list)   # MLIR ops in the function, for inspection
 
 
+def computable_from(val, symbols: frozenset) -> bool:
+    """`val` (a SymInt) is an integer, symbol, or sum / product of `symbols` (what
+    `Builder.index` computes at run time: keep the two in step)."""
+    import sympy
+    expr = getattr(getattr(val, "node", None), "expr", None)
+    if expr is None:
+        return False
+    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(expr)) \
+        and expr.free_symbols <= symbols
+
+
 class Builder:
     """Small typed helpers over the bindings; every method inserts at the current point."""
 

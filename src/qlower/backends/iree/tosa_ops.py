@@ -21,7 +21,7 @@ from torch.fx import Node
 from ... import numerics
 from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
-from .tosa_emit import TosaEmitter, Val, offset_of
+from .tosa_emit import TosaEmitter, Val, computable_from, offset_of
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
 _RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside int32 (see _requant_check)
@@ -726,7 +726,6 @@ def emit_reshape(em: TosaEmitter, node: Node) -> Val:
 def emits_float_reshape(node: Node, available: frozenset) -> bool:
     """`float_reshape` takes `node` in a TOSA module whose arguments have the dims `available`:
     a reshape whose symbolic output sizes are sums / products of those (bloom's `4*batch`)."""
-    from .torch_import import computable_from
     val = node.meta.get("val")
     return schema_name(node) in _RESHAPES and isinstance(val, torch.Tensor) and \
         all(isinstance(d, int) or computable_from(d, available) for d in val.shape)
