@@ -152,8 +152,9 @@ def test_onnxruntime_one_cluster_and_right_at_every_size(name, quantize, tmp_pat
 @pytest.mark.parametrize("quantize", [None, "int8"])
 @pytest.mark.parametrize("name", _ARCHS)
 def test_iree_no_failed_cluster_and_bit_exact_in_the_fixed_profile(name, quantize):
-    """IREE: every cluster the capability accepted compiles and runs at every size (no "compile
-    failed" / "run failed" fallback), fp32 within float tolerance of eager, int8 equal to the
+    """IREE: one cluster set with no PyTorch fallback (every cluster the capability accepted
+    compiles and runs at every size: no "compile failed" / "run failed"), fp32 within float
+    tolerance of eager, int8 equal to the
     reference backend in the fixed profile up to float-kernel rounding (the programs end in a
     float LayerNorm/RMSNorm: within 1e-3 of it and above 25 dB vs eager)."""
     pytest.importorskip("iree.compiler")
@@ -174,3 +175,4 @@ def test_iree_no_failed_cluster_and_bit_exact_in_the_fixed_profile(name, quantiz
                 torch.testing.assert_close(got, ref(*x), rtol=0, atol=1e-3)
     failed = [c for c in cm.report().clusters if "failed" in (c.reason or "")]
     assert not failed, failed
+    assert not cm.report().fallbacks, [(c.ops, c.reason) for c in cm.report().fallbacks]   # 0 since the 14th session

@@ -1182,6 +1182,57 @@ def test_float_view_merging_two_dynamic_dims_in_an_int8_cluster_bit_exact():
     assert "tensor<?x1x16xf32>" not in cluster.mlir
 
 
+class _ScoresTimesValues(torch.nn.Module):
+    """`relu(h hᵀ) @ h` on int8 projections: with the sequence dynamic the second product's
+    reduction dim is dynamic, so the integer lowering leaves it in float — a rank-3 matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.out(torch.relu(h @ h.transpose(1, 2)) @ h)
+
+
+def test_rank3_float_matmul_with_a_dynamic_batch_stays_in_the_int8_cluster():
+    """torch-mlir cannot decompose a lone rank-3 x rank-3 `aten.matmul` with a dynamic batch
+    ("marked as backend illegal"): the capability accepted it and the whole int8 cluster fell
+    back at compile time. BatchedMatmuls writes it as `aten.bmm` (the same product): one
+    cluster, bit-exact at other sizes."""
+    got = _one_int8_cluster_bit_exact_at_other_sizes(_ScoresTimesValues())
+    assert "aten::bmm" in got.report().compiled[0].ops
+    assert any("written as bmm" in n for n in got.report().notes)
+
+
+def test_batched_matmuls_pass_contract():
+    """Positive (rank-3 x rank-3, equal batch, static or symbolic), near misses (broadcast batch,
+    rank-3 x rank-2, rank 4), values bit for bit, idempotence; a broadcast-batch one with a
+    dynamic batch is refused alone in an int8 module with its reason."""
+    from qlower.backends.iree.batched_matmuls import BatchedMatmuls
+    from qlower.backends.iree.torch_import import not_importable_alone
+    from qlower.passes import PassContext, PassManager
+
+    class Products(torch.nn.Module):
+        def forward(self, a, b, c, w, d):
+            return a @ b, c @ b, a @ w, d @ d.transpose(-1, -2)
+
+    args = (torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(1, 3, 4), torch.randn(4, 5), torch.randn(2, 2, 3, 4))
+    batch = torch.export.Dim("batch", min=1, max=8)
+    gm = torch.export.export(Products(), args, dynamic_shapes=({0: batch}, {0: batch}, None, None, None)).module()
+    want = gm(*args)
+    ctx = PassManager([BatchedMatmuls()]).run(gm, PassContext())
+    assert sum(ctx.rewrites.values()) == 1
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in
+             (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default)]
+    assert [n.target is torch.ops.aten.bmm.default for n in calls] == [True, False, False, False]
+    assert all(torch.equal(g, w) for g, w in zip(gm(*args), want))
+    assert not PassManager([BatchedMatmuls()]).run(gm, PassContext()).rewrites   # idempotent
+    broadcast = calls[1]   # [1, 3, 4] @ [B, 4, 5]
+    assert "broadcasting a dynamic batch" in not_importable_alone(broadcast)
+    assert not_importable_alone(calls[2]) is None
+
+
 def _one_int8_cluster_bit_exact_at_other_sizes(model):
     """`model` ([B, S, 16] in) quantized with batch and sequence dynamic: one IREE cluster, no
     fallback, equal to the reference backend at other sizes (and no cluster failing at run time)."""
@@ -1221,6 +1272,33 @@ def test_float_reshape_to_a_product_of_dynamic_sizes_stays_in_the_int8_cluster()
     itself and computes such sizes from its arguments' dims, so it stays: one cluster,
     bit-exact at other sizes."""
     _one_int8_cluster_bit_exact_at_other_sizes(_HeadsIntoBatch())
+
+
+class _ClassToken(torch.nn.Module):
+    """ViT's class token: a [1, 1, 16] parameter expanded to the batch (a size none of the
+    expand's inputs has) and concatenated before the int8 linears; BERT's float mask
+    `[B, 1, 1, S]` expanded to `[B, 1, S, S]` added to the scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.fc, self.out = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = torch.cat([self.cls.expand(b, -1, -1), self.fc(x)], dim=1)
+        bias = x[:, None, :1, :1].expand(b, 1, s + 1, s + 1).squeeze(1)
+        return self.out(torch.relu(h @ h.transpose(1, 2) + bias) @ h)
+
+
+def test_float_expand_to_a_size_its_inputs_lack_stays_in_the_int8_cluster():
+    """A float expand to a dynamic size that none of its inputs has (ViT's class token to the
+    batch; BERT's mask to [B, 1, S, S]) was refused in int8 clusters — torch-mlir imports each
+    float op alone and cannot size it (1-2 fallbacks on BERT, RoBERTa, XLM-R, ALBERT, ELECTRA,
+    MPNet, ViT); the TOSA emitter expands it itself (`linalg.broadcast`, sizes from the
+    arguments' dims): one cluster, bit-exact at other sizes."""
+    got = _one_int8_cluster_bit_exact_at_other_sizes(_ClassToken())
+    assert "aten::expand" in got.report().compiled[0].ops
 
 
 class _RepeatKV(torch.nn.Module):
@@ -1319,8 +1397,9 @@ def test_float_op_sized_by_another_input_is_passed_its_size(dynamic):
 def test_sizes_are_passed_in_only_where_the_cluster_has_them_and_the_op_takes_them():
     """The rule the clustering applies: a lone float op's size argument none of its inputs has
     is passed in when the cluster's tensor inputs have it as a dim and the op is one measured to
-    compile that way (arange, slice); near misses: no such cluster input; an expand (with a
-    passed-in size MPNet's int8 cluster failed in iree-compile)."""
+    compile that way (arange, slice); near miss: no such cluster input. An expand is not
+    imported: the TOSA emitter writes it (linalg.broadcast) when the cluster's inputs give its
+    sizes, and it is refused when they do not."""
     from qlower.backends.iree.torch_import import not_importable_alone
 
     class _Sized(torch.nn.Module):
@@ -1335,7 +1414,8 @@ def test_sizes_are_passed_in_only_where_the_cluster_has_them_and_the_op_takes_th
     symbol = arange.args[0].meta["val"].node.expr
     assert not_importable_alone(arange, frozenset({symbol})) is None
     assert "neither a dim of its inputs nor of the integer" in not_importable_alone(arange, frozenset())
-    assert not_importable_alone(expand, frozenset({symbol})) is not None
+    assert not_importable_alone(expand, frozenset({symbol})) is None
+    assert "neither a dim of its inputs nor of the integer" in not_importable_alone(expand, frozenset())
 
 
 class _MaskedAttention(torch.nn.Module):
@@ -1564,3 +1644,81 @@ def test_single_dim_reductions_pass_contract():
     assert run(lambda t: t.mean(3), x)[0] == 0                                        # one dim
     assert run(lambda t: t.mean((1, 2)), x, ({0: torch.export.Dim("b", min=2, max=8)},))[0] == 0   # symbolic
     assert run(lambda t: t.to(torch.int64).sum((1, 2)), x)[0] == 0                    # integers
+
+
+class _ReshapeToTwiceTheBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.fc(x))
+        return self.out(h.reshape(x.shape[0] * 2, 4) + 1)
+
+
+def test_a_size_input_that_is_a_product_of_input_dims_is_computed_in_the_float_cluster(monkeypatch):
+    """A cluster after a PyTorch fallback that reads a size computed before it (`2 * batch`,
+    MobileViT's `32 * batch`) fell back too: "size input ... is not a dim of a tensor input of
+    the cluster". Sums / products of its tensor inputs' dims are computed inside it now
+    (sym_size and SymInt arithmetic): the cluster compiles and matches at other batches."""
+    monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::sigmoid")   # the fallback that splits the graph
+    model, batch = _ReshapeToTwiceTheBatch().eval(), torch.export.Dim("batch", min=1, max=16)
+    cm = qlower.compile(model, (torch.randn(3, 8),), backend="iree", dynamic_shapes=({0: batch},))
+    report = cm.report()
+    assert [c.status for c in report.clusters].count("compiled") == 2
+    assert [c.reason for c in report.fallbacks] == ["aten::sigmoid is in QLOWER_OP_DENYLIST"]
+    with torch.no_grad():
+        for b in (1, 5):
+            x = torch.randn(b, 8)
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+class _Upsample(torch.nn.Module):
+    def __init__(self, size, align_corners):
+        super().__init__()
+        self.size, self.align_corners = size, align_corners
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(x, size=self.size, mode="bilinear", align_corners=self.align_corners) + 1
+
+
+@pytest.mark.parametrize("size,align_corners,dynamic", [((2, 2), False, True), ((7, 5), False, False),
+                                                        ((7, 5), True, True)])
+def test_bilinear_upsampling_runs_on_iree(size, align_corners, dynamic):
+    """IREE 3.13 lowers no `upsample_bilinear2d` (MobileViT's feature-map resize: its clusters
+    failed to compile and fell back whole): it is decomposed with torch's own decomposition,
+    whose `_unsafe_index` gathers run as `index` (UnsafeIndex). One cluster, no fallback, equal
+    to eager within float rounding — at other batches when the batch is dynamic."""
+    model = _Upsample(size, align_corners)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 1 if size == (2, 2) else 3, 1 if size == (2, 2) else 4, generator=g)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    cm = qlower.compile(model, (x,), backend="iree", dynamic_shapes=({0: batch},) if dynamic else None)
+    report = cm.report()
+    assert len(report.compiled) == 1 and not report.fallbacks, report.clusters
+    assert any("decomposed aten::upsample_bilinear2d" in n for n in report.notes)
+    assert any("_unsafe_index written as index" in n for n in report.notes)
+    for b in ((1, 3) if dynamic else (2,)):
+        x = torch.randn(b, *x.shape[1:], generator=g)
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_unsafe_index_pass_contract():
+    """Positive (`_unsafe_index` → `index`), near miss (`index` already), values bit for bit,
+    idempotence."""
+    from qlower.backends.iree.unsafe_index import UnsafeIndex
+    from qlower.passes import PassContext, PassManager
+
+    class Gathers(torch.nn.Module):
+        def forward(self, x, i):
+            return torch.ops.aten._unsafe_index.Tensor(x, [None, i]) + torch.ops.aten.index.Tensor(x, [i])
+
+    x, i = torch.randn(4, 4), torch.tensor([3, 0, 2, 1])
+    gm = torch.export.export(Gathers(), (x, i)).module()
+    want = gm(x, i)
+    ctx = PassManager([UnsafeIndex()]).run(gm, PassContext())
+    assert sum(ctx.rewrites.values()) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten._unsafe_index.Tensor not in targets and targets.count(torch.ops.aten.index.Tensor) == 2
+    assert torch.equal(gm(x, i), want)
+    assert not PassManager([UnsafeIndex()]).run(gm, PassContext()).rewrites   # idempotent

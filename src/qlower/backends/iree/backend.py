@@ -30,17 +30,19 @@ from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
+from .batched_matmuls import BatchedMatmuls
 from .bitwise_operators import BitwiseOperators
 from .boolean_constants import BooleanConstants
 from .single_dim_reductions import SingleDimReductions
 from .unit_step_slices import UnitStepSlices
+from .unsafe_index import UnsafeIndex
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .lowerings import (DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, not_in_a_float_module,
                         symbolic_size)
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
-from .tosa_emit import EmittedModule, TosaEmitter
+from .tosa_emit import EmittedModule, TosaEmitter, computable_from
 from .torch_import import import_float_cluster, input_symbols, not_importable_alone
 
 log = logging.getLogger("qlower.iree")
@@ -144,6 +146,20 @@ def _decompose_attention_among_integer_ops():
                              table={SDPA: _sdpa_math})
 
 
+def _decompose_bilinear_upsampling():
+    """`upsample_bilinear2d` (F.interpolate's bilinear mode; MobileViT resizes its feature maps
+    with it) becomes torch's own decomposition (index arithmetic, gathers, lerps): IREE 3.13's
+    torch pipeline lowers neither overload ("failed to legalize operation 'torch.constant.int'":
+    its size list is left unconsumed), so every cluster holding one failed to compile and fell
+    back whole. Under symbolic shapes it is decomposed where the decomposition reads no
+    symbolic size (a dynamic batch: measured); otherwise the op is refused (`lowerings`)."""
+    from torch._decomp import decomposition_table
+    from ...passes.decompose_block_ops import DecomposeBlockOps
+    ops = (torch.ops.aten.upsample_bilinear2d.vec, torch.ops.aten.upsample_bilinear2d.default)
+    return DecomposeBlockOps(lambda node: False, why="iree 3.13 lowers no bilinear upsampling",
+                             table={op: decomposition_table[op] for op in ops})
+
+
 class IreeBackend:
     name = "iree"
     export_formats = ("mlir", "vmfb")   # qlower.export: the one cluster's module (export.py)
@@ -182,9 +198,12 @@ class IreeBackend:
         its math form; pools whose ceil_mode changes nothing written without it (torch-mlir
         mis-sizes them); multi-dim float reductions over one merged dim (iree-compile fails);
         `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those); boolean tensors
-        created as int32 != 0 (torch-mlir fails on a boolean splat)."""
+        created as int32 != 0 (torch-mlir fails on a boolean splat); rank-3 matmuls as bmm
+        (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling as
+        torch's decomposition (IREE lowers neither overload), its `_unsafe_index` as `index`."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants()]
+                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
+                BatchedMatmuls(), _decompose_bilinear_upsampling(), UnsafeIndex()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []
@@ -445,8 +464,9 @@ def _sizes_with_their_users(clusters: list[list[Node]]) -> list[list[Node]]:
 
 def _derive_sizes(sub: GraphModule, runtime_args: list) -> list:
     """A size input of a cluster (computed in PyTorch) is computed inside it instead, as
-    `sym_size` of a tensor input with that very size expression; the IREE function takes
-    tensors only. Returns the runtime args left. Raises when a size cannot be derived."""
+    `sym_size` of a tensor input with that very size expression, or sums / products of such
+    (`_size_node`); the IREE function takes tensors only. Returns the runtime args left. Raises
+    when a size cannot be derived."""
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     tensors = [(ph, ph.meta.get("val")) for ph in placeholders if isinstance(ph.meta.get("val"), torch.Tensor)]
     sources = {}
@@ -454,9 +474,11 @@ def _derive_sizes(sub: GraphModule, runtime_args: list) -> list:
         val = ph.meta.get("val")
         if isinstance(val, torch.Tensor):
             continue
-        sources[ph] = next(((t, i) for t, v in tensors for i, d in enumerate(v.shape) if str(d) == str(val)), None)
-        if sources[ph] is None:   # raised before `sub` changes: the fallback runs it as it was
-            raise NotImplementedError(f"size input {ph.name} = {val} is not a dim of a tensor input of the cluster")
+        sources[ph] = _dim_source(val, tensors)
+        if sources[ph] is None and not computable_from(val, _dim_symbols(tensors)):
+            # raised before `sub` changes: the fallback runs it as it was
+            raise NotImplementedError(f"size input {ph.name} = {val} is neither a dim of a tensor input of the "
+                                      f"cluster nor a sum / product of such dims")
     if not sources:
         return runtime_args
     first = next(iter(sub.graph.nodes))   # placeholders first (fused graphs interleave them), in order
@@ -464,15 +486,56 @@ def _derive_sizes(sub: GraphModule, runtime_args: list) -> list:
         first.prepend(placeholders[0])
     for before, ph in zip(placeholders, placeholders[1:]):
         before.append(ph)
-    for ph, source in sources.items():
-        with sub.graph.inserting_after(placeholders[-1]):
-            size = sub.graph.call_function(torch.ops.aten.sym_size.int, source)
-        size.meta["val"] = ph.meta["val"]
+    body = placeholders[-1].next   # sizes computed in order, before the first op
+    for ph in sources:
+        with sub.graph.inserting_before(body):
+            size = _size_node(sub.graph, ph.meta["val"], tensors)
         ph.replace_all_uses_with(size)
         sub.graph.erase_node(ph)
     sub.graph.lint()
     sub.recompile()
     return [outer for ph, outer in zip(placeholders, runtime_args) if ph not in sources]
+
+
+def _dim_source(val, tensors) -> tuple[Node, int] | None:
+    """(tensor input, dim) whose size is the symbolic size `val`, or None."""
+    return next(((t, i) for t, v in tensors for i, d in enumerate(v.shape) if str(d) == str(val)), None)
+
+
+def _dim_symbols(tensors) -> frozenset:
+    return frozenset(d.node.expr for _, v in tensors for d in v.shape
+                     if hasattr(d, "node") and d.node.expr.is_Symbol)
+
+
+def _size_node(graph: torch.fx.Graph, val, tensors):
+    """A node computing size `val` in `graph` from the tensor inputs' dims: `sym_size` of the
+    input with that very size, else sums / products of such (MobileViT's `32*batch`, torch.fx
+    operator.add / mul on SymInts, which the FX importer takes); an int when static."""
+    import operator
+    import sympy
+    expr = sympy.sympify(getattr(getattr(val, "node", None), "expr", val))
+    if expr.is_Integer:
+        return int(expr)
+    source = next(((t, i) for t, v in tensors for i, d in enumerate(v.shape)
+                   if getattr(getattr(d, "node", None), "expr", None) == expr), None)
+    if source is not None:
+        node = graph.call_function(torch.ops.aten.sym_size.int, source)
+        node.meta["val"] = source[0].meta["val"].shape[source[1]]
+        return node
+    if not (expr.is_Add or expr.is_Mul):
+        raise NotImplementedError(f"size {expr} is not a sum / product of the cluster's input dims")
+    combine = operator.mul if expr.is_Mul else operator.add
+    terms = [_size_node(graph, t, tensors) for t in expr.args]
+    node = terms[0]
+    for term in terms[1:]:
+        value = combine(_meta_value(node), _meta_value(term))
+        node = graph.call_function(combine, (node, term))
+        node.meta["val"] = value
+    return node
+
+
+def _meta_value(size):
+    return size.meta["val"] if isinstance(size, Node) else size
 
 
 def _check_tensor_outputs(sub: GraphModule) -> None:

@@ -157,12 +157,15 @@ def kind_of(node: Node) -> str | None:
 # cummax/cummin, median/nanmedian/mode, searchsorted, histc, lgamma/digamma, i0, hypot, cdist as
 # `torch.operator`; kthvalue ("'tm_tensor.topk' op region block must end with a linalg_ext.yield
 # i1"); logsumexp and fmod (their scalar arguments: "failed to legalize 'torch.constant.int' /
-# 'torch.constant.float'"); erfinv ("failed to legalize 'torch.aten.erfinv'").
+# 'torch.constant.float'"); erfinv ("failed to legalize 'torch.aten.erfinv'"). upsample_bilinear2d
+# (both overloads, static or dynamic; fourteenth session): "failed to legalize 'torch.constant.int'"
+# (its size list).
 _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::index_copy",
                             "aten::diff", "aten::cummax", "aten::cummin", "aten::median", "aten::nanmedian",
                             "aten::mode", "aten::kthvalue", "aten::searchsorted", "aten::histc", "aten::logsumexp",
                             "aten::erfinv", "aten::lgamma", "aten::digamma", "aten::i0", "aten::fmod",
-                            "aten::hypot", "aten::cdist", "aten::_cdist_forward"})
+                            "aten::hypot", "aten::cdist", "aten::_cdist_forward",
+                            "aten::upsample_bilinear2d"})   # decomposed where it can be (backend.py)
 
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
 # on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a

@@ -11,7 +11,7 @@ import re
 import torch
 from torch.fx import GraphModule, Node
 
-from ...fx import constant_value
+from ...fx import constant_value, schema_name
 
 
 def import_float_cluster(sub: GraphModule):
@@ -96,7 +96,6 @@ def _size_source(node: Node, val) -> tuple[Node, int] | None:
 
 def _inferred(node: Node, count: int) -> bool:
     """The op's one symbolic size can be given as -1 (a view of a known element count)."""
-    from ...fx import schema_name
     return count == 1 and schema_name(node) in _INFERRED and -1 not in list(node.args[1])
 
 
@@ -107,7 +106,7 @@ def _inferred(node: Node, count: int) -> bool:
 # 864691128455135936 bytes" — in the lone softmax over [?, 4, ?, ?] that the expanded position
 # bias feeds, which the expand's refusal had kept out of the cluster), so it stays refused with
 # its reason (1-2 fallbacks on those models). Float reshapes are not imported at all
-# (tosa_ops.emits_float_reshape).
+# (tosa_ops.emits_float_shape_op).
 _SIZES_PASSED_IN = ("aten::arange", "aten::slice")
 
 
@@ -134,9 +133,12 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
     cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
     pipeline does, and they compile and match: thirteenth session.)"""
     from .tosa_emit import computable_from
-    from .tosa_ops import emits_float_reshape
-    if emits_float_reshape(node, available):   # not imported: the TOSA emitter reshapes it
+    from .tosa_ops import emits_float_shape_op
+    if emits_float_shape_op(node, available):   # not imported: the TOSA emitter reshapes it
         return None
+    if _broadcast_batch_matmul(node):
+        return ("a rank-3 matmul broadcasting a dynamic batch (torch-mlir cannot decompose it alone; "
+                "equal batches run as bmm)")
     sizes = [a for a in node.all_input_nodes if not isinstance(a.meta.get("val"), torch.Tensor)]
     for arg in sizes:
         val = arg.meta.get("val")
@@ -144,6 +146,17 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
             return (f"a size argument ({val}) that is neither a dim of its inputs nor of the integer (TOSA) "
                     f"cluster's inputs (float ops are imported one at a time)")
     return None
+
+
+def _broadcast_batch_matmul(node: Node) -> bool:
+    """A rank-3 x rank-3 `aten.matmul` with a dynamic batch dim: torch-mlir fails on it alone
+    (measured: [1, S, S] @ [B, S, 16] and [B, S, S] @ [1, S, 16]); the equal-batch ones are bmm
+    by then (BatchedMatmuls)."""
+    if schema_name(node) != "aten::matmul":
+        return False
+    vals = [a.meta.get("val") for a in node.all_input_nodes[:2]]
+    return len(vals) == 2 and all(isinstance(v, torch.Tensor) and v.dim() == 3 for v in vals) and \
+        any(not isinstance(v.shape[0], int) for v in vals)
 
 
 def input_symbols(nodes) -> frozenset:

@@ -62,6 +62,29 @@ def computable_from(val, symbols: frozenset) -> bool:
         and expr.free_symbols <= symbols
 
 
+def _is_unit(d) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _same_non_unit_dims(a, b) -> bool:
+    """Shapes `a` and `b` (symbolic) differ only by static unit dims."""
+    return [str(d) for d in a if not _is_unit(d)] == [str(d) for d in b if not _is_unit(d)]
+
+
+def _unit_groups(shape) -> list[list[int]]:
+    """The reassociation of `shape` onto its non-unit dims: each unit dim joins the group of the
+    next non-unit dim (trailing ones the last group); none when every dim is a unit."""
+    groups, pending = [], []
+    for i, d in enumerate(shape):
+        pending.append(i)
+        if not _is_unit(d):
+            groups.append(pending)
+            pending = []
+    if groups and pending:
+        groups[-1] += pending
+    return groups
+
+
 class Builder:
     """Small typed helpers over the bindings; every method inserts at the current point."""
 
@@ -159,9 +182,19 @@ class Builder:
         self.indices[expr] = value
         return value
 
-    def reshape(self, v: Val, shape: list[int], sym=None) -> Val:
-        """tosa.reshape (its one -1 dim inferred); to more than one dynamic dim, tensor.reshape
-        with the sizes `sym` (the target's symbolic shape) computed at run time."""
+    def reshape(self, v: Val, shape: list[int], sym=None, sym_in=None) -> Val:
+        """tosa.reshape (its one -1 dim inferred); to more than one dynamic dim, unit dims added
+        or dropped (`sym_in`, v's symbolic shape, shows it) as tensor.collapse_shape /
+        expand_shape, else tensor.reshape with the sizes `sym` (the target's symbolic shape)
+        computed at run time.
+
+        Why the unit-dim form: IREE cannot see through tensor.reshape's runtime shape operand.
+        MPNet int8 (batch and sequence dynamic): its position bias, unsqueezed and expanded
+        through tensor.reshape, made iree-compile fail on the softmax it feeds ("exceeded stack
+        allocation limit ... Got 864691128455135936 bytes"); with the same reshape as
+        collapse/expand it compiles (fourteenth session)."""
+        if sym is not None and sym_in is not None and list(shape).count(DYN) > 1 and _same_non_unit_dims(sym_in, sym):
+            return self._reshape_unit_dims(v, list(shape), sym_in, sym)
         if list(shape).count(DYN) <= 1:
             out = self.tosa.reshape(v.value, self.shape_value(shape), results=[self.ttype(shape, v.dtype)])
             return Val(out, v.dtype, list(shape), v.offset)
@@ -173,6 +206,37 @@ class Builder:
                                      [self.index(d) for d in sym])
         out = tensor.reshape(self.ttype(shape, v.dtype), v.value, sizes)
         return Val(out, v.dtype, list(shape), v.offset)
+
+    def _reshape_unit_dims(self, v: Val, shape: list[int], sym_in, sym_out) -> Val:
+        """v reshaped by adding / dropping static unit dims only: collapse onto its non-unit
+        dims, then expand to `shape`."""
+        from iree.compiler.dialects import tensor
+        core_shape = [d for d, s in zip(v.shape, sym_in) if not _is_unit(s)]
+        core = v.value
+        if len(core_shape) != len(v.shape):
+            core = tensor.collapse_shape(self.ttype(core_shape, v.dtype), core, _unit_groups(sym_in))
+        if len(core_shape) != len(shape):
+            index_t = self.ir.IndexType.get()
+            dynamic = [tensor.dim(core, self.arith.constant(index_t, self.ir.IntegerAttr.get(index_t, i)))
+                       for i, d in enumerate(core_shape) if d == DYN]
+            static = [self.ir.ShapedType.get_dynamic_size() if d == DYN else d for d in shape]
+            core = tensor.expand_shape(self.ttype(shape, v.dtype), core, _unit_groups(sym_out), dynamic, static)
+        return Val(core, v.dtype, list(shape), v.offset)
+
+    def broadcast(self, v: Val, sym_in, sym_out) -> Val:
+        """`v` (symbolic shape `sym_in`) expanded to `sym_out`: new leading dims and size-1 dims
+        that grow. The kept dims are reshaped out first, then one linalg.broadcast into a
+        tensor.empty whose dynamic sizes `index` computes from the argument dims."""
+        from iree.compiler.dialects import linalg, tensor
+        lead = len(sym_out) - len(sym_in)
+        grown = list(range(lead)) + [lead + i for i, d in enumerate(sym_in) if str(d) != str(sym_out[lead + i])]
+        if not grown:
+            return v
+        kept = [d for i, d in enumerate(sym_in) if lead + i not in grown]
+        core = self.reshape(v, dims(kept), kept, sym_in) if len(kept) != len(sym_in) else v
+        empty = tensor.empty([d if isinstance(d, int) else self.index(d) for d in sym_out], self.elem(v.dtype))
+        out = linalg.broadcast(core.value, outs=[empty], dimensions=grown)
+        return Val(out, v.dtype, dims(sym_out), v.offset)
 
     def crop(self, v: Val, size: list[int]) -> Val:
         """The leading `size` block of v (tosa.slice from 0)."""
@@ -226,7 +290,7 @@ class TosaEmitter:
         return self.env[node]
 
     def constant_val(self, t: torch.Tensor) -> Val:
-        off = offset_of(t.dtype)
+        off, t = offset_of(t.dtype), t.detach()   # a parameter used as a value requires grad
         stored = (t.to(torch.int32) - off).to(torch.int8) if t.dtype == torch.uint8 else t
         return Val(self.b.const(stored.contiguous().numpy()), t.dtype, list(t.shape), off)
 
@@ -319,8 +383,8 @@ class TosaEmitter:
         sequence is 1 (GPT-2 / OPT int8 with batch and sequence dynamic: three clusters failed at
         their first call and ran in PyTorch)."""
         from .torch_import import float_node_function
-        from .tosa_ops import float_reshape
-        reshaped = float_reshape(self, node)
+        from .tosa_ops import float_shape_op
+        reshaped = float_shape_op(self, node)
         if reshaped is not None:
             return reshaped
         name = f"float_{len(self.float_functions)}"

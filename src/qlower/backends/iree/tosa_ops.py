@@ -616,11 +616,15 @@ def emit_matmul(em: TosaEmitter, node: Node) -> Val:
     return _to_output_shape(em, acc, node)
 
 
-def _to_output_shape(em: TosaEmitter, v: Val, node: Node) -> Val:
-    """v reshaped to the node's output shape (sizes computed at run time where several dims are
-    dynamic)."""
+def _to_output_shape(em: TosaEmitter, v: Val, node: Node, sym_in=None) -> Val:
+    """v (symbolic shape `sym_in` where known) reshaped to the node's output shape (sizes
+    computed at run time where several dims are dynamic)."""
     shape = node.meta["val"].shape
-    return em.b.reshape(v, dims(shape), list(shape))
+    return em.b.reshape(v, dims(shape), list(shape), sym_in)
+
+
+def _input_shape(node: Node) -> list:
+    return list(node.all_input_nodes[0].meta["val"].shape)
 
 
 def _prod(shape) -> int:
@@ -720,25 +724,36 @@ _IDENTITIES = ("aten::contiguous", "aten::clone", "aten::alias")
 
 @tosa_lowering(*_RESHAPES, check=integer_input, dynamic_dims=True)
 def emit_reshape(em: TosaEmitter, node: Node) -> Val:
-    return _to_output_shape(em, em.value(node.all_input_nodes[0]), node)
+    return _to_output_shape(em, em.value(node.all_input_nodes[0]), node, _input_shape(node))
 
 
-def emits_float_reshape(node: Node, available: frozenset) -> bool:
-    """`float_reshape` takes `node` in a TOSA module whose arguments have the dims `available`:
-    a reshape whose symbolic output sizes are sums / products of those (bloom's `4*batch`)."""
+_FLOAT_SHAPE_OPS = _RESHAPES + ("aten::expand",)
+
+
+def emits_float_shape_op(node: Node, available: frozenset) -> bool:
+    """`float_shape_op` takes `node` in a TOSA module whose arguments have the dims `available`:
+    a reshape or expand whose symbolic output sizes are sums / products of those (bloom's
+    `4*batch`; BERT's mask expanded to [batch, 1, seq, seq])."""
     val = node.meta.get("val")
-    return schema_name(node) in _RESHAPES and isinstance(val, torch.Tensor) and \
+    return schema_name(node) in _FLOAT_SHAPE_OPS and isinstance(val, torch.Tensor) and \
         all(isinstance(d, int) or computable_from(d, available) for d in val.shape)
 
 
-def float_reshape(em: TosaEmitter, node: Node) -> Val | None:
-    """A float tensor's reshape in a TOSA module, emitted as an integer one is (tosa.reshape, or
-    tensor.reshape with sizes computed from the function's argument dims); None when `node` is
-    not one or a size is not a product of those dims (the importer takes it then)."""
-    if schema_name(node) not in _RESHAPES or not isinstance(node.meta.get("val"), torch.Tensor):
+def float_shape_op(em: TosaEmitter, node: Node) -> Val | None:
+    """A non-int8 tensor's reshape or expand in a TOSA module, emitted by qlower (tosa.reshape /
+    tensor.reshape, linalg.broadcast) with sizes computed from the function's argument dims;
+    None when `node` is neither or a size is not a product of those dims (the importer takes it
+    then). Imported alone, torch-mlir gets these wrong or cannot size them: a reshape merging
+    two dynamic dims became a cast fixing one to 1; an expand to a size that none of the lone
+    op's inputs has cannot be computed inside its function (BERT's mask, ViT's class token)."""
+    name, val = schema_name(node), node.meta.get("val")
+    if name not in _FLOAT_SHAPE_OPS or not isinstance(val, torch.Tensor):
         return None
+    x = node.all_input_nodes[0]
     try:
-        return _to_output_shape(em, em.value(node.all_input_nodes[0]), node)
+        if name == "aten::expand":
+            return em.b.broadcast(em.value(x), list(x.meta["val"].shape), list(val.shape))
+        return _to_output_shape(em, em.value(x), node, _input_shape(node))
     except NotImplementedError:
         return None
 
