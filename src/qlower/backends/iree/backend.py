@@ -34,6 +34,7 @@ from .batched_matmuls import BatchedMatmuls
 from .bitwise_operators import BitwiseOperators
 from .boolean_constants import BooleanConstants
 from .single_dim_reductions import SingleDimReductions
+from .single_window_convs import SingleWindowConvs
 from .unit_step_slices import UnitStepSlices
 from .unsafe_index import UnsafeIndex
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
@@ -146,18 +147,29 @@ def _decompose_attention_among_integer_ops():
                              table={SDPA: _sdpa_math})
 
 
-def _decompose_bilinear_upsampling():
-    """`upsample_bilinear2d` (F.interpolate's bilinear mode; MobileViT resizes its feature maps
-    with it) becomes torch's own decomposition (index arithmetic, gathers, lerps): IREE 3.13's
-    torch pipeline lowers neither overload ("failed to legalize operation 'torch.constant.int'":
-    its size list is left unconsumed), so every cluster holding one failed to compile and fell
-    back whole. Under symbolic shapes it is decomposed where the decomposition reads no
-    symbolic size (a dynamic batch: measured); otherwise the op is refused (`lowerings`)."""
+def _decompose_ops_iree_lacks():
+    """Ops IREE 3.13's torch pipeline does not lower, replaced by torch's own decompositions
+    (`torch._decomp`), which it does — measured op by op (fourteenth session):
+    - `upsample_bilinear2d` (F.interpolate's bilinear mode; MobileViT resizes its feature maps
+      with it): neither overload lowers ("failed to legalize operation 'torch.constant.int'":
+      its size list is left unconsumed); the decomposition's gathers are `_unsafe_index`
+      (UnsafeIndex follows);
+    - `index_copy` (a static KV cache's update, zoo hf-gpt2-kv / hf-llama-kv): left as a
+      `torch.operator`; decomposed it is an `index_put`, which compiles and matches;
+    - `diff` (transformers' packed-sequence check on position ids, SmolLM2): a `torch.operator`;
+      it has no table entry, but it is CompositeImplicit: traced, the op itself becomes slices
+      and a subtraction (and a `cat` of `prepend`).
+    Every cluster holding one had failed to compile and fallen back whole until they were
+    refused (`lowerings._NOT_LEGALIZED`, which still refuses what this leaves). Under symbolic
+    shapes an op is decomposed where the decomposition reads no symbolic size (a dynamic
+    batch: measured). Tried and not lowered either way (their decompositions reach prims that
+    stay `torch.operator`): logsumexp, fmod, hypot, lgamma, i0, erfinv."""
     from torch._decomp import decomposition_table
     from ...passes.decompose_block_ops import DecomposeBlockOps
-    ops = (torch.ops.aten.upsample_bilinear2d.vec, torch.ops.aten.upsample_bilinear2d.default)
-    return DecomposeBlockOps(lambda node: False, why="iree 3.13 lowers no bilinear upsampling",
-                             table={op: decomposition_table[op] for op in ops})
+    aten = torch.ops.aten
+    ops = (aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default, aten.index_copy.default)
+    table = {op: decomposition_table[op] for op in ops} | {aten.diff.default: aten.diff.default}
+    return DecomposeBlockOps(lambda node: False, why="iree 3.13 does not lower it", table=table)
 
 
 class IreeBackend:
@@ -199,11 +211,12 @@ class IreeBackend:
         mis-sizes them); multi-dim float reductions over one merged dim (iree-compile fails);
         `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those); boolean tensors
         created as int32 != 0 (torch-mlir fails on a boolean splat); rank-3 matmuls as bmm
-        (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling as
-        torch's decomposition (IREE lowers neither overload), its `_unsafe_index` as `index`."""
+        (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling,
+        index_copy and diff as torch's decompositions (IREE lowers none), `_unsafe_index` as
+        `index`."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_bilinear_upsampling(), UnsafeIndex()]
+                DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
+                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []

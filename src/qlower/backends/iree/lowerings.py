@@ -165,7 +165,7 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             "aten::mode", "aten::kthvalue", "aten::searchsorted", "aten::histc", "aten::logsumexp",
                             "aten::erfinv", "aten::lgamma", "aten::digamma", "aten::i0", "aten::fmod",
                             "aten::hypot", "aten::cdist", "aten::_cdist_forward",
-                            "aten::upsample_bilinear2d"})   # decomposed where it can be (backend.py)
+                            "aten::upsample_bilinear2d"})   # some decomposed first: backend._decompose_ops_iree_lacks
 
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
 # on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a
@@ -243,7 +243,9 @@ def _short_single_window_conv(node: Node) -> str | None:
     input's end: the pool mis-sizing above, in torch-mlir's conv lowering ("'linalg.generic' op
     inferred input/output operand #1 has shape's dimension #1 to be 4, but found 3"). Measured
     over conv2d with H 3-8 x W 6, kernel 1-3, stride 1-4, padding 0-1: the 19 compile failures
-    of 144 were exactly these (1x1 kernels compile). Found by the IREE fuzz run (eighth session)."""
+    of 144 were exactly these (1x1 kernels compile). Found by the IREE fuzz run (eighth session).
+    The SingleWindowConvs legalization rewrites aten.conv2d of this kind (all 144 compile and
+    match since the fourteenth session); this refuses what it leaves (other conv forms)."""
     if schema_name(node) not in ("aten::conv2d", "aten::convolution"):
         return None
     x, w, _, stride, padding, dilation = full_args(node)[:6]

@@ -101,12 +101,9 @@ def _inferred(node: Node, count: int) -> bool:
 
 # Ops whose symbolic size arguments may be passed in as integers: measured to compile and match
 # (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand: passed its sizes
-# it compiled and matched on BERT's mask and ViT's class token, but MPNet's int8 cluster then
-# failed in iree-compile ("'func.func' op exceeded stack allocation limit ... Got
-# 864691128455135936 bytes" — in the lone softmax over [?, 4, ?, ?] that the expanded position
-# bias feeds, which the expand's refusal had kept out of the cluster), so it stays refused with
-# its reason (1-2 fallbacks on those models). Float reshapes are not imported at all
-# (tosa_ops.emits_float_shape_op).
+# it made MPNet's int8 cluster fail in iree-compile (thirteenth session); qlower emits float
+# expands and reshapes itself instead (tosa_ops.float_shape_op, fourteenth session: the failure
+# was tensor.reshape hiding sizes from IREE, see Builder.reshape).
 _SIZES_PASSED_IN = ("aten::arange", "aten::slice")
 
 

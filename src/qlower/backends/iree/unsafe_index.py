@@ -3,7 +3,7 @@
 
 Why: torch-mlir in iree-compile 3.13 leaves `_unsafe_index` as a `torch.operator` ("failed to
 legalize operation 'torch.operator' that was explicitly marked illegal"), and torch's own
-decompositions emit it — bilinear upsampling's (`_decompose_bilinear_upsampling`, MobileViT)
+decompositions emit it — bilinear upsampling's (`backend._decompose_ops_iree_lacks`, MobileViT)
 gathers its four neighbours with it. `_unsafe_index` is `index` without the bounds check: on
 indices in range (the decompositions clamp theirs) the two are one function, and `index` lowers.
 
