@@ -1164,25 +1164,31 @@ _DYNAMIC_MATMULS = {
 }
 
 
+@pytest.mark.parametrize("path", ["dispatch", "auto"])
 @pytest.mark.parametrize("case", list(_DYNAMIC_MATMULS))
-def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case):
+def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case, path):
     """A batched int8 matmul with a dynamic M (a sequence, batch static) was silently wrong on
-    IREE at every size but the example's (max error 8.7: IREE 3.13's data tiling miscompiles
-    it); with several dynamic dims it was refused (TOSA reshapes infer one -1). Now such a
-    matmul compiles without data tiling (said in the report) and reshapes to several dynamic
-    dims compute their sizes at run time."""
+    IREE at every size but the example's (max error 8.7: IREE 3.13's dispatch-creation data
+    tiling miscompiles it; a dynamic batch alone too: uint8 [B,8,16] @ [B,16,8] wrong at B = 2
+    and 3, found by the IREE fuzz run); with several dynamic dims it was refused (TOSA reshapes
+    infer one -1). Such a matmul compiled without data tiling until the fourteenth session; it
+    takes the global-optimization data-tiling path now (asked for the dispatch path: said in
+    the report), which computes it exactly, and reshapes to several dynamic dims compute their
+    sizes at run time."""
+    from qlower.backends.iree.options import IreeOptions
     shapes, dynamic, at = _DYNAMIC_MATMULS[case]
     g = torch.Generator().manual_seed(0)
     ex = tuple(torch.randn(*s, generator=g) for s in shapes)
     program = qlower.quantize(_ReluMatmul(), ex, [tuple(torch.randn(*s, generator=g) for s in shapes) for _ in range(3)],
                               dynamic_shapes=dynamic)
-    ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic)
-                for b in ("reference", "iree"))
+    ref = qlower.compile(program, ex, backend="reference", profile="fixed", dynamic_shapes=dynamic)
+    got = qlower.compile(program, ex, backend="iree", profile="fixed", dynamic_shapes=dynamic,
+                         backend_options=IreeOptions(data_tiling_path=path))
     report = got.report()
     assert not report.fallbacks and "qlower::matmul" in report.compiled[0].ops
-    # every case, a dynamic batch alone too (uint8 [B,8,16] @ [B,16,8]: wrong at B = 2 and 3
-    # with data tiling; found by the IREE fuzz run once it drew dynamic shapes)
-    assert any("without data tiling" in n for n in report.notes)
+    assert not any("without data tiling" in n for n in report.notes)
+    assert any("with global-optimization data tiling" in n for n in report.notes) == (path == "dispatch")
+    assert "--iree-global-opt-data-tiling" in _cluster_command(got)
     for b, s in ((2, 16), (1, 2), (3, 20), (1, 17), (2, 33)):
         x = tuple(torch.randn(*sh, generator=g) for sh in at(b, s))
         assert_equal(ref(*x), got(*x))
@@ -1629,20 +1635,33 @@ class _ProductWithInput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["matmul", "bmm"])
-def test_float_batched_matmul_with_a_dynamic_batch_matches_eager(kind):
-    """fp32 linear(x) @ xᵀ with only the batch dynamic: IREE 3.13's data tiling gave wrong
-    values at batches 2 and 3 (max error 6.2; batch 1 and static shapes were right), silently.
-    Such clusters compile without data tiling (backend.data_tiling_hazard), said in the report."""
+@pytest.mark.parametrize("path", ["dispatch", "auto"])
+def test_float_batched_matmul_with_a_dynamic_batch_matches_eager(kind, path):
+    """fp32 linear(x) @ xᵀ with only the batch dynamic: IREE 3.13's dispatch-creation data
+    tiling gave wrong values at batches 2 and 3 (max error 6.2; batch 1 and static shapes were
+    right), silently. Asked for that path, such a cluster takes the global-optimization one
+    (backend.data_tiling_hazard), said in the report; "auto" takes it anyway (a product-heavy
+    cluster). Exact either way, data tiling on."""
+    from qlower.backends.iree.options import IreeOptions
     torch.manual_seed(0)
     model = _ProductWithInput(kind).eval()
-    cm = qlower.compile(model, (torch.randn(2, 4, 8),), backend="iree", dynamic_shapes=({0: _BATCH},))
+    cm = qlower.compile(model, (torch.randn(2, 4, 8),), backend="iree", dynamic_shapes=({0: _BATCH},),
+                        backend_options=IreeOptions(data_tiling_path=path))
     assert not cm.report().fallbacks
-    assert any("a batched float matmul with a dynamic dim" in n for n in cm.report().notes)
+    assert not any("without data tiling" in n for n in cm.report().notes)
+    assert any("a batched float matmul with a dynamic dim" in n for n in cm.report().notes) == (path == "dispatch")
+    assert "--iree-global-opt-data-tiling" in _cluster_command(cm)
     g = torch.Generator().manual_seed(1)
     for b in (2, 1, 3):
         x = torch.randn(b, 4, 8, generator=g)
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def _cluster_command(cm) -> str:
+    """The iree-compile command of a compiled model's one IREE cluster."""
+    (cluster,) = [m for m in cm._executable.module.modules() if getattr(m, "command", None)]
+    return cluster.command
 
 
 _W5 = torch.rand(5, generator=torch.Generator().manual_seed(0)) + 0.5
@@ -1809,3 +1828,41 @@ def test_diff_runs_on_iree_decomposed():
     assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
     assert any("decomposed aten::diff" in n for n in cm.report().notes)
     assert torch.equal(cm(positions, x), _PackedSequences()(positions, x))
+
+
+class _MaskedMeanPooling(torch.nn.Module):
+    """A sentence encoder's pooling: (linear(x) * mask).sum(seq) / mask.sum(seq)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x, mask):
+        m = mask.unsqueeze(-1).to(x.dtype)
+        return (self.fc(x) * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def test_masked_mean_pooling_over_a_dynamic_sequence_keeps_data_tiling():
+    """IREE's dispatch-creation data tiling fails on a masked mean pooling over a dynamic
+    sequence ("'affine.delinearize_index' op no basis element may be statically non-positive"),
+    and the cluster was compiled without data tiling: a MiniLM-size sentence encoder took 53 ms
+    (fp32) / 59 ms (int8) at 8 x 40 tokens instead of 26 / 24 with the global-optimization
+    path, which "auto" picks for such clusters. Data tiling on, equal to eager at other sizes;
+    asked for the dispatch path, the failure is retried on the global one (said in the report)."""
+    from qlower.backends.iree.options import IreeOptions
+    torch.manual_seed(0)
+    model = _MaskedMeanPooling().eval()
+    x, mask = torch.randn(2, 5, 64), torch.ones(2, 5, dtype=torch.int64)
+    dynamic = ({0: _BATCH, 1: _SEQ}, {0: _BATCH, 1: _SEQ})
+    for path in ("auto", "dispatch"):
+        cm = qlower.compile(model, (x, mask), backend="iree", dynamic_shapes=dynamic,
+                            backend_options=IreeOptions(data_tiling_path=path))
+        assert not cm.report().fallbacks
+        assert not any("without data tiling" in n for n in cm.report().notes), cm.report().notes
+        assert "--iree-global-opt-data-tiling" in _cluster_command(cm)
+        assert any("with global-optimization data tiling" in n for n in cm.report().notes) == (path == "dispatch")
+        g = torch.Generator().manual_seed(1)
+        for b, s in ((1, 7), (3, 24)):
+            xb, mb = torch.randn(b, s, 64, generator=g), (torch.rand(b, s, generator=g) > 0.3).long()
+            with torch.no_grad():
+                torch.testing.assert_close(cm(xb, mb), model(xb, mb), rtol=1e-5, atol=1e-5)

@@ -207,11 +207,12 @@ def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     expected = [_npy(_to_array(t), out / f"{key}.out{i}.npy") for i, t in enumerate(case.want)]
     cpu_output = [_npy(_to_array(t), out / f"{key}.cpu{i}.npy") for i, t in enumerate(case.got_cpu)]
     cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
-    from ..backends.iree.backend import data_tiling_hazard
+    from ..backends.iree.backend import data_tiling_for
     input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
     # as the backend compiles it: never with data tiling where IREE 3.13 miscompiles the cluster
-    for tiling in ((False,) if data_tiling_hazard(case.cluster.fallback) else case.tilings):
-        options = dataclasses.replace(base.resolved_for(case.cluster.info.ops), data_tiling=tiling)
+    resolved, note = data_tiling_for(base.resolved_for(case.cluster.info.ops), case.cluster.fallback)
+    for tiling in ((False,) if note and not resolved.data_tiling else case.tilings):
+        options = dataclasses.replace(resolved, data_tiling=tiling)
         tag = key if tiling else f"{key}-nodt"
         compiled = compile_mlir(case.cluster.mlir, input_type, options)
         (out / f"{tag}.vmfb").write_bytes(compiled.vmfb)

@@ -15,17 +15,51 @@ from ...fx import constant_value, schema_name
 
 
 def import_float_cluster(sub: GraphModule):
-    """torch-dialect MLIR of `sub` (constants are get_attr nodes, imported as literals)."""
+    """torch-dialect MLIR of `sub` (constants are get_attr nodes, imported as literals), with
+    each symbolic size's range (`torch.symbolic_int` / `torch.bind_symbolic_shape`, which IREE's
+    torch input pipeline turns into `util.assume.int` bounds).
+
+    Why the ranges: without them IREE compiles every dynamic dim for any size up to 2^63.
+    Measured on a MiniLM-size encoder (hidden 384, 2 layers, mean pooling), batch and sequence
+    dynamic, called at 8 x 40, one thread, Intel Xeon: 82.7 ms without, 53.3 ms with (the
+    static module: 22.8 ms; fourteenth session)."""
     from iree.compiler.extras.fx_importer import FxImporter
     from .tosa_emit import EmittedModule
     importer = FxImporter()
-    importer.import_stateless_graph(sub.graph, func_name="main")
+    ranges = symbol_ranges(sub.graph)
+    if ranges:
+        importer._cc._symbolic_guards = ranges   # import_program's own route reads an ExportedProgram's
+    importer.import_stateless_graph(sub.graph, func_name="main", import_symbolic_shape_expressions=bool(ranges))
     inputs = [n.meta["val"] for n in sub.graph.nodes if n.op == "placeholder"]
     out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
     return EmittedModule(str(importer.module_op), [v.dtype for v in inputs],
                          [o.meta["val"].dtype for o in outs], single)
+
+
+_UNBOUNDED = 2 ** 62   # a symbol with no finite upper bound: as the importer writes int_oo (about)
+
+
+def symbol_ranges(graph: torch.fx.Graph) -> dict:
+    """symbol name -> the importer's RangeConstraint (min, max) for every symbol in the sizes of
+    `graph`'s values, read from their ShapeEnv (the declared Dims' ranges, narrowed by torch.export's
+    guards); {} when the graph has static shapes only."""
+    from iree.compiler.extras.fx_importer import RangeConstraint
+    found = {}
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        sizes = val.shape if isinstance(val, torch.Tensor) else [val] if isinstance(val, torch.SymInt) else []
+        for size in sizes:
+            if not isinstance(size, torch.SymInt):
+                continue
+            env = size.node.shape_env
+            for symbol in size.node.expr.free_symbols:
+                bounds = env.var_to_range.get(symbol)
+                if bounds is not None and str(symbol) not in found:
+                    upper = int(bounds.upper) if bounds.upper.is_finite else _UNBOUNDED
+                    found[str(symbol)] = RangeConstraint(int(bounds.lower), upper)
+    return found
 
 
 # torch-mlir's own lowering of the torch dialect to linalg on builtin tensors (registered in
