@@ -1,6 +1,7 @@
 """IREE backend: bit-exact against the reference kernels per op and end to end, fallback, float
 clusters through the FX importer. Skipped without the `iree` extra."""
 import logging
+import re
 import shlex
 import subprocess
 import sys
@@ -1866,3 +1867,24 @@ def test_masked_mean_pooling_over_a_dynamic_sequence_keeps_data_tiling():
             xb, mb = torch.randn(b, s, 64, generator=g), (torch.rand(b, s, generator=g) > 0.3).long()
             with torch.no_grad():
                 torch.testing.assert_close(cm(xb, mb), model(xb, mb), rtol=1e-5, atol=1e-5)
+
+
+def test_float_cluster_carries_the_declared_ranges_of_its_dynamic_dims():
+    """The torch-dialect module of an all-float cluster declares each symbolic size's range
+    (`torch.symbolic_int` with the Dim's max, `torch.bind_symbolic_shape` on the values):
+    without them IREE compiled every dynamic dim for sizes up to 2^63 (a MiniLM-size encoder
+    at 8 x 40 tokens, batch and sequence dynamic: 82.7 ms without, 53.3 ms with, before the
+    data-tiling path change)."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).eval()
+    seq = torch.export.Dim("seq", min=2, max=96)
+    cm = qlower.compile(model, (torch.randn(2, 5, 16),), backend="iree", dynamic_shapes=({0: _BATCH, 1: seq},))
+    (cluster,) = [m for m in cm._executable.module.modules() if getattr(m, "mlir", None)]
+    ranges = re.findall(r"torch.symbolic_int \"\w+\" \{min_val = (\d+), max_val = (\d+)\}", cluster.mlir)
+    # the maxima declared; no minimum (torch.export's shape env says 2 for batch's min=1, and
+    # size 1 runs)
+    assert sorted(ranges) == sorted([("0", str(_BATCH.max)), ("0", "96")]), ranges
+    assert "torch.bind_symbolic_shape" in cluster.mlir
+    for b, s in ((3, 40), (1, 2), (1, 96)):
+        x = torch.randn(b, s, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)

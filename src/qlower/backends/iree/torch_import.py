@@ -20,9 +20,11 @@ def import_float_cluster(sub: GraphModule):
     torch input pipeline turns into `util.assume.int` bounds).
 
     Why the ranges: without them IREE compiles every dynamic dim for any size up to 2^63.
-    Measured on a MiniLM-size encoder (hidden 384, 2 layers, mean pooling), batch and sequence
-    dynamic, called at 8 x 40, one thread, Intel Xeon: 82.7 ms without, 53.3 ms with (the
-    static module: 22.8 ms; fourteenth session)."""
+    Measured once on a MiniLM-size encoder (hidden 384, 2 layers, mean pooling), batch and
+    sequence dynamic, at 8 x 40, one thread, Intel Xeon, while the cluster still compiled
+    without data tiling: 82.7 ms without, 53.3 ms with (static module: 22.8 ms; fourteenth
+    session). With the global-optimization data tiling that followed (26 ms) the ranges' own
+    share was lost in that session's noise (27-56 ms for either, eager varying as much)."""
     from iree.compiler.extras.fx_importer import FxImporter
     from .tosa_emit import EmittedModule
     importer = FxImporter()
@@ -42,9 +44,11 @@ _UNBOUNDED = 2 ** 62   # a symbol with no finite upper bound: as the importer wr
 
 
 def symbol_ranges(graph: torch.fx.Graph) -> dict:
-    """symbol name -> the importer's RangeConstraint (min, max) for every symbol in the sizes of
-    `graph`'s values, read from their ShapeEnv (the declared Dims' ranges, narrowed by torch.export's
-    guards); {} when the graph has static shapes only."""
+    """symbol name -> the importer's RangeConstraint (0, max) for every symbol in the sizes of
+    `graph`'s values, max read from their ShapeEnv (the declared Dim's max, narrowed by
+    torch.export's guards; the runner refuses a size above it). The lower bound is not passed
+    on: the ShapeEnv says 2 for a `Dim(min=1)` (torch.export's 0/1 specialization) while qlower
+    runs size 1 too, and IREE may compile on what it is told (`util.assume.int`)."""
     from iree.compiler.extras.fx_importer import RangeConstraint
     found = {}
     for node in graph.nodes:
@@ -58,7 +62,7 @@ def symbol_ranges(graph: torch.fx.Graph) -> dict:
                 bounds = env.var_to_range.get(symbol)
                 if bounds is not None and str(symbol) not in found:
                     upper = int(bounds.upper) if bounds.upper.is_finite else _UNBOUNDED
-                    found[str(symbol)] = RangeConstraint(int(bounds.lower), upper)
+                    found[str(symbol)] = RangeConstraint(0, upper)   # lower: see the docstring
     return found
 
 
