@@ -1101,6 +1101,19 @@ def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
+    """x[:, 0:1:2] -> linear -> RMSNorm on a 1x2 input, fp32: IREE's global-optimization
+    data-tiling path (the product-heavy clusters' since the fourteenth session) fails to compile
+    it ("expected rank to be smaller or equal to the other rank"), which the retry did not
+    recognise — the capability had accepted a cluster the engine rejected. Found by the IREE
+    fuzz run on that session's code within 500 examples; now retried on the dispatch-creation
+    path, which compiles it."""
+    _check(Program(in_shape=(1, 2), ops=(Op("slice", (0,), (1, 0, 1, 2)), Op("linear", (1,), (6, False)),
+                                         Op("rms", (2,), ())), weights="const", inputs="tiny", seed=209, act="int8",
+                   per_channel=True, quantize_mul=True), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE

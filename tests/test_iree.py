@@ -1120,14 +1120,15 @@ def test_int8_attention_is_decomposed_and_compiles_on_iree():
 def test_data_tiling_failure_is_retried_without_it_and_other_failures_are_not(monkeypatch):
     """IREE 3.13 fails to data-tile f32 batched matmuls among int8 ones (zoo hf-bert's
     attention: "'iree_codegen.load_from_buffer' op buffer and tensor shapes must be
-    compatible"); such a cluster is compiled once more without data tiling, and the report says
-    so. Any other compile error is not retried: the cluster falls back with its reason."""
+    compatible"); such a cluster is compiled again on IREE's other data-tiling path, then once
+    more without data tiling, and the report says so. Any other compile error is not retried:
+    the cluster falls back with its reason."""
     import qlower.backends.iree.backend as iree_backend
     real = iree_backend.compile_mlir
     calls = []
 
     def flaky(asm, input_type, options, message="error: 'iree_codegen.load_from_buffer' op buffer and tensor shapes"):
-        calls.append(options.data_tiling)
+        calls.append(options.data_tiling and options.data_tiling_path)
         if options.data_tiling:
             raise RuntimeError(message)
         return real(asm, input_type, options)
@@ -1137,13 +1138,14 @@ def test_data_tiling_failure_is_retried_without_it_and_other_failures_are_not(mo
     ref = qlower.compile(ep, (x,), backend="reference", profile="fixed")
     monkeypatch.setattr(iree_backend, "compile_mlir", flaky)
     got = qlower.compile(ep, (x,), backend="iree", profile="fixed")
-    assert calls == [True, False] and got.report().fallbacks == []
-    assert any("compiled without data tiling" in n for n in got.report().notes), got.report().notes
+    assert calls == ["global", "dispatch", False] and got.report().fallbacks == []
+    assert any("with dispatch-creation data tiling (global-optimization's failed" in n and "without data tiling" in n
+               for n in got.report().notes), got.report().notes
     assert_equal(ref(x), got(x))
     monkeypatch.setattr(iree_backend, "compile_mlir", lambda a, i, o: flaky(a, i, o, "error: something else"))
     calls.clear()
     other = qlower.compile(ep, (x,), backend="iree", profile="fixed")
-    assert calls == [True] and "something else" in other.report().fallbacks[0].reason
+    assert calls == ["global"] and "something else" in other.report().fallbacks[0].reason
 
 
 # ------------------------------------------------- several dynamic dims (batch and sequence)

@@ -79,7 +79,11 @@ def iree_capability() -> Capability:
 # ("tiling factors must be less than or equal to the input rank for pack": a 1x2 input through
 # a width-1 linear, found by the IREE fuzz run)
 _DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack",
-                         "no basis element may be statically non-positive")
+                         "no basis element may be statically non-positive",
+                         # the global-optimization path on an fp32 x[:, 0:1:2] -> linear -> RMSNorm
+                         # of a 1x2 input (IREE fuzz, fourteenth session; the dispatch path compiles it)
+                         "expected rank to be smaller or equal to the other rank")
+_PATH_NAMES = {"dispatch": "dispatch-creation", "global": "global-optimization"}
 # A float batch matmul whose batch, M and K are all dynamic (attention's probs @ V inside an int8
 # cluster with batch and sequence dynamic): iree-compile 3.13 fails with data tiling and without
 # it ("'affine.delinearize_index' op no basis element may be statically non-positive"); without
@@ -144,6 +148,16 @@ def data_tiling_for(options: IreeOptions, sub: GraphModule) -> tuple[IreeOptions
         return dataclasses.replace(options, data_tiling_path="global"), \
             f"with global-optimization data tiling ({hazard}: the dispatch-creation path miscompiles it)"
     return dataclasses.replace(options, data_tiling=False), f"without data tiling ({hazard}: IREE 3.13 miscompiles it)"
+
+
+def _other_data_tiling_path(options: IreeOptions, sub: GraphModule, tried: set) -> str | None:
+    """The data-tiling path to retry a failed compile on, or None (then: no data tiling): the
+    one not yet tried, on the CPU, and never the dispatch-creation path for a cluster it
+    miscompiles (`data_tiling_hazard`)."""
+    other = "global" if options.data_tiling_path == "dispatch" else "dispatch"
+    if options.is_gpu or other in tried or (other == "dispatch" and data_tiling_hazard(sub) is not None):
+        return None
+    return other
 
 
 def _decompose_attention_among_integer_ops():
@@ -364,6 +378,7 @@ class IreeBackend:
         says what was done."""
         options, note = data_tiling_for(self.options.resolved_for(p.info.ops), p.sub)
         notes = [note] if note else []
+        tried = set()
         while True:
             try:
                 compiled = compile_mlir(p.emitted.asm, _INPUT_TYPE[p.kind], options)
@@ -371,10 +386,12 @@ class IreeBackend:
             except Exception as exc:  # noqa: BLE001  (known IREE failures retried, others re-raised)
                 message = str(exc)
                 if options.data_tiling and any(m in message for m in _DATA_TILING_FAILURES):
-                    if options.data_tiling_path == "dispatch" and not options.is_gpu:
-                        notes.append(f"with global-optimization data tiling (dispatch-creation's: "
-                                     f"{_first_line(exc)[:120]})")
-                        options = dataclasses.replace(options, data_tiling_path="global")
+                    tried.add(options.data_tiling_path)
+                    other = _other_data_tiling_path(options, p.sub, tried)
+                    if other is not None:
+                        notes.append(f"with {_PATH_NAMES[other]} data tiling ({_PATH_NAMES[options.data_tiling_path]}'s "
+                                     f"failed: {_first_line(exc)[:120]})")
+                        options = dataclasses.replace(options, data_tiling_path=other)
                         continue
                     notes.append(f"without data tiling (with it: {_first_line(exc)[:160]})")
                     options = dataclasses.replace(options, data_tiling=False)
