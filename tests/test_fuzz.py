@@ -1,7 +1,7 @@
 """Differential fuzzing across backends (issue 17, item 8).
 
 Hypothesis draws small random models from a grammar: a DAG of 2-6 ops (conv2d with random
-stride/padding/dilation/groups, linear, matmul (weight and activation x activation), add, mul,
+stride/padding/dilation/groups, linear, matmul (weight, activation x activation, and attention's pair (x yᵀ) y, whose second product reduces over the sequence), add, mul,
 relu, clamp, max/avg pool, global mean, reshape/flatten, permute, cat, slice, layer_norm,
 softmax, and the block ops RMSNorm/LayerNorm/GroupNorm/MaskedSoftmax/Attention), random small
 shapes, optionally a dynamic batch dim (and for rank 3 a dynamic sequence dim), random weights with edge ranges (tiny, huge, constant,
@@ -186,6 +186,8 @@ def _apply(op: Op, vals: list, p: dict) -> torch.Tensor:
         return torch.matmul(x, p["weight"])
     if k == "matmul_a":
         return torch.matmul(x, y.transpose(-1, -2))
+    if k == "matmul_b":   # (x yᵀ) y, attention's two products: the second reduces over dim 1 (a dynamic sequence)
+        return torch.matmul(torch.matmul(x, y.transpose(-1, -2)), y)
     if k == "add":
         return x + y
     if k == "mul":
@@ -333,7 +335,7 @@ def _draw_op(draw, shapes: list, dynamic: bool, only: set | None = None) -> Op |
         kinds += ["conv"] * 8 + ["maxpool"] * 3 + ["avgpool", "avgpool", "gap", "group_norm", "flatten", "attention",
                   "reshape", "permute"]
     if r == 3:
-        kinds += ["matmul_a", "flatten", "permute", "attention", "reshape"]
+        kinds += ["matmul_a", "flatten", "permute", "attention", "reshape", "matmul_b"]
     if r == 2:
         kinds += ["reshape"]
     kind = draw(st.sampled_from([k for k in kinds if only is None or k in only]))
@@ -348,7 +350,7 @@ def _draw_op(draw, shapes: list, dynamic: bool, only: set | None = None) -> Op |
         return Op(kind, (src,), (draw(st.integers(1, 8)), draw(st.booleans())))
     if kind == "matmul_w":
         return Op(kind, (src,), (draw(st.integers(1, 8)),))
-    if kind in ("add", "mul", "matmul_a", "attention"):
+    if kind in ("add", "mul", "matmul_a", "matmul_b", "attention"):
         other = draw(st.sampled_from(same))
         if kind == "attention":
             if r == 3:
@@ -569,7 +571,7 @@ def _test_inputs(prog: Program):
 
 # ops that keep a rank-3 program's dim 1 free to vary (a dynamic sequence)
 _SEQ_SAFE = {"linear", "matmul_w", "add", "mul", "add_c", "mul_c", "add_s", "mul_s", "relu", "clamp", "softmax",
-             "layer_norm", "ln_block", "rms", "attention", "matmul_a"}
+             "layer_norm", "ln_block", "rms", "attention", "matmul_a", "matmul_b"}
 
 
 # float ops whose result is exactly determined by their inputs (no rounding): after the
