@@ -1116,6 +1116,21 @@ def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_global_data_tiling_path_miscompile_is_not_the_default():
+    """masked softmax -> permutes -> softmax -> RMSNorm -> x @ xᵀ, int8, static [1, 4, 10]:
+    IREE's global-optimization data-tiling path gave outputs 4 quantization steps off the
+    reference, silently (the dispatch-creation path and no data tiling: exact). Found by the
+    IREE fuzz run on the fourteenth session's final code within 552 examples, after that
+    session had made the global path the default for product-heavy clusters; it is opt-in again
+    (`IreeOptions(data_tiling_path="global")`)."""
+    _check(Program(in_shape=(1, 4, 10), ops=(Op("masked_softmax", (0,), (2, None)), Op("permute", (1,), (2, 1)),
+                                             Op("softmax", (2,), (2,)), Op("permute", (3,), (2, 1)), Op("rms", (4,), ()),
+                                             Op("matmul_a", (5, 5), ())),
+                   inputs="tiny", seed=16221, act="uint8", per_channel=False, weight_bits=7,
+                   activations="per-token"), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE
