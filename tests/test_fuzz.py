@@ -1088,7 +1088,7 @@ def test_regression_iree_batched_matmul_with_batch_and_sequence_dynamic(ops):
     """x @ xᵀ-style products with batch and sequence dynamic (the grammar's sequence-dynamic
     programs, tenth session): with IREE 3.13's data tiling the int8 one differed from the
     reference in 16 of 32 elements and the fp32 one from eager by up to 6.4, silently; both now
-    compile without data tiling (backends/iree/backend.py data_tiling_hazard)."""
+    compile without data tiling (backends/iree/data_tiling.py dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 4, 8), ops=ops, dynamic=True, dynamic_seq=True, seed=3), ("iree",))
 
 
@@ -1097,7 +1097,7 @@ def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
     """x @ xᵀ on uint8 activations with only the batch dynamic: with IREE 3.13's data tiling 4
     of 18 int8 outputs differed from the reference, at the compiled batch too — silently. Found
     at once when the IREE fuzz run first drew dynamic shapes (thirteenth session); such matmuls
-    compile without data tiling now (backend.data_tiling_hazard)."""
+    compile without data tiling now (data_tiling.dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 3, 4), ops=(Op("matmul_a", (0, 0), ()),), dynamic=True, inputs="huge", seed=1,
                    per_channel=True), ("iree",))
 
@@ -1116,13 +1116,15 @@ def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
-def test_regression_iree_global_data_tiling_path_miscompile_is_not_the_default():
+def test_regression_iree_global_data_tiling_path_self_product():
     """masked softmax -> permutes -> softmax -> RMSNorm -> x @ xᵀ, int8, static [1, 4, 10]:
     IREE's global-optimization data-tiling path gave outputs 4 quantization steps off the
     reference, silently (the dispatch-creation path and no data tiling: exact). Found by the
     IREE fuzz run on the fourteenth session's final code within 552 examples, after that
-    session had made the global path the default for product-heavy clusters; it is opt-in again
-    (`IreeOptions(data_tiling_path="global")`)."""
+    session had made the global path the default for product-heavy clusters. Cause (fifteenth
+    session): IREE miscompiles an int8 product of a value by its own transpose with both zero
+    points non-zero on that path; such clusters take the dispatch-creation path
+    (data_tiling.global_path_hazard)."""
     _check(Program(in_shape=(1, 4, 10), ops=(Op("masked_softmax", (0,), (2, None)), Op("permute", (1,), (2, 1)),
                                              Op("softmax", (2,), (2,)), Op("permute", (3,), (2, 1)), Op("rms", (4,), ()),
                                              Op("matmul_a", (5, 5), ())),
@@ -1135,7 +1137,7 @@ def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE
     fuzz run on the thirteenth session's final code, its first hours with dynamic shapes; such
-    clusters compile without data tiling now (backend.data_tiling_hazard)."""
+    clusters compile without data tiling now (data_tiling.dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 2, 5), ops=(Op("matmul_w", (0,), (5,)), Op("matmul_w", (1,), (1,)),
                                             Op("linear", (1,), (1, False))), dynamic=True, seed=2), ("iree",))
 

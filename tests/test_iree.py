@@ -1120,8 +1120,8 @@ def test_int8_attention_is_decomposed_and_compiles_on_iree():
 def test_data_tiling_failure_is_retried_without_it_and_other_failures_are_not(monkeypatch):
     """IREE 3.13 fails to data-tile f32 batched matmuls among int8 ones (zoo hf-bert's
     attention: "'iree_codegen.load_from_buffer' op buffer and tensor shapes must be
-    compatible"); such a cluster is compiled once more without data tiling (from an opted-in
-    global-optimization path: on the dispatch-creation one first), and the report says so. Any other compile error is not retried:
+    compatible"); such a cluster is compiled again on IREE's other data-tiling path, then once
+    more without data tiling, and the report says so. Any other compile error is not retried:
     the cluster falls back with its reason."""
     import qlower.backends.iree.backend as iree_backend
     real = iree_backend.compile_mlir
@@ -1138,13 +1138,14 @@ def test_data_tiling_failure_is_retried_without_it_and_other_failures_are_not(mo
     ref = qlower.compile(ep, (x,), backend="reference", profile="fixed")
     monkeypatch.setattr(iree_backend, "compile_mlir", flaky)
     got = qlower.compile(ep, (x,), backend="iree", profile="fixed")
-    assert calls == ["dispatch", False] and got.report().fallbacks == []
-    assert any("compiled without data tiling" in n for n in got.report().notes), got.report().notes
+    assert calls == ["global", "dispatch", False] and got.report().fallbacks == []
+    assert any("with dispatch-creation data tiling (global-optimization's failed" in n and "without data tiling" in n
+               for n in got.report().notes), got.report().notes
     assert_equal(ref(x), got(x))
     monkeypatch.setattr(iree_backend, "compile_mlir", lambda a, i, o: flaky(a, i, o, "error: something else"))
     calls.clear()
     other = qlower.compile(ep, (x,), backend="iree", profile="fixed")
-    assert calls == ["dispatch"] and "something else" in other.report().fallbacks[0].reason
+    assert calls == ["global"] and "something else" in other.report().fallbacks[0].reason
 
 
 # ------------------------------------------------- several dynamic dims (batch and sequence)
@@ -1166,16 +1167,17 @@ _DYNAMIC_MATMULS = {
 }
 
 
-@pytest.mark.parametrize("path", ["dispatch", "global"])
+@pytest.mark.parametrize("path", ["dispatch", "auto"])
 @pytest.mark.parametrize("case", list(_DYNAMIC_MATMULS))
 def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case, path):
     """A batched int8 matmul with a dynamic M (a sequence, batch static) was silently wrong on
     IREE at every size but the example's (max error 8.7: IREE 3.13's dispatch-creation data
     tiling miscompiles it; a dynamic batch alone too: uint8 [B,8,16] @ [B,16,8] wrong at B = 2
     and 3, found by the IREE fuzz run); with several dynamic dims it was refused (TOSA reshapes
-    infer one -1). Such a matmul compiles without data tiling on either data-tiling path (said
-    in the report; the global-optimization path computes these exactly but has a miscompile of
-    its own), and reshapes to several dynamic dims compute their sizes at run time."""
+    infer one -1). Such a matmul compiled without data tiling until the fourteenth session; it
+    takes the global-optimization data-tiling path now (asked for the dispatch path: said in
+    the report), which computes it exactly, and reshapes to several dynamic dims compute their
+    sizes at run time."""
     from qlower.backends.iree.options import IreeOptions
     shapes, dynamic, at = _DYNAMIC_MATMULS[case]
     g = torch.Generator().manual_seed(0)
@@ -1187,8 +1189,9 @@ def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case, pat
                          backend_options=IreeOptions(data_tiling_path=path))
     report = got.report()
     assert not report.fallbacks and "qlower::matmul" in report.compiled[0].ops
-    assert any("without data tiling" in n for n in report.notes)
-    assert "data-tiling" not in _cluster_command(got)
+    assert not any("without data tiling" in n for n in report.notes)
+    assert any("with global-optimization data tiling" in n for n in report.notes) == (path == "dispatch")
+    assert "--iree-global-opt-data-tiling" in _cluster_command(got)
     for b, s in ((2, 16), (1, 2), (3, 20), (1, 17), (2, 33)):
         x = tuple(torch.randn(*sh, generator=g) for sh in at(b, s))
         assert_equal(ref(*x), got(*x))
@@ -1635,20 +1638,22 @@ class _ProductWithInput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["matmul", "bmm"])
-@pytest.mark.parametrize("path", ["dispatch", "global"])
+@pytest.mark.parametrize("path", ["dispatch", "auto"])
 def test_float_batched_matmul_with_a_dynamic_batch_matches_eager(kind, path):
     """fp32 linear(x) @ xᵀ with only the batch dynamic: IREE 3.13's dispatch-creation data
     tiling gave wrong values at batches 2 and 3 (max error 6.2; batch 1 and static shapes were
-    right), silently. Such a cluster compiles without data tiling on either path
-    (backend.data_tiling_hazard), said in the report; exact."""
+    right), silently. Asked for that path, such a cluster takes the global-optimization one
+    (data_tiling.dispatch_path_hazard), said in the report; "auto" takes it anyway (a product-heavy
+    cluster). Exact either way, data tiling on."""
     from qlower.backends.iree.options import IreeOptions
     torch.manual_seed(0)
     model = _ProductWithInput(kind).eval()
     cm = qlower.compile(model, (torch.randn(2, 4, 8),), backend="iree", dynamic_shapes=({0: _BATCH},),
                         backend_options=IreeOptions(data_tiling_path=path))
     assert not cm.report().fallbacks
-    assert any("without data tiling (a batched float matmul with a dynamic dim" in n for n in cm.report().notes)
-    assert "data-tiling" not in _cluster_command(cm)
+    assert not any("without data tiling" in n for n in cm.report().notes)
+    assert any("a batched float matmul with a dynamic dim" in n for n in cm.report().notes) == (path == "dispatch")
+    assert "--iree-global-opt-data-tiling" in _cluster_command(cm)
     g = torch.Generator().manual_seed(1)
     for b in (2, 1, 3):
         x = torch.randn(b, 4, 8, generator=g)
@@ -1840,7 +1845,7 @@ class _MaskedMeanPooling(torch.nn.Module):
         return (self.fc(x) * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
 
-def test_masked_mean_pooling_over_a_dynamic_sequence_is_data_tiled_on_the_global_path_only():
+def test_masked_mean_pooling_over_a_dynamic_sequence_keeps_data_tiling():
     """IREE's dispatch-creation data tiling fails on a masked mean pooling over a dynamic
     sequence ("'affine.delinearize_index' op no basis element may be statically non-positive"),
     and the cluster was compiled without data tiling: a MiniLM-size sentence encoder took 53 ms
@@ -1852,12 +1857,13 @@ def test_masked_mean_pooling_over_a_dynamic_sequence_is_data_tiled_on_the_global
     model = _MaskedMeanPooling().eval()
     x, mask = torch.randn(2, 5, 64), torch.ones(2, 5, dtype=torch.int64)
     dynamic = ({0: _BATCH, 1: _SEQ}, {0: _BATCH, 1: _SEQ})
-    for path in ("auto", "global"):
+    for path in ("auto", "dispatch"):
         cm = qlower.compile(model, (x, mask), backend="iree", dynamic_shapes=dynamic,
                             backend_options=IreeOptions(data_tiling_path=path))
         assert not cm.report().fallbacks
-        assert any("without data tiling" in n for n in cm.report().notes) == (path == "auto"), cm.report().notes
-        assert ("--iree-global-opt-data-tiling" in _cluster_command(cm)) == (path == "global")
+        assert not any("without data tiling" in n for n in cm.report().notes), cm.report().notes
+        assert "--iree-global-opt-data-tiling" in _cluster_command(cm)
+        assert any("with global-optimization data tiling" in n for n in cm.report().notes) == (path == "dispatch")
         g = torch.Generator().manual_seed(1)
         for b, s in ((1, 7), (3, 24)):
             xb, mb = torch.randn(b, s, 64, generator=g), (torch.rand(b, s, generator=g) > 0.3).long()

@@ -207,7 +207,7 @@ def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     expected = [_npy(_to_array(t), out / f"{key}.out{i}.npy") for i, t in enumerate(case.want)]
     cpu_output = [_npy(_to_array(t), out / f"{key}.cpu{i}.npy") for i, t in enumerate(case.got_cpu)]
     cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
-    from ..backends.iree.backend import data_tiling_for
+    from ..backends.iree.data_tiling import data_tiling_for
     input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
     # as the backend compiles it: never with data tiling where IREE 3.13 miscompiles the cluster
     resolved, note = data_tiling_for(base.resolved_for(case.cluster.info.ops), case.cluster.fallback)

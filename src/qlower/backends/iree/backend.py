@@ -11,7 +11,6 @@ back to PyTorch (reason in the report, logged once on `qlower.iree`) and stays t
 from __future__ import annotations
 
 import dataclasses
-import math
 import logging
 import operator
 import os
@@ -39,6 +38,7 @@ from .unit_step_slices import UnitStepSlices
 from .unsafe_index import UnsafeIndex
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
+from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
 from .lowerings import (DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, not_in_a_float_module,
                         symbolic_size)
 from .options import IreeOptions
@@ -75,86 +75,11 @@ def iree_capability() -> Capability:
     return cap
 
 
-# iree-compile errors that come from data tiling (measured: gone with --iree-opt-data-tiling off)
-# ("tiling factors must be less than or equal to the input rank for pack": a 1x2 input through
-# a width-1 linear, found by the IREE fuzz run)
-_DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack",
-                         "no basis element may be statically non-positive",
-                         # the global-optimization path on an fp32 x[:, 0:1:2] -> linear -> RMSNorm
-                         # of a 1x2 input (IREE fuzz, fourteenth session; the dispatch path compiles it)
-                         "expected rank to be smaller or equal to the other rank")
-_PATH_NAMES = {"dispatch": "dispatch-creation", "global": "global-optimization"}
 # A float batch matmul whose batch, M and K are all dynamic (attention's probs @ V inside an int8
 # cluster with batch and sequence dynamic): iree-compile 3.13 fails with data tiling and without
 # it ("'affine.delinearize_index' op no basis element may be statically non-positive"); without
 # data tiling and with all micro-kernels it compiles (measured on the zoo transformer int8).
 _UKERNEL_RETRY_FAILURES = ("no basis element may be statically non-positive",)
-
-
-_BATCHED_FLOAT_PRODUCTS = ("aten::matmul", "aten::bmm", "aten::baddbmm")
-
-
-def data_tiling_hazard(sub: GraphModule) -> str | None:
-    """Why a cluster must be compiled without data tiling, or None: IREE 3.13's data tiling
-    computes these wrongly, without any error, at sizes other than the compile-time example's
-    (measured; without data tiling every size is exact):
-    - a batched int8 matmul (batch > 1) with a dynamic M, K or N ([2,4,S,16] @ [2,4,16,8]: max
-      error 8.7 after requantization at S = 2, 17, 20); batch-1 matmuls (every linear, dynamic
-      rows included) are exact with it;
-    - a batched int8 matmul with a dynamic batch, even with M, K, N static: uint8 activations
-      [B,8,16] @ [B,16,8] gave 64 and 111 wrong outputs at B = 2 (the compiled size) and 3,
-      [B,3,4] @ [B,4,3] (x @ xᵀ) 6 and 17 — found by the IREE fuzz run once it drew dynamic
-      shapes (thirteenth session; [B,16,32] @ [B,32,16] and int8 activations were exact, a
-      static batch always);
-    - a float matmul of two batched (rank >= 3) operands with any dynamic dim (linear(x) @ xᵀ
-      with only the batch dynamic: max error 6.2 at batches 2 and 3);
-    - a float matmul of a batched activation with a dynamic dim by a 2-D weight, followed by
-      another product (`x @ W1 @ W2`, `linear(x @ W)`, x [B, 2, 5], B dynamic: max error 10.1
-      and 0.74 at batches 2 and 3, exact at 1; found by the IREE fuzz run once it drew dynamic
-      shapes, thirteenth session; each product alone is exact)."""
-    for node in sub.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = schema_name(node)
-        tensors = [a.meta.get("val") for a in node.all_input_nodes[:2]]
-        if name == "aten::matmul" and len(tensors) == 2 and all(isinstance(t, torch.Tensor) for t in tensors) \
-                and tensors[0].dim() >= 3 and tensors[1].dim() == 2 and DYN in dims(tensors[0].shape):
-            return "a float matmul of a batched activation with a dynamic dim by a 2-D weight"
-        if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in tensors):
-            continue
-        if name == "qlower::matmul":
-            a, b = (dims(t.shape) for t in tensors)
-            batch = a[:-2]
-            if DYN in batch:
-                return "a batched int8 matmul with a dynamic batch"
-            if math.prod(batch) != 1 and DYN in (a[-2], a[-1], b[-1]):
-                return "a batched int8 matmul with a dynamic M, K or N"
-        elif name in _BATCHED_FLOAT_PRODUCTS and any(DYN in dims(t.shape) for t in tensors):
-            return "a batched float matmul with a dynamic dim"
-    return None
-
-
-def data_tiling_for(options: IreeOptions, sub: GraphModule) -> tuple[IreeOptions, str | None]:
-    """`options` for compiling `sub` without a known miscompile, and the report's note when
-    they changed: a `data_tiling_hazard` cluster compiles without data tiling. (The
-    global-optimization path computes the four measured hazard cases exactly — fp32
-    linear(x) @ xᵀ, bmm, uint8 x @ xᵀ with the batch dynamic, int8 [2,4,S,16] products: max
-    errors 6.1 / 8.4 / 0.16 / 0 on the dispatch-creation path, 0 on the global one — but has
-    a silent miscompile of its own, found by the IREE fuzz run: IreeOptions' docstring.)"""
-    hazard = data_tiling_hazard(sub) if options.data_tiling else None
-    if hazard is None:
-        return options, None
-    return dataclasses.replace(options, data_tiling=False), f"without data tiling ({hazard}: IREE 3.13 miscompiles it)"
-
-
-def _other_data_tiling_path(options: IreeOptions, sub: GraphModule, tried: set) -> str | None:
-    """The data-tiling path to retry a failed compile on, or None (then: no data tiling): from
-    an opted-in global-optimization path, the dispatch-creation one, on the CPU, unless that
-    miscompiles the cluster (`data_tiling_hazard`). Never into the global path, which has a
-    silent miscompile (IreeOptions)."""
-    if options.data_tiling_path != "global" or options.is_gpu or "dispatch" in tried or data_tiling_hazard(sub):
-        return None
-    return "dispatch"
 
 
 def _decompose_attention_among_integer_ops():
@@ -364,15 +289,15 @@ class IreeBackend:
             list(pool.map(one, pending))
 
     def _compile_with_retry(self, p: "_Pending"):
-        """iree-compile with data tiling (`data_tiling_for`: the path that does not miscompile
-        the cluster); where the dispatch-creation path fails (f32 batched matmuls among data-tiled
-        int8 ones: "'iree_codegen.load_from_buffer' op buffer and tensor shapes must be
-        compatible", the zoo hf-bert's attention; a masked mean pooling over a dynamic sequence:
-        "'affine.delinearize_index' op no basis element may be statically non-positive") again
-        with the global-optimization path, then without data tiling; then, for a failure only
-        the micro-kernels avoid (`_UKERNEL_RETRY_FAILURES`), with all of them. Without data
-        tiling a cluster's int8 matmuls are ~3x slower, still far faster than PyTorch; the report
-        says what was done."""
+        """iree-compile with data tiling on the path that does not miscompile the cluster
+        (data_tiling.py); where data tiling makes iree-compile fail (f32 batched matmuls among
+        data-tiled int8 ones on the dispatch-creation path: "'iree_codegen.load_from_buffer' op
+        buffer and tensor shapes must be compatible", the zoo hf-bert's attention; a masked mean
+        pooling over a dynamic sequence: "'affine.delinearize_index' op no basis element may be
+        statically non-positive") again on the other path, then without data tiling; then, for a
+        failure only the micro-kernels avoid (`_UKERNEL_RETRY_FAILURES`), with all of them.
+        Without data tiling a cluster's int8 matmuls are ~3x slower, still far faster than
+        PyTorch; the report says what was done."""
         options, note = data_tiling_for(self.options.resolved_for(p.info.ops), p.sub)
         notes = [note] if note else []
         tried = set()
@@ -382,11 +307,11 @@ class IreeBackend:
                 break
             except Exception as exc:  # noqa: BLE001  (known IREE failures retried, others re-raised)
                 message = str(exc)
-                if options.data_tiling and any(m in message for m in _DATA_TILING_FAILURES):
+                if options.data_tiling and any(m in message for m in DATA_TILING_FAILURES):
                     tried.add(options.data_tiling_path)
-                    other = _other_data_tiling_path(options, p.sub, tried)
+                    other = retry_path(options, p.sub, tried)
                     if other is not None:
-                        notes.append(f"with {_PATH_NAMES[other]} data tiling ({_PATH_NAMES[options.data_tiling_path]}'s "
+                        notes.append(f"with {PATH_NAMES[other]} data tiling ({PATH_NAMES[options.data_tiling_path]}'s "
                                      f"failed: {_first_line(exc)[:120]})")
                         options = dataclasses.replace(options, data_tiling_path=other)
                         continue

@@ -58,7 +58,7 @@ def header(cluster: IreeCluster, command: str | None = None, driver: str = "loca
 def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
     """The cluster's MLIR compiled for `target`: (vmfb, iree-compile command, runtime driver).
     A target IREE cannot compile this module for is a BackendError naming it."""
-    from .backend import data_tiling_for
+    from .data_tiling import data_tiling_for
     # as the backend compiles it: never on a data-tiling path that miscompiles the cluster
     options, _ = data_tiling_for(IreeOptions.for_target(target).resolved_for(cluster.info.ops), cluster.fallback)
     input_type = _INPUT_TYPE[cluster.kind]

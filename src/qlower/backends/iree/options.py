@@ -25,20 +25,17 @@ class IreeOptions:
     i8 matmul 0.99 -> 0.30 ms). im2col turns convs into one matmul each, which data tiling then
     packs; both flags are plain iree-compile options.
 
-    data_tiling_path: which of IREE 3.13's two data-tiling implementations: "dispatch"
-    (`--iree-opt-data-tiling`, IREE's suggested one, from dispatch creation), "global"
-    (`--iree-global-opt-data-tiling`, from global optimization) or "auto" (= "dispatch"). The
-    global path is faster on product-heavy clusters and compiles what the dispatch path fails
-    on, but the IREE fuzz run found it silently wrong on a static int8 program (an RMSNorm
-    then x @ xᵀ of batch 1: max diff 4 quantization steps; the dispatch path and no data
-    tiling exact), so it is opt-in only. Measured (fourteenth session,
+    data_tiling_path: which of IREE 3.13's two data-tiling implementations a cluster prefers:
+    "dispatch" (`--iree-opt-data-tiling`, IREE's suggested one, from dispatch creation), "global"
+    (`--iree-global-opt-data-tiling`, from global optimization) or "auto": "dispatch" for
+    conv-dominated clusters and on GPUs, "global" for the rest. Measured (fourteenth session,
     Intel Xeon, one thread, batch 8, static): int8 mobilenet 0.59 vs 0.89 ms and cnn 0.68 vs 0.71
     ms (dispatch faster), int8 transformer 0.32 vs 0.40 and vit 0.35 vs 0.44 ms (global faster);
-    with batch and sequence dynamic the dispatch path fails to compile a masked mean pooling
-    (a MiniLM-size sentence encoder then ran without data tiling: 59 ms int8, 53 ms fp32, at
-    8 x 40 tokens; global path: 24 / 26 ms) and silently miscompiles batched matmuls with a
-    dynamic dim (`backend.data_tiling_hazard`), which the global path computes exactly; such
-    clusters compile without data tiling on either path.
+    with batch and sequence dynamic the dispatch path fails to compile a masked mean pooling (a
+    MiniLM-size sentence encoder then ran without data tiling: 59 ms int8, 53 ms fp32, at 8 x 40
+    tokens; global path: 24 / 26 ms). Each path silently miscompiles programs the other computes
+    exactly (data_tiling.py names them): a cluster with a hazard on its preferred path takes the
+    other one, or none.
 
     conv_im2col: qlower writes each int8/uint8 conv with groups 1 (1x1 included; depthwise keeps
     tosa.depthwise_conv2d) as its own im2col (zero-point padding, strided slices + concat, one
@@ -83,15 +80,18 @@ class IreeOptions:
 
     def resolved_for(self, ops: dict[str, int]) -> "IreeOptions":
         """These options for one cluster with these op counts: ukernels and data_tiling_path
-        "auto" decided (conv-dominated clusters: all micro-kernels, dispatch-creation data tiling)."""
+        "auto" decided (conv-dominated clusters: all micro-kernels, dispatch-creation data tiling;
+        the rest: IREE's default micro-kernels, global-optimization data tiling; on a GPU the
+        dispatch-creation path, the only one measured there)."""
         convs = sum(n for op, n in ops.items() if "conv" in op)
         products = sum(n for op, n in ops.items() if any(k in op for k in ("linear", "matmul", "mm", "bmm")))
         conv_dominated = convs > products
         resolved = self
         if self.ukernels == "auto":
             resolved = dataclasses.replace(resolved, ukernels="all" if conv_dominated and not self.is_gpu else "default")
-        if self.data_tiling_path == "auto":   # the dispatch path: see the class docstring for why
-            resolved = dataclasses.replace(resolved, data_tiling_path="dispatch")
+        if self.data_tiling_path == "auto":
+            path = "dispatch" if conv_dominated or self.is_gpu else "global"
+            resolved = dataclasses.replace(resolved, data_tiling_path=path)
         return resolved
 
     @property
