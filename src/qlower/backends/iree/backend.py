@@ -22,7 +22,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value, mutated_attributes, schema_name
+from ...fx import constant_value, mutated_attributes
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
@@ -39,7 +39,7 @@ from .unsafe_index import UnsafeIndex
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
-from .lowerings import (DYN, SIZE_OPS, TOSA_LOWERINGS, dims, float_check, is_size, kind_of, not_in_a_float_module,
+from .lowerings import (SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, not_in_a_float_module,
                         symbolic_size)
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
