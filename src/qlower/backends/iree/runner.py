@@ -10,7 +10,7 @@ from torch.fx import GraphModule
 
 from ..clusters import nonfinite_positions, pytorch_graph, run_in_pytorch, tell_policy, worst_abs_diff
 from ...report import ClusterInfo
-from .vm import IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
+from .vm import ZERO_COPY_ALIGNMENT, IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
 log = logging.getLogger("qlower.iree")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -31,6 +31,36 @@ def _to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     elif dtype == torch.bool and a.dtype != np.bool_:
         a = a.astype(np.bool_)
     return torch.from_numpy(a)
+
+
+# dtypes handed to IREE in place (DLPack); uint8 goes as its bytes viewed as int8 (signless i8)
+_ZERO_COPY_DTYPES = (torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64)
+
+
+def _in_place(t) -> torch.Tensor | None:
+    """`t` as IREE can read it in place (IreeFunction.call_zero_copy), or None: a dense CPU
+    tensor of a dtype the module takes, not empty, aligned as IREE's host-memory import needs
+    (torch allocates so; numpy arrays and views into a tensor may not be)."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in _ZERO_COPY_DTYPES or t.device.type != "cpu" \
+            or not t.is_contiguous() or t.numel() == 0 or t.data_ptr() % ZERO_COPY_ALIGNMENT:
+        return None
+    t = t.detach()
+    return t.view(torch.int8) if t.dtype == torch.uint8 else t
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A result (IREE's signless integers come back signed) as the graph's dtype."""
+    if t.dtype == dtype:
+        return t
+    if dtype == torch.uint8 and t.dtype == torch.int8:
+        return t.view(torch.uint8)
+    return t != 0 if dtype == torch.bool else t.to(dtype)
+
+
+def _aliases(result: torch.Tensor, inputs) -> bool:
+    """`result`'s memory lies in one of the inputs' (a module that returns an input as it is)."""
+    start = result.data_ptr()
+    return any(t.data_ptr() <= start < t.data_ptr() + t.numel() * t.element_size() for t in inputs)
 
 
 class IreeCluster(torch.nn.Module):
@@ -59,6 +89,9 @@ class IreeCluster(torch.nn.Module):
         # (clusters.float_inputs says why), and the NaN policy hears of the graph inputs
         self.finite_checks = finite_checks or {}
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
+        # inputs read in place and results handed over without copies (CPU drivers): off for
+        # good after the first call it fails (then numpy copies, as on GPUs)
+        self.zero_copy = hasattr(function, "call_zero_copy") and getattr(function, "_host_local", False)
 
     def _pytorch(self, args):
         return run_in_pytorch(self.in_pytorch, args)
@@ -69,6 +102,10 @@ class IreeCluster(torch.nn.Module):
                 arrays = {pos: _to_numpy(args[pos]) for pos in self.finite_checks}
                 tell_policy(self.on_nonfinite, self.finite_checks, args, self._nonfinite(args, arrays))
             return self._pytorch(args)
+        if self.zero_copy:
+            in_place = [_in_place(a) for a in args]
+            if all(t is not None for t in in_place):
+                return self._run_in_place(args, in_place)
         try:
             arrays = [_to_numpy(a) for a in args]
         except Exception as exc:  # noqa: BLE001  (a tensor numpy cannot hold: PyTorch from now on)
@@ -76,18 +113,43 @@ class IreeCluster(torch.nn.Module):
         if self.finite_checks:   # outside the try: NonFiniteInputError is the caller's, not a run failure
             bad = self._nonfinite(args, dict(enumerate(arrays)))
             if bad:
-                tell_policy(self.on_nonfinite, self.finite_checks, args, bad)
-                self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
-                return self._pytorch(args)
+                return self._nonfinite_call(args, bad)
         try:
             outs = self.function(*arrays)
         except Exception as exc:  # noqa: BLE001  (any runtime failure)
             return self._fall_back(exc, args)
-        result = tuple(_to_torch(o, d) for o, d in zip(outs, self.output_dtypes))
+        return self._result([_to_torch(o, d) for o, d in zip(outs, self.output_dtypes)], args)
+
+    def _run_in_place(self, args, in_place: list[torch.Tensor]):
+        """One call with the inputs read in place and the results IREE's own buffers; a result
+        that is an input's memory is copied (a caller must not get its input back as the
+        output). A failure turns zero copy off and the call goes the copying way."""
+        if self.finite_checks:
+            bad = self._nonfinite(args, {pos: in_place[pos].numpy() for pos in self.finite_checks})
+            if bad:
+                return self._nonfinite_call(args, bad)
+        try:
+            capsules = self.function.call_zero_copy(*in_place)
+        except Exception as exc:  # noqa: BLE001  (an input IREE cannot import: copy from now on)
+            log.info("cluster #%d: inputs are copied from now on (zero copy failed: %s)", self.info.id,
+                     str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self.zero_copy = False
+            return self.forward(*args)
+        results = [_as_dtype(torch.from_dlpack(c), d) for c, d in zip(capsules, self.output_dtypes)]
+        return self._result([r.clone() if _aliases(r, in_place) else r for r in results], args)
+
+    def _result(self, outs: list[torch.Tensor], args):
+        result = tuple(outs)
         result = result[0] if self.single_output else result
         if self.check:
             self._compare(result, self._pytorch(args))
         return result
+
+    def _nonfinite_call(self, args, bad: list[int]):
+        """A call whose checked inputs hold NaN/inf: the policy hears of it, PyTorch runs it."""
+        tell_policy(self.on_nonfinite, self.finite_checks, args, bad)
+        self.info.nonfinite_calls = (self.info.nonfinite_calls or 0) + 1
+        return self._pytorch(args)
 
     def _fall_back(self, exc: Exception, args):
         """Record the failure, warn once, run in PyTorch from now on."""
