@@ -1133,6 +1133,21 @@ def test_regression_iree_global_data_tiling_path_self_product():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
+    """RMSNorm of [B, 4] -> int8 slice to [B, 1] -> RMSNorm, B dynamic: IREE 3.13 moved the
+    slice up into the first norm's dispatch, where the dequantized input also feeds the
+    reduction, and put that [B, 4] intermediate on the stack at its unbounded size
+    ("exceeded stack allocation limit ... Got 144115188075856064 bytes"): the cluster fell back
+    on every data-tiling path and without data tiling. Found by the IREE fuzz run on the
+    fifteenth session's code within 162 examples (the emitter's, older than that session).
+    Slices with a dynamic dim are a gathering copy now (tosa_ops._gathered_slice)."""
+    _check(Program(in_shape=(2, 4), ops=(Op("rms", (0,), ()), Op("slice", (1,), (1, 0, 1, 2)), Op("rms", (2,), ()),
+                                         Op("cat", (0, 1), (1,)), Op("relu", (3,), ()), Op("matmul_w", (5,), (3,))),
+                   dynamic=True, weights="zero", inputs="huge", seed=748, act="uint8", per_channel=False),
+           ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE

@@ -796,8 +796,11 @@ def _slice_check(node: Node) -> str | None:
 
 def _extract(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
     """tensor.extract_slice of `x`: `kept` along `dim`, every element of the other dims (their
-    dynamic sizes computed from the function's argument dims)."""
+    dynamic sizes computed from the function's argument dims). One element along `dim` with
+    a dynamic dim elsewhere: a gathering copy instead (`_gathered_slice`)."""
     from iree.compiler.dialects import tensor
+    if _needs_gather(x, kept, out_shape):
+        return _gathered_slice(em, x, dim, kept, out_shape)
     rank, dynamic = len(x.shape), em.b.ir.ShapedType.get_dynamic_size()
     offsets, strides = [0] * rank, [1] * rank
     offsets[dim], strides[dim] = kept.start, kept.step
@@ -805,6 +808,51 @@ def _extract(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
     out = tensor.extract_slice(em.b.ttype(dims(out_shape), x.dtype), x.value, [],
                                [em.b.index(s) for s in out_shape if not isinstance(s, int)], [],
                                offsets, sizes, strides)
+    return Val(out, x.dtype, dims(out_shape), x.offset)
+
+
+_GATHER_ELEMENTS = {torch.int8: "i8", torch.uint8: "i8", torch.int32: "i32", torch.int64: "i64", torch.float32: "f32"}
+
+
+def _needs_gather(x: Val, kept: range, out_shape) -> bool:
+    """A slice IREE would write as a rank-reducing extract_slice (one element along its dim)
+    with a dynamic dim: the case `_gathered_slice` avoids. Wider slices of the same programs
+    (halves, [B, 4] -> [B, 2]) compile as extract_slice, which stays: the gathering copy cost the
+    int8 LLaMA (rotary halves) with batch and sequence dynamic 1.80 -> 2.17 ms at 8 x 40."""
+    return len(kept) == 1 and DYN in dims(out_shape) and x.dtype in _GATHER_ELEMENTS
+
+
+def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
+    """A slice of `x` with a dynamic dim as a `linalg.generic` that reads `x` with tensor.extract
+    (a private function `main` calls), not `tensor.extract_slice`: IREE 3.13 moves an
+    extract_slice up through the elementwise ops that made `x` into their dispatch, and where one
+    of those values also feeds a reduction there (an RMSNorm of [B, 4] whose output is sliced to
+    [B, 1], B dynamic) it puts the whole [B, 4] intermediate on the stack at its unbounded size:
+    "exceeded stack allocation limit of 32768 bytes ... Got 144115188075856064 bytes" (found by
+    the IREE fuzz run, fifteenth session; a slice of two or more elements compiles). The
+    gathering copy is a dispatch of its own."""
+    rank, name = len(x.shape), f"gathered_slice_{em.private_functions}"
+    xt, ot = _shape_text(x.shape), _shape_text(dims(out_shape))
+    element = _GATHER_ELEMENTS[x.dtype]
+    parallel = ", ".join(['"parallel"'] * rank)
+    lines = [f"func.func private @{name}(%x: tensor<{xt}x{element}>) -> tensor<{ot}x{element}> {{"]
+    sizes = []
+    for d, size in enumerate(dims(out_shape)):
+        if size == DYN:   # only the kept dim is cut; every dynamic dim is x's
+            lines += [f"  %c{d} = arith.constant {d} : index", f"  %n{d} = tensor.dim %x, %c{d} : tensor<{xt}x{element}>"]
+            sizes.append(f"%n{d}")
+    loops = ", ".join(f"d{d}" for d in range(rank))
+    lines += [f"  %e = tensor.empty({', '.join(sizes)}) : tensor<{ot}x{element}>",
+              f"  %r = linalg.generic {{indexing_maps = [affine_map<({loops}) -> ({loops})>], "
+              f"iterator_types = [{parallel}]}} outs(%e : tensor<{ot}x{element}>) {{",
+              f"  ^bb0(%o: {element}):"]
+    lines += [f"    %i{d} = linalg.index {d} : index" for d in range(rank)]
+    lines += [f"    %step = arith.constant {kept.step} : index", f"    %start = arith.constant {kept.start} : index",
+              f"    %scaled = arith.muli %i{dim}, %step : index", f"    %j = arith.addi %scaled, %start : index"]
+    index = ", ".join("%j" if d == dim else f"%i{d}" for d in range(rank))
+    lines += [f"    %v = tensor.extract %x[{index}] : tensor<{xt}x{element}>", f"    linalg.yield %v : {element}",
+              f"  }} -> tensor<{ot}x{element}>", f"  return %r : tensor<{ot}x{element}>", "}"]
+    (out,) = em.call_text_function("\n".join(lines), name, [x.value], [em.b.ttype(dims(out_shape), x.dtype)])
     return Val(out, x.dtype, dims(out_shape), x.offset)
 
 
@@ -915,6 +963,9 @@ def _select(em: TosaEmitter, x: Val, dim: int, index: int, out_shape) -> Val:
     size = list(x.shape)
     size[dim] = 1
     b = em.b
+    if _needs_gather(x, range(index, index + 1), size):   # IREE's rank-reducing slice (_gathered_slice)
+        return b.reshape(_gathered_slice(em, x, dim, range(index, index + 1), size),
+                         [s for i, s in enumerate(x.shape) if i != dim], list(out_shape))
     out = b.tosa.slice(b.ttype(size, x.dtype), x.value, b.shape_value(start), b.shape_value(size))
     return b.reshape(Val(out, x.dtype, size, x.offset), [s for i, s in enumerate(x.shape) if i != dim], list(out_shape))
 
