@@ -1164,6 +1164,20 @@ def test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
+    """A grouped conv whose one window in H stops short of the input (x [B, 5, 4, 9], kernel 3,
+    dilation 2, padding 1), B dynamic, fp32: SingleWindowConvs wrote out its padding with
+    aten.constant_pad_nd, whose fake kernel specialized B to the example's 2 — the IREE module
+    was static, and at batch 3 the model returned a batch-2 output, silently. Found by the IREE
+    fuzz run on the fifteenth session's final code (the pass is the fourteenth's); the padded
+    value now comes from torch._refs.constant_pad_nd."""
+    _check(Program(in_shape=(2, 5, 4, 9), ops=(Op("mul_s", (0,), (0.0,)), Op("conv", (0,), (10, 3, 3, 1, 2, 5, False)),
+                                               Op("mul", (2, 2), ()), Op("add_s", (3,), (0.0,))),
+                   dynamic=True, weights="zero", inputs="positive", seed=18510, act="int8", per_channel=False,
+                   weight_bits=7), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
     """RMSNorm of [B, 4] -> int8 slice to [B, 1] -> RMSNorm, B dynamic: IREE 3.13 moved the
     slice up into the first norm's dispatch, where the dequantized input also feeds the

@@ -1036,6 +1036,13 @@ def test_single_window_convs_pass_contract():
     assert sum(n.target is torch.ops.aten.constant_pad_nd.default for n in gm.graph.nodes) == 1
     torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
     assert not PassManager([SingleWindowConvs()]).run(gm, PassContext()).rewrites   # idempotent
+    # a dynamic batch stays symbolic: constant_pad_nd's own fake kernel had specialized it
+    dynamic = torch.export.export(Convs().eval(), (torch.randn(2, 2, 3, 6),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)).module()
+    PassManager([SingleWindowConvs()]).run(dynamic, PassContext())
+    (x_node,) = [n for n in dynamic.graph.nodes if n.op == "placeholder" and n.name == "x"]
+    pad = next(n for n in dynamic.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default)
+    assert not isinstance(x_node.meta["val"].shape[0], int) and not isinstance(pad.meta["val"].shape[0], int)
 
 
 def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch):

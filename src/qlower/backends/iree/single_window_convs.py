@@ -18,14 +18,18 @@ AFTER:   xp = aten.constant_pad_nd(x, [0, 0, 1, 1])           # that dim's paddi
 Near misses left alone: kernel 1 in that dim; a window ending at the input's end (span 0); two
 or more windows; string padding; `qlower.conv2d` (integer convs are TOSA).
 Postconditions: the same values (zero padding is the padding; the one window reads the same
-elements), the same output shape. Idempotent: the rewritten conv has span 0 in those dims.
+elements), the same output shape, dynamic dims (the batch) still symbolic. Idempotent: the
+rewritten conv has span 0 in those dims.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch._refs
 from torch.fx import GraphModule, Node
 
-from ...fx import call, full_args
+from ...fx import call, fake_mode_of, full_args
 from ...passes.base import Pass, PassContext
 from ..pool_geometry import window_span
 
@@ -54,6 +58,21 @@ def short_single_window_dims(node: Node) -> list[int]:
     return found
 
 
+def _padded(gm: GraphModule, x: Node, pads: list[int], like: Node) -> Node:
+    """aten.constant_pad_nd(x, pads), its value from torch's reference implementation: the aten
+    op's own fake kernel specializes a dynamic batch to the example's size (guard Eq(s, 2),
+    torch 2.13), which made a dynamic-batch model static on IREE — at batch 3 it returned a
+    batch-2 output, silently (IREE fuzz run, fifteenth session); `torch._refs.constant_pad_nd`
+    keeps the symbol."""
+    node = gm.graph.call_function(_aten.constant_pad_nd.default, (x, pads, 0.0))
+    if "stack_trace" in like.meta:
+        node.meta["stack_trace"] = like.meta["stack_trace"]
+    mode = fake_mode_of(gm)
+    with mode if mode is not None else contextlib.nullcontext():
+        node.meta["val"] = torch._refs.constant_pad_nd(x.meta["val"], pads, 0.0)
+    return node
+
+
 class SingleWindowConvs(Pass):
     name = "single_window_convs"
 
@@ -70,7 +89,7 @@ class SingleWindowConvs(Pass):
             with gm.graph.inserting_before(node):
                 for i in short:
                     pads[2 * (1 - i)] = pads[2 * (1 - i) + 1] = padding[i]
-                x = call(gm, _aten.constant_pad_nd.default, (x, pads, 0.0), like=node)
+                x = _padded(gm, x, pads, like=node)
                 for i in short:
                     x = call(gm, _aten.slice.Tensor, (x, 2 + i, 0, dilation[i] * (kernel[i] - 1) + 1), like=node)
                     stride[i], padding[i] = 1, 0
