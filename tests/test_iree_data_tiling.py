@@ -39,15 +39,20 @@ def test_iree_global_path_miscompiles_a_self_product_with_both_zero_points(zps):
     """The IREE fact behind `global_path_hazard` (IREE 3.13, llvm-cpu): x @ xᵀ of one int8
     tensor with both zero points non-zero is wrong on the global-optimization path (max error
     in the tens of thousands of the int32 products), exact on the dispatch-creation path; one
-    zero point 0 is exact on both. A new IREE that computes it right fails this test: then the
-    hazard can go."""
+    zero point 0 is exact on both. Measured on AVX-512 VNNI CPUs (Intel Xeon with AMX); elsewhere
+    (IREE picks other tiles) only the exact cases are asserted: the hazard is kept everywhere.
+    A new IREE that computes it right fails this test: then the hazard can go."""
+    from qlower.backends.onnxruntime.cpu import has_vnni
     x = np.random.default_rng(0).integers(-128, 127, size=(1, 8, 16)).astype(np.int8)
     centered_a, centered_b = x.astype(np.int64) - zps[0], x.astype(np.int64) - zps[1]
     want = centered_a @ centered_b.transpose(0, 2, 1)
     text = _self_product_mlir(8, 16, *zps)
     assert np.array_equal(_run_mlir(text, x, "dispatch"), want)
     wrong = not np.array_equal(_run_mlir(text, x, "global"), want)
-    assert wrong == (0 not in zps)
+    if 0 in zps:
+        assert not wrong
+    elif has_vnni():
+        assert wrong
 
 
 class _Products(torch.nn.Module):
