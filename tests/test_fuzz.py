@@ -1164,6 +1164,18 @@ def test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_static_batched_int8_matmul_chain():
+    """uint8 (x xᵀ) x, x [2, 6, 9], static: IREE 3.13's dispatch-creation data tiling gave 46 of
+    108 outputs wrong (max 1.8), silently — the global path and no data tiling exact; the
+    self-product sent the cluster to the dispatch path. Found by the IREE fuzz run on the
+    fifteenth session's final code (the dispatch path was the default before too). Every
+    batched int8 matmul is a dispatch-path hazard now; with the self-product's global-path
+    hazard this cluster compiles without data tiling."""
+    _check(Program(in_shape=(2, 6, 9), ops=(Op("flatten", (0,), ()), Op("matmul_b", (0, 0), ())),
+                   weights="normal", inputs="normal", seed=0, act="uint8", per_channel=False), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
     """A grouped conv whose one window in H stops short of the input (x [B, 5, 4, 9], kernel 3,
     dilation 2, padding 1), B dynamic, fp32: SingleWindowConvs wrote out its padding with

@@ -51,6 +51,10 @@ def dispatch_path_hazard(sub: GraphModule) -> str | None:
       [B,3,4] @ [B,4,3] (x @ xᵀ) 6 and 17 — found by the IREE fuzz run once it drew dynamic
       shapes (thirteenth session; [B,16,32] @ [B,32,16] and int8 activations were exact, a
       static batch always);
+    - any batched int8 matmul (batch > 1), static shapes too: uint8 (x xᵀ) x of x [2, 6, 9] gave
+      46 of 108 outputs wrong (max 1.8; exact without data tiling and on the global path; found
+      by the IREE fuzz run, fifteenth session, with the grammar's `matmul_b`), while x xᵀ alone
+      was exact;
     - a float matmul of two batched (rank >= 3) operands with any dynamic dim (linear(x) @ xᵀ
       with only the batch dynamic: max error 6.2 at batches 2 and 3);
     - a float matmul of a batched activation with a dynamic dim by a 2-D weight, followed by
@@ -76,6 +80,8 @@ def dispatch_path_hazard(sub: GraphModule) -> str | None:
                 return "a batched int8 matmul with a dynamic batch"
             if math.prod(batch) != 1 and DYN in (a[-2], a[-1], b[-1]):
                 return "a batched int8 matmul with a dynamic M, K or N"
+            if math.prod(batch) != 1:
+                return "a batched int8 matmul"
         elif name in _BATCHED_FLOAT_PRODUCTS and any(DYN in dims(t.shape) for t in tensors):
             return "a batched float matmul with a dynamic dim"
     return None
