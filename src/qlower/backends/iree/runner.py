@@ -26,11 +26,7 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def _to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A result (already a copy, IreeFunction) as `dtype`: uint8 comes back as signless i8."""
-    if dtype == torch.uint8:
-        a = a.view(np.uint8)
-    elif dtype == torch.bool and a.dtype != np.bool_:
-        a = a.astype(np.bool_)
-    return torch.from_numpy(a)
+    return _as_dtype(torch.from_numpy(a), dtype)
 
 
 # dtypes handed to IREE in place (DLPack); uint8 goes as its bytes viewed as int8 (signless i8)
