@@ -816,6 +816,15 @@ def test_regression_iree_int8_linear_single_row_k1():
     _check(Program(in_shape=(1, 1), ops=(Op("linear", (0,), (2, False)),), seed=2), ("iree",))
 
 
+def test_regression_onnxruntime_scale_fusion_deletes_a_read_mul():
+    """y = x * 0.5; (y * 0.0) @ yT @ y in fp32: ONNX Runtime's MatMulScaleFusion, after
+    MatmulTransposeFusion, deleted the Mul producing y while a MatMul still read it, and the
+    session was rejected ("Invalid model. Node input 'mul' is not a graph input ..."): the cluster
+    fell back. The session is now retried without that fusion (backends/onnxruntime/__init__.py)."""
+    _check(Program(in_shape=(1, 2, 3), ops=(Op("mul_s", (0,), (0.5,)), Op("mul_s", (1,), (0.0,)), Op("matmul_b", (2, 1))),
+                   inputs="tiny", seed=3))
+
+
 def test_regression_dead_node_after_refused_op_onnxruntime():
     _check(Program(in_shape=(2, 5, 9, 7), seed=4,
                    ops=(Op("avgpool", (0,), (2, 3, 1, True, False, 3)), Op("relu", (1,)),

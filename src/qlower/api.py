@@ -11,6 +11,7 @@ from .backends import EXPORT_FORMATS, auto_backends, default_selector, get_backe
 from .backends.base import compile_graph
 from .backends.select import Program, source_digest
 from .capture import capture, check_example_inputs, check_module, save_pt2
+from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
@@ -22,6 +23,7 @@ from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
 
 
+@forgets_discarded_graphs
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
              dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
     """Q/DQ ExportedProgram of `model` (an already-quantized program is returned as is).
@@ -42,6 +44,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                      adjust_observers=getattr(chosen, "adjust_observers", None))
 
 
+@forgets_discarded_graphs
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
             nan_policy: str = "warn", auto_candidates=None) -> CompiledModule:

@@ -72,10 +72,31 @@ def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[opts.optimization]
-        session = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
-                                       disabled_optimizers=list(opts.disabled_optimizers))
+        session = _inference_session(ort, model_bytes, so, opts.disabled_optimizers)
         _SESSIONS[key] = session
     return session   # not _SESSIONS[key]: the LRU may already have evicted it
+
+
+# ORT 1.31's MatMulScaleFusion (a scalar Mul folded into a MatMul's alpha), run after
+# MatmulTransposeFusion, deletes a scalar Mul whose output another MatMul still reads:
+# y = x*0.5; (y*0 @ yT) @ y -> "Invalid model. Node input 'y' is not a graph input, initializer, or
+# output of a previous node" (found by the onnxruntime fuzz run, fifteenth session; either fusion
+# alone is fine). Which graphs trip it is ORT's internal business, so the session is retried once
+# without that fusion; the model runs as translated, its float ops unfused.
+_RETRY_WITHOUT = ("MatMulScaleFusion",)
+
+
+def _inference_session(ort, model_bytes: bytes, so, disabled: tuple[str, ...]):
+    try:
+        return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(disabled))
+    except Exception as exc:   # noqa: BLE001  (re-raised below unless the retry applies)
+        retry = tuple(name for name in _RETRY_WITHOUT if name not in disabled)
+        if not retry or "Invalid model" not in str(exc):
+            raise
+        log.debug("ONNX Runtime rejected its own optimized graph (%s); retrying without %s", exc, retry)
+        return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(disabled + retry))
 
 
 def _as_numpy(t: torch.Tensor):
