@@ -1,6 +1,8 @@
 """Calling a compiled IREE cluster (backends/iree/runner.py, vm.py): inputs read in place and
 results handed over without copies on the CPU drivers, and every case where that must not
 happen (unaligned or strided inputs, a result that is an input, an import IREE refuses)."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -111,3 +113,46 @@ def test_gpu_functions_never_take_inputs_in_place():
     rebuilt = IreeCluster(cluster.fallback, cluster.function, [torch.float32], True, cluster.info, "tosa", None)
     assert rebuilt.zero_copy is False
     assert np.array_equal(rebuilt.function(np.ones(4, np.float32))[0], np.ones(4, np.float32))
+
+
+def test_the_input_check_runs_in_the_engine_and_main_stays_as_exported(int8_cnn):
+    """A quantized cluster's float32 inputs are summed inside the module (CHECKED_ENTRY, called
+    by the runner); `main`, what `qlower.export` runs, has the cluster's outputs only."""
+    from qlower.backends.iree.tosa_emit import CHECKED_ENTRY
+    cm, ref, cluster, entry = int8_cnn
+    assert cluster.engine_sums and f"@{CHECKED_ENTRY}" in cluster.mlir
+    (x,) = entry.inputs(2, seed=7)
+    main = load_function(cluster.vmfb, cluster.driver)
+    checked = load_function(cluster.vmfb, cluster.driver, CHECKED_ENTRY)
+    (out,) = main(x.numpy())
+    got, total = checked(x.numpy())
+    assert np.array_equal(out, got) and np.array_equal(out, ref(x).numpy())
+    assert total.shape == (1,) and total[0] == pytest.approx(float(x.double().sum()), rel=1e-5, abs=1e-3)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_inputs_seen_by_the_engine_run_in_pytorch(int8_cnn, zero_copy, bad):
+    cm, ref, cluster, entry = int8_cnn
+    (x,) = entry.inputs(2, seed=8)
+    x[1, 2, 3, 4] = bad
+    before = cluster.info.nonfinite_calls or 0
+    cluster.zero_copy = zero_copy
+    try:
+        with warnings.catch_warnings():   # the policy warns once per model (tests/test_bad_inputs.py)
+            warnings.simplefilter("ignore", qlower.errors.NonFiniteInputWarning)
+            got = cm(x)
+    finally:
+        cluster.zero_copy = True
+    assert cluster.info.nonfinite_calls == before + 1
+    assert torch.equal(got, cluster._pytorch((x,)))
+
+
+def test_a_finite_input_whose_sum_overflows_is_not_called_nonfinite(int8_cnn):
+    """float32 sums of finite values can overflow to inf: the exact check decides, and the call
+    stays on IREE."""
+    cm, ref, cluster, entry = int8_cnn
+    x = torch.full((2, 3, 32, 32), 3e38)
+    before = cluster.info.nonfinite_calls or 0
+    assert torch.equal(cm(x), ref(x))
+    assert (cluster.info.nonfinite_calls or 0) == before

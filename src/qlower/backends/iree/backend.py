@@ -43,7 +43,7 @@ from .lowerings import (SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of,
                         symbolic_size)
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
-from .tosa_emit import EmittedModule, TosaEmitter, computable_from
+from .tosa_emit import CHECKED_ENTRY, EmittedModule, TosaEmitter, computable_from
 from .torch_import import import_float_cluster, input_symbols, not_importable_alone
 
 log = logging.getLogger("qlower.iree")
@@ -265,7 +265,8 @@ class IreeBackend:
         try:
             pending.runtime_args = _derive_sizes(sub, runtime_args)
             _check_tensor_outputs(sub)
-            pending.emitted = TosaEmitter(sub, self.options).emit() if kind == "tosa" else import_float_cluster(sub)
+            pending.emitted = TosaEmitter(sub, self.options).emit(tuple(float_inputs(fused, pending.runtime_args))) \
+                if kind == "tosa" else import_float_cluster(sub)
         except Exception as exc:
             self._failed(pending, exc)
         return pending
@@ -278,7 +279,8 @@ class IreeBackend:
                 p.info.cache = compiled.cache
                 if compiled.note:
                     log.info("cluster #%d: %s", p.info.id, compiled.note)
-                p.function = load_function(compiled.vmfb, self.options.runtime_driver())
+                entry = CHECKED_ENTRY if p.emitted.input_sums else "main"
+                p.function = load_function(compiled.vmfb, self.options.runtime_driver(), entry)
                 p.compiled = compiled
             except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
                 self._failed(p, exc)
@@ -349,7 +351,8 @@ class IreeBackend:
                                                   compiled.vmfb if compiled else None,
                                                   compiled.command if compiled else None,
                                                   float_inputs(fused, p.runtime_args),
-                                                  self.options.runtime_driver()))
+                                                  self.options.runtime_driver(),
+                                                  engine_sums=bool(p.emitted is not None and p.emitted.input_sums)))
         p.call.args = tuple(p.runtime_args)
 
 

@@ -66,7 +66,7 @@ class IreeCluster(torch.nn.Module):
     def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
                  info: ClusterInfo, kind: str, mlir: str | None, vmfb: bytes | None = None,
                  command: str | None = None, finite_checks: dict[int, str] | None = None,
-                 driver: str = "local-sync"):
+                 driver: str = "local-sync", engine_sums: bool = False):
         super().__init__()
         self.fallback = fallback   # what the engine was given
         self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
@@ -84,6 +84,9 @@ class IreeCluster(torch.nn.Module):
         # here on the arrays handed to IREE; NaN/inf in one runs the call in PyTorch
         # (clusters.float_inputs says why), and the NaN policy hears of the graph inputs
         self.finite_checks = finite_checks or {}
+        # True: `function` is the module's CHECKED_ENTRY, whose last results are the sums of the
+        # checked inputs (computed in the engine); else they are checked here before the call
+        self.engine_sums = engine_sums and bool(self.finite_checks)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
         # inputs read in place and results handed over without copies (CPU drivers): off for
         # good after the first call it fails (then numpy copies, as on GPUs)
@@ -106,7 +109,7 @@ class IreeCluster(torch.nn.Module):
             arrays = [_to_numpy(a) for a in args]
         except Exception as exc:  # noqa: BLE001  (a tensor numpy cannot hold: PyTorch from now on)
             return self._fall_back(exc, args)
-        if self.finite_checks:   # outside the try: NonFiniteInputError is the caller's, not a run failure
+        if self.finite_checks and not self.engine_sums:   # outside the try: NonFiniteInputError is the caller's
             bad = self._nonfinite(args, dict(enumerate(arrays)))
             if bad:
                 return self._nonfinite_call(args, bad)
@@ -114,13 +117,23 @@ class IreeCluster(torch.nn.Module):
             outs = self.function(*arrays)
         except Exception as exc:  # noqa: BLE001  (any runtime failure)
             return self._fall_back(exc, args)
+        if self.engine_sums:
+            outs, sums = self._split_sums(outs)
+            bad = nonfinite_positions(args, self.finite_checks, [float(s[0]) for s in sums])
+            if bad:
+                return self._nonfinite_call(args, bad)
         return self._result([_to_torch(o, d) for o, d in zip(outs, self.output_dtypes)], args)
+
+    def _split_sums(self, results: list) -> tuple[list, list]:
+        """(the cluster's outputs, the engine's sums of the checked inputs)."""
+        k = len(self.finite_checks)
+        return results[:-k], results[-k:]
 
     def _run_in_place(self, args, in_place: list[torch.Tensor]):
         """One call with the inputs read in place and the results IREE's own buffers; a result
         that is an input's memory is copied (a caller must not get its input back as the
         output). A failure turns zero copy off and the call goes the copying way."""
-        if self.finite_checks:
+        if self.finite_checks and not self.engine_sums:
             bad = self._nonfinite(args, {pos: in_place[pos].numpy() for pos in self.finite_checks})
             if bad:
                 return self._nonfinite_call(args, bad)
@@ -131,6 +144,11 @@ class IreeCluster(torch.nn.Module):
                      str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
             self.zero_copy = False
             return self.forward(*args)
+        if self.engine_sums:
+            capsules, sums = self._split_sums(capsules)
+            bad = nonfinite_positions(args, self.finite_checks, [torch.from_dlpack(s).item() for s in sums])
+            if bad:
+                return self._nonfinite_call(args, bad)
         results = [_as_dtype(torch.from_dlpack(c), d) for c, d in zip(capsules, self.output_dtypes)]
         return self._result([r.clone() if _aliases(r, in_place) else r for r in results], args)
 
