@@ -825,6 +825,31 @@ def test_regression_onnxruntime_scale_fusion_deletes_a_read_mul():
                    inputs="tiny", seed=3))
 
 
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_quantized_add_of_two_dynamic_operands():
+    """int8 linear -> relu -> add(relu, linear) -> (x yT) y with batch and sequence dynamic: the
+    quantized add was a tosa.add of two [?, ?, 1] values, which IREE lowers with a runtime
+    broadcast choice per dynamic dim (scf.if dim == 1), and iree-compile failed ("failed to
+    schedule execution partitions without cyclic dependencies"); the cluster fell back. Operands
+    of the same symbolic shape now add as arith.addf (backends/iree/tosa_ops.py, _binary_values)."""
+    _check(Program(in_shape=(2, 4, 10), ops=(Op("matmul_w", (0,), (1,)), Op("relu", (1,)), Op("add", (2, 1)),
+                                             Op("matmul_b", (3, 1))),
+                   dynamic=True, dynamic_seq=True, seed=344, per_channel=True), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_dispatch_path_stack_allocation_retried_on_the_global_path():
+    """fp32 conv -> conv beside softmax -> add -> 4-D linear, batch dynamic: conv-dominated, so
+    compiled on the dispatch-creation data-tiling path, where iree-compile failed ("'memref.alloca'
+    op all stack allocations need to be hoisted to the entry block"); the cluster fell back. That
+    failure now retries on the global path (backends/iree/data_tiling.py, DATA_TILING_FAILURES)."""
+    _check(Program(in_shape=(2, 2, 3, 3), ops=(Op("conv", (0,), (3, 2, 3, 0, 2, 1, False)),
+                                               Op("conv", (1,), (2, 2, 1, 2, 1, 1, False)),
+                                               Op("softmax", (0,), (1,)), Op("add_s", (3,), (0.001,)),
+                                               Op("linear", (4,), (3, True))),
+                   dynamic=True, weights="const", inputs="tiny", seed=3477, act="int8", per_channel=True), ("iree",))
+
+
 def test_regression_dead_node_after_refused_op_onnxruntime():
     _check(Program(in_shape=(2, 5, 9, 7), seed=4,
                    ops=(Op("avgpool", (0,), (2, 3, 1, True, False, 3)), Op("relu", (1,)),

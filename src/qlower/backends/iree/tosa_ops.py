@@ -273,21 +273,37 @@ def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
     a, sa, za, b_, sb, zb, sy, zy, qmin, qmax, dtype = full_args(node)
     shape = dims(node.meta["val"].shape)
     va, vb = em.value(a), em.value(b_)
+    same = _same_symbolic_shape(a, b_, node)
     if (va.transposed_from is not None and vb.transposed_from is not None and va.shape == vb.shape == shape
             and va.transposed_from[1] == vb.transposed_from[1]):
         # both operands are transposes by the same perm (NHWC results seen as NCHW): the
         # elementwise op runs on the sources and its result is transposed once
         perm = va.transposed_from[1]
         y = _binary_values(em, va.transposed_from[0], vb.transposed_from[0], (sa, za), (sb, zb), sy, zy, qmin, qmax,
-                           dtype, op, va.transposed_from[0].shape)
+                           dtype, op, va.transposed_from[0].shape, same)
         return em.b.transpose(y, perm)
-    return _binary_values(em, va, vb, (sa, za), (sb, zb), sy, zy, qmin, qmax, dtype, op, shape)
+    return _binary_values(em, va, vb, (sa, za), (sb, zb), sy, zy, qmin, qmax, dtype, op, shape, same)
 
 
-def _binary_values(em: TosaEmitter, va: Val, vb: Val, qa, qb, sy, zy, qmin, qmax, dtype, op: str, shape) -> Val:
+def _same_symbolic_shape(*nodes: Node) -> bool:
+    """Every node's value has the same shape, dim by dim the same integer or symbol."""
+    shapes = [[str(d) for d in n.meta["val"].shape] for n in nodes]
+    return all(s == shapes[0] for s in shapes)
+
+
+def _binary_values(em: TosaEmitter, va: Val, vb: Val, qa, qb, sy, zy, qmin, qmax, dtype, op: str, shape,
+                   same_shape: bool = False) -> Val:
+    """`same_shape` (both operands and the result, symbolically): the op is elementwise arith on
+    tensors, not tosa.add/mul. TOSA broadcasts, so with two dynamic dims IREE lowers tosa.add to
+    a runtime choice per dim (`scf.if dim == 1`, broadcast or not), and on an int8 program with
+    batch and sequence dynamic (a quantized residual add after a LayerNorm, found by fuzzing)
+    those branches made iree-compile fail: "failed to schedule execution partitions without
+    cyclic dependencies". Same IEEE fp32 operation either way."""
     fa, fb = (_broadcast_rank(em, _dequantize(em, v, s, z), len(shape)) for v, (s, z) in ((va, qa), (vb, qb)))
     t = em.b.ttype(shape, torch.float32)
-    if op == "add":
+    if same_shape and fa.shape == fb.shape == list(shape):
+        y = (em.b.arith.addf if op == "add" else em.b.arith.mulf)(fa.value, fb.value)
+    elif op == "add":
         y = em.b.tosa.add(t, fa.value, fb.value)
     else:
         y = em.b.tosa.mul(t, fa.value, fb.value, em.b.const(np.zeros([1], dtype=np.int8)))
