@@ -552,3 +552,86 @@ def test_histc_with_a_data_range_is_refused_up_front(backend):
         assert not any("compile failed" in r for r in reasons), reasons
         assert any("histc with min == max" in r for r in reasons) == refused, reasons
         assert torch.equal(cm(x), m(x))
+
+
+class _ConvThenLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)) * 2)
+
+
+def test_a_node_onnx_runtime_has_no_kernel_for_runs_alone_in_pytorch():
+    """float64: ONNX Runtime's CPU provider has no double Conv. The session of the whole cluster
+    failed ("Could not find an implementation for Conv(22)"), and every node ran in PyTorch; the
+    conv is now refused with that reason and the rest clustered again and compiled."""
+    model = _ConvThenLinear().double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    report = cm.report()
+    (compiled,) = report.compiled
+    assert compiled.ops.get("aten::linear") == 1 and "aten::conv2d" not in compiled.ops
+    (conv,) = [c for c in report.clusters if c.status == "fallback"]
+    assert list(conv.ops) in (["conv2d"], ["aten::conv2d"]) and "no CPU kernel for Conv" in conv.reason
+    out = cm(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, model(x), rtol=1e-12, atol=1e-12)
+
+
+def test_float32_conv_is_not_refused():
+    model = _ConvThenLinear().eval()
+    x = torch.randn(2, 3, 8, 8)
+    report = qlower.compile(model, (x,), backend="onnxruntime").report()
+    assert not report.fallbacks and report.compiled[0].ops.get("aten::conv2d") == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int16])
+def test_float16_float64_int16_run_in_onnx_runtime_and_keep_their_dtype(dtype):
+    """These dtypes compile since the sixteenth session (OpInfo's `double`, `half`, `short`,
+    `*_like`, `new_*`, softmax with a dtype). float16 `abs` as the graph output came back float32:
+    torch.onnx lost the cast back of its float32 compute (translate._outputs_in_declared_dtypes)."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return (x * 3 + x.to(torch.float32).to(dtype)).abs()
+    x = (torch.randn(4, 8) * 10).to(dtype)
+    cm = qlower.compile(M(), (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks
+    out = cm(x)
+    assert out.dtype == dtype and torch.equal(out, M()(x))
+
+
+def test_a_cluster_run_in_pytorch_takes_sparse_inputs_as_they_are():
+    """Inputs of a cluster's PyTorch run are made contiguous; a sparse one has no such form and
+    `.contiguous()` raised (a raw RuntimeError out of OpInfo's sparse.mm, whose cluster had fallen
+    back): it is passed as it is."""
+    from qlower.backends.clusters import run_in_pytorch
+
+    class SparseMM(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.sparse.mm(a, b)
+    a, b = torch.eye(3).to_sparse_csr(), torch.randn(3, 2)
+    assert torch.equal(run_in_pytorch(torch.fx.symbolic_trace(SparseMM()), [a, b]), b)
+
+
+def test_a_float64_region_without_kernels_leaves_the_float32_ops_compiled():
+    """A float32 model with a float64 region whose op ONNX Runtime lacks a kernel for inside a
+    function body (Gelu -> Erf, a node ONNX Runtime does not name): the region's float64 nodes
+    run in PyTorch, the float32 ones stay compiled (the session had failed as a whole)."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = torch.relu(self.fc(x))
+            return torch.nn.functional.gelu(y.double()).float() + y
+    model, x = M().eval(), torch.randn(4, 8)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    report = cm.report()
+    assert any("aten::linear" in c.ops for c in report.compiled)
+    gelu = [c for c in report.fallbacks if "gelu" in str(c.ops)]
+    assert gelu and "no CPU kernel for Erf" in gelu[0].reason
+    torch.testing.assert_close(cm(x), model(x))

@@ -158,7 +158,8 @@ def run_in_pytorch(fallback: GraphModule, args):
     holds strided (measured: group_norm decomposed for IREE after a permute inside the cluster:
     "view size is not compatible"): inputs go in contiguous, and on that error the graph's views
     become reshapes (the same values; a copy where a view cannot be made) and the call is retried."""
-    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    # (strided tensors only: a sparse input has no contiguous form and raised, sparse.mm in OpInfo)
+    args = [a.contiguous() if isinstance(a, torch.Tensor) and a.layout == torch.strided else a for a in args]
     with torch.no_grad():
         try:
             return fallback(*args)

@@ -63,6 +63,17 @@ class Capability:
         why = predicate(node)
         return None if why is None else f"{name}: {why}"  # the report names the op it refused
 
+    def refusing(self, refused: dict[str, str]) -> "Capability":
+        """This capability, also refusing the nodes named in `refused` (node name -> reason):
+        what a backend learned while compiling (a node its engine turned down) before it
+        clusters the graph again."""
+        if not refused:
+            return self
+
+        def wrap(predicate):
+            return lambda node: refused.get(node.name) or predicate(node)
+        return Capability(self.backend, {name: wrap(p) for name, p in self.ops.items()})
+
     def supports(self, node: Node) -> bool:
         return self.why_not(node) is None
 

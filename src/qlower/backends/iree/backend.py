@@ -228,12 +228,7 @@ class IreeBackend:
 
     def _capability_for(self, refused: dict[str, str]) -> Capability:
         """The capability, also refusing the nodes named in `refused` (name -> reason)."""
-        if not refused:
-            return self.capability
-
-        def wrap(predicate):
-            return lambda node: refused.get(node.name) or predicate(node)
-        return Capability(self.capability.backend, {name: wrap(p) for name, p in self.capability.ops.items()})
+        return self.capability.refusing(refused)
 
     @staticmethod
     def _pytorch_infos(fused: GraphModule, start: int, capability: Capability) -> list[ClusterInfo]:

@@ -9,6 +9,7 @@ import logging
 import math
 import operator
 import os
+import re
 import dataclasses
 from dataclasses import dataclass
 
@@ -97,6 +98,61 @@ def _inference_session(ort, model_bytes: bytes, so, disabled: tuple[str, ...]):
         log.debug("ONNX Runtime rejected its own optimized graph (%s); retrying without %s", exc, retry)
         return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
                                     disabled_optimizers=list(disabled + retry))
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+_MAX_KERNEL_REFUSALS = 64   # nodes; then the clusters left failing fall back whole, with their reason
+
+
+def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
+    """FX node name -> reason, when ONNX Runtime refused a session for want of a CPU kernel for
+    one ONNX node: the ATen op that node was translated from (torch.onnx's `pkg.torch.onnx.fx_node`
+    metadata; an onnxscript rewrite keeps the metadata of a node it folded, e.g. a batch norm
+    into the conv) is refused at every node of the cluster that calls it."""
+    import onnx
+    m = _NO_KERNEL.search(error)
+    if m is None:
+        return {}
+    op_type, name = m.group(1), m.group(3)
+    graph = onnx.load_from_string(model_bytes).graph
+    # the node by its name; an unnamed one (ONNX Runtime names none for some): every node of its type
+    nodes = [n for n in graph.node if n.name == name] if name else []
+    nodes = nodes or [n for n in graph.node if n.op_type == op_type]
+    targets = set()
+    for node in nodes:
+        fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        targets.update(re.findall(r"target=([\w.]+)", fx_node)[:1])
+    why = f"ONNX Runtime has no CPU kernel for {op_type} (opset {m.group(2)}) at these types"
+    calls = [n for n in sub.graph.nodes if n.op == "call_function"]
+    found = {n.name: why for n in calls if _target_text(n.target) in targets}
+    # a node inside an op's own function body (Gelu's Erf) names no FX node: the kernels ONNX
+    # Runtime lacks are for float64 / float16 / int16, so those nodes leave the cluster
+    why = (f"ONNX Runtime had no CPU kernel for {op_type} (opset {m.group(2)}) in this node's cluster, for a node "
+           "it does not name: the cluster's float64 / float16 / int16 nodes run in PyTorch")
+    return found or {n.name: why for n in calls if _touches_a_sparse_kernel_dtype(n)}
+
+
+_FULL_KERNEL_DTYPES = {torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
+
+
+def _touches_a_sparse_kernel_dtype(node) -> bool:
+    """The node reads or makes a tensor of a dtype ONNX Runtime's CPU kernels cover only in part."""
+    vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    return any(isinstance(v, torch.Tensor) and v.dtype not in _FULL_KERNEL_DTYPES for v in vals)
+
+
+def _target_text(target) -> str:
+    """How torch.onnx's fx_node metadata writes a call's target (torch.ops.aten.conv2d.default)."""
+    return f"torch.ops.{target}" if isinstance(target, torch._ops.OpOverload) else str(target)
+
+
+def _graph_copy(gm: GraphModule) -> GraphModule:
+    """A GraphModule with its own copy of gm's graph, sharing gm's tensors and submodules
+    (clustering rewrites the graph it is given)."""
+    import copy
+    from ...fx import torch_deprecation_silenced
+    with torch_deprecation_silenced():
+        return GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _as_numpy(t: torch.Tensor):
@@ -318,11 +374,28 @@ class OnnxRuntimeBackend:
         return True
 
     def compile(self, gm: GraphModule) -> Executable:
+        """Cluster, translate, create a session per cluster. A session ONNX Runtime refuses for
+        want of a CPU kernel for one node at its types (float64 Conv or Erf, RandomNormalLike)
+        names that node: it is refused and the graph clustered again, so it alone runs in
+        PyTorch rather than its whole cluster."""
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
-        fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
-        compile_one = functools.partial(self._compile_cluster, check_finite=check_finite)
-        infos = compile_each_cluster(fused, compile_one)
+        pristine = _graph_copy(gm)
+        names = {n.name for n in gm.graph.nodes}
+        refused: dict[str, str] = {}
+        while True:
+            no_kernel: dict[str, str] = {}
+            compile_one = functools.partial(self._compile_cluster, check_finite=check_finite, no_kernel=no_kernel)
+            fused, clustering = fuse_clusters(gm, self.capability.refusing(refused), self.options.min_cluster_size)
+            infos = compile_each_cluster(fused, compile_one)
+            more = {name: why for name, why in no_kernel.items() if name in names and name not in refused}
+            if not more or len(refused) >= _MAX_KERNEL_REFUSALS:
+                break
+            refused.update(more)
+            gm = _graph_copy(pristine)
+        for info in infos:
+            if info.status == "fallback":
+                log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
@@ -356,7 +429,9 @@ class OnnxRuntimeBackend:
         return model_bytes, runtime_inputs, "rebuilt" if status == "corrupt" else "miss"
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str], *,
-                         check_finite: bool = False) -> ClusterInfo:
+                         check_finite: bool = False, no_kernel: dict | None = None) -> ClusterInfo:
+        """One cluster's session (or its fallback); a session refused for want of a kernel adds
+        the FX nodes behind that ONNX node to `no_kernel` (name -> reason)."""
         sub: GraphModule = getattr(fused, call.target)
         inputs = split_inputs(fused, call, mutated)
         constants = inputs.constants
@@ -367,6 +442,7 @@ class OnnxRuntimeBackend:
             install_constant(fused, call, inputs, info)
             return info
         checks = float_inputs(fused, inputs.runtime_args)
+        model_bytes = None
         try:
             key = cache.cluster_key(sub, constants, self.options)
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants, _session_key(key, checks))
@@ -377,8 +453,9 @@ class OnnxRuntimeBackend:
             info.onnx = model_bytes
         except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
-            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
-            session, input_names = None, []
+            session, input_names = None, []   # (the warning: compile(), once the clusters are final)
+            if no_kernel is not None and model_bytes is not None:
+                no_kernel.update(_nodes_without_kernels(str(exc), model_bytes, sub))
         setattr(fused, call.target, OrtCluster(sub, session, input_names, inputs.by_position, inputs.arity,
                                                single, info, checks))
         call.args = tuple(inputs.runtime_args)

@@ -134,7 +134,8 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::special_erfcx": _inaccurate,
     "aten::special_log_ndtr": _inaccurate,
 }
-_SUPPORTED_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
+_SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16, torch.int32,
+                     torch.int64, torch.bool}
 
 
 def _translator():

@@ -131,6 +131,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
             _optimize_without_rewrite_rules(model)
     _register_folded_constants(model)
     _outputs_from_nodes(model)
+    _outputs_in_declared_dtypes(model, sub)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
 
@@ -270,6 +271,35 @@ def _outputs_from_nodes(model) -> None:
             out = node.outputs[0]
             out.name, out.shape, out.type = f"{value.name}__out", value.shape, value.type
             graph.outputs[i] = out
+
+
+def _outputs_in_declared_dtypes(model, sub: GraphModule) -> None:
+    """A graph output whose ONNX type is not the cluster's dtype for it gets a Cast. torch.onnx
+    (torch 2.13) loses the cast back of an op its type promotion computes in float32 when that op
+    is a graph output: `(x * 3 + x).abs()` on float16 came out float32 (the op's result is
+    float32 math rounded to float16 either way, so the Cast is what torch computes)."""
+    import onnx_ir as ir
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    declared = [getattr(o.meta.get("val"), "dtype", None) if isinstance(o, torch.fx.Node) else None
+                for o in (out if isinstance(out, (tuple, list)) else (out,))]
+    graph, ir_dtypes = model.graph, _ir_dtypes()
+    for i, (value, dtype) in enumerate(zip(list(graph.outputs), declared)):
+        want = ir_dtypes.get(dtype)
+        if want is None or value.dtype is None or value.dtype == want:
+            continue
+        node = ir.node("Cast", [value], attributes={"to": want}, num_outputs=1)
+        graph.append(node)
+        cast = node.outputs[0]
+        cast.name, cast.shape, cast.dtype = f"{value.name}__as_{dtype}".replace("torch.", ""), value.shape, want
+        graph.outputs[i] = cast
+
+
+def _ir_dtypes() -> dict:
+    """torch dtype -> onnx_ir DataType, for the dtypes the onnxruntime capability compiles."""
+    import onnx_ir as ir
+    return {torch.float32: ir.DataType.FLOAT, torch.float64: ir.DataType.DOUBLE, torch.float16: ir.DataType.FLOAT16,
+            torch.int8: ir.DataType.INT8, torch.uint8: ir.DataType.UINT8, torch.int16: ir.DataType.INT16,
+            torch.int32: ir.DataType.INT32, torch.int64: ir.DataType.INT64, torch.bool: ir.DataType.BOOL}
 
 
 def _constants_by_input(ep: torch.export.ExportedProgram) -> dict:
