@@ -153,3 +153,14 @@ def test_quantize_keeps_nothing_of_a_discarded_program(small_net):
     x = torch.randn(2, 3, 8, 8)
     first, *rest = _footprint_after_each(lambda: qlower.quantize(small_net, (x,), calib(x.shape)))
     assert all(counts == first for counts in rest)
+
+
+def test_fake_tensor_dispatch_cache_is_kept_bounded(small_net, monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import qlower.fx
+    x = torch.randn(2, 3, 8, 8)
+    qlower.compile(small_net, (x,), backend="reference")
+    assert len(FakeTensorMode.cache) > 0   # torch fills it while capturing
+    monkeypatch.setattr(qlower.fx, "FAKE_DISPATCH_CACHE_LIMIT", 0)
+    qlower.compile(small_net, (x,), backend="reference")
+    assert len(FakeTensorMode.cache) == 0
