@@ -25,6 +25,7 @@ from ..input_sums import with_input_sums
 from . import cache, cpu
 from .capability import onnxruntime_capability
 from .explicit_reduction_dims import ExplicitReductionDims
+from .four_d_attention import FourDAttention
 from .fuse_per_token import FusePerTokenLinear
 from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
@@ -361,10 +362,10 @@ class OnnxRuntimeBackend:
         return export_onnx(cm, path)
 
     def legalize_passes(self) -> list:
-        """Block ops ONNX Runtime lacks decomposed, torchlib's reduction gaps spelled out, and
-        fused kernels where they are proven exact."""
-        return [decompose_unsupported_block_ops(self.capability), ExplicitReductionDims(), FuseRequantize(),
-                FusePerTokenLinear()]
+        """Block ops ONNX Runtime lacks decomposed, torchlib's reduction and attention-rank gaps
+        spelled out, and fused kernels where they are proven exact."""
+        return [decompose_unsupported_block_ops(self.capability), ExplicitReductionDims(), FourDAttention(),
+                FuseRequantize(), FusePerTokenLinear()]
 
     def available(self) -> bool:
         try:

@@ -115,7 +115,16 @@ def _window_in_padding(node: Node) -> str | None:
 
 # Measured gaps of the translator or of ONNX Runtime 1.31 (the op translates, but the result
 # is wrong or the session rejects it): schema name -> predicate naming the failing variant.
+def _attention_rank(node: Node) -> str | None:
+    """query/key/value of rank 4 (`four_d_attention` brings ranks 2 and 3 there)"""
+    ranks = {len(s) for s in (_shape(a) for a in node.args[:3]) if s is not None}
+    if ranks and ranks != {4}:
+        return f"attention on rank-{'/'.join(map(str, sorted(ranks)))} query/key/value (torchlib takes rank 4 only)"
+    return None
+
+
 GAPS: dict[str, Callable[[Node], str | None]] = {
+    "aten::scaled_dot_product_attention": _attention_rank,
     "aten::avg_pool2d": _divisor_override,
     "aten::max_pool2d": _window_in_padding,
     "aten::max_pool2d_with_indices": _window_in_padding,

@@ -14,6 +14,10 @@ BEFORE:  mn, mx = aten.aminmax(x, dim=None, keepdim)   (getitem 0 / 1)
 AFTER:   mn = aten.amin(x, [0..r-1], keepdim)   mx = aten.amax(x, [0..r-1], keepdim)
 A 0-d input with a dim (0 or -1) is a clone too (torchlib emits ReduceMax over axis 0 of a
 0-d tensor, which ONNX Runtime rejects).
+BEFORE:  n = aten.linalg_vector_norm(x, ord, dim, keepdim)   # x 0-d, ord != 0, no dtype
+AFTER:   n = aten.abs(x)                                      # |x| for every such ord
+(torchlib's ReduceL2 / ReduceL1 over axis 0 of a 0-d tensor: "axis must be in [-rank,
+rank-1]", OpInfo's linalg.vector_norm; ord 0 counts non-zeros and is left alone).
 Near misses left alone: a non-empty `dim` on a tensor of rank >= 1 (aminmax: a dim); other
 reductions.
 Postconditions: values identical. Idempotent: a rewritten node has a non-empty `dim`.
@@ -47,6 +51,8 @@ class ExplicitReductionDims(Pass):
                     self._make_explicit(part, ctx)
             elif node.target in REDUCTIONS:
                 changed |= self._make_explicit(node, ctx)
+            elif node.target is aten.linalg_vector_norm.default:
+                changed |= self._scalar_norm(node, ctx)
         if changed:
             gm.recompile()
         return changed
@@ -62,6 +68,15 @@ class ExplicitReductionDims(Pass):
         else:
             node.args, node.kwargs = (x, list(range(rank)), keepdim), {}
         ctx.rewrites["amax/amin over every dim made explicit"] += 1
+        return True
+
+    @staticmethod
+    def _scalar_norm(node, ctx: PassContext) -> bool:
+        x, ord_ = full_args(node)[:2]
+        if _rank(x) != 0 or ord_ == 0 or node.kwargs.get("dtype") is not None:
+            return False
+        node.target, node.args, node.kwargs = aten.abs.default, (x,), {}
+        ctx.rewrites["norm of a 0-d tensor written as abs"] += 1
         return True
 
     @staticmethod
