@@ -113,6 +113,12 @@ def constant_value(gm: GraphModule, node) -> torch.Tensor | None:
     return obj if isinstance(obj, torch.Tensor) else None
 
 
+def rank_of(x) -> int | None:
+    """The rank of a node's tensor value (None: not a node, or not a tensor)."""
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    return val.dim() if isinstance(val, torch.Tensor) else None
+
+
 def fake_mode_of(gm: GraphModule):
     vals = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     return detect_fake_mode(vals)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule
 
-from ...fx import call, full_args
+from ...fx import call, full_args, rank_of
 from ...passes.base import Pass, PassContext
 
 aten = torch.ops.aten
@@ -60,7 +60,7 @@ class ExplicitReductionDims(Pass):
     @staticmethod
     def _make_explicit(node, ctx: PassContext) -> bool:
         x, dim, keepdim = full_args(node)[:3]
-        rank = _rank(x)
+        rank = rank_of(x)
         if rank is None or (list(dim or []) and rank > 0):
             return False
         if rank == 0:   # with or without a dim (0 / -1): torchlib's ReduceMax rejects axis 0 of a 0-d tensor
@@ -73,7 +73,7 @@ class ExplicitReductionDims(Pass):
     @staticmethod
     def _scalar_norm(node, ctx: PassContext) -> bool:
         x, ord_ = full_args(node)[:2]
-        if _rank(x) != 0 or ord_ == 0 or node.kwargs.get("dtype") is not None:
+        if rank_of(x) != 0 or ord_ == 0 or node.kwargs.get("dtype") is not None:
             return False
         node.target, node.args, node.kwargs = aten.abs.default, (x,), {}
         ctx.rewrites["norm of a 0-d tensor written as abs"] += 1
@@ -84,7 +84,7 @@ class ExplicitReductionDims(Pass):
         """aminmax over every dim: its two results as amin and amax nodes (made explicit next)."""
         x, dim, keepdim = full_args(node)[:3]
         users = list(node.users)
-        if (dim is not None and _rank(x) != 0) or not all(u.target is operator.getitem for u in users):
+        if (dim is not None and rank_of(x) != 0) or not all(u.target is operator.getitem for u in users):
             return []
         with gm.graph.inserting_before(node):
             parts = [call(gm, target, (x, [], keepdim), like=node) for target in (aten.amin.default, aten.amax.default)]
@@ -95,7 +95,3 @@ class ExplicitReductionDims(Pass):
         ctx.rewrites["aminmax over every dim split into amin and amax"] += 1
         return parts
 
-
-def _rank(x) -> int | None:
-    val = x.meta.get("val") if isinstance(x, Node) else None
-    return val.dim() if isinstance(val, torch.Tensor) else None

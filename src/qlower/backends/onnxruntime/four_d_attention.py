@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from ...fx import call, full_args
+from ...fx import call, full_args, rank_of
 from ...passes.base import Pass, PassContext
 
 aten = torch.ops.aten
@@ -46,11 +46,11 @@ class FourDAttention(Pass):
     @staticmethod
     def _to_rank_4(gm: GraphModule, node: Node, ctx: PassContext) -> bool:
         q, k, v, mask = full_args(node)[:4]
-        ranks = {_rank(t) for t in (q, k, v)}
+        ranks = {rank_of(t) for t in (q, k, v)}
         if len(ranks) != 1 or next(iter(ranks)) not in (2, 3):
             return False
         rank = next(iter(ranks))
-        if mask is not None and (_rank(mask) is None or _rank(mask) > rank):
+        if mask is not None and (rank_of(mask) is None or rank_of(mask) > rank):
             return False
         lead = 4 - rank
         with gm.graph.inserting_before(node):
@@ -68,7 +68,3 @@ def _unsqueezed(gm: GraphModule, t: Node, times: int, like: Node) -> Node:
         t = call(gm, aten.unsqueeze.default, (t, 0), like=like)
     return t
 
-
-def _rank(x) -> int | None:
-    val = x.meta.get("val") if isinstance(x, Node) else None
-    return val.dim() if isinstance(val, torch.Tensor) else None
