@@ -304,7 +304,9 @@ def forgets_discarded_graphs(fn):
     the call, the source of every GraphModule created during it and not reachable from its result
     is forgotten (the code objects stay valid; only `inspect.getsource` of a discarded module
     would notice), the third-party caches keyed by a module are emptied, and FakeTensorMode's
-    dispatch cache is cleared once past FAKE_DISPATCH_CACHE_LIMIT entries."""
+    dispatch cache is cleared once past FAKE_DISPATCH_CACHE_LIMIT entries. A compile running
+    in another thread meanwhile loses at most the source lines of its tracebacks and some cache
+    hits, never a result."""
     from torch.fx.graph_module import _loader
 
     @functools.wraps(fn)
