@@ -715,3 +715,13 @@ def test_norm_of_a_0d_tensor_is_abs_and_runs_in_onnx_runtime(ord_):
     assert not cm.report().fallbacks and torch.equal(cm(x), Norm(ord_)(x))
     zero = torch.export.export(Norm(0), (x,)).module()
     assert ExplicitReductionDims().run(zero, PassContext()) is False
+
+
+def test_norm_of_a_0d_tensor_with_a_dtype_casts_then_takes_abs():
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.vector_norm(x, 2, dtype=torch.float64)
+    x = torch.tensor(-3.5)
+    cm = qlower.compile(Norm(), (x,), backend="onnxruntime")
+    out = cm(x)
+    assert not cm.report().fallbacks and out.dtype == torch.float64 and torch.equal(out, Norm()(x))

@@ -14,8 +14,8 @@ BEFORE:  mn, mx = aten.aminmax(x, dim=None, keepdim)   (getitem 0 / 1)
 AFTER:   mn = aten.amin(x, [0..r-1], keepdim)   mx = aten.amax(x, [0..r-1], keepdim)
 A 0-d input with a dim (0 or -1) is a clone too (torchlib emits ReduceMax over axis 0 of a
 0-d tensor, which ONNX Runtime rejects).
-BEFORE:  n = aten.linalg_vector_norm(x, ord, dim, keepdim)   # x 0-d, ord != 0, no dtype
-AFTER:   n = aten.abs(x)                                      # |x| for every such ord
+BEFORE:  n = aten.linalg_vector_norm(x, ord, dim, keepdim, dtype=d)   # x 0-d, ord != 0
+AFTER:   n = aten.abs(aten._to_copy(x, dtype=d))   # |x| for every such ord (no copy without d)
 (torchlib's ReduceL2 / ReduceL1 over axis 0 of a 0-d tensor: "axis must be in [-rank,
 rank-1]", OpInfo's linalg.vector_norm; ord 0 counts non-zeros and is left alone).
 Near misses left alone: a non-empty `dim` on a tensor of rank >= 1 (aminmax: a dim); other
@@ -52,7 +52,7 @@ class ExplicitReductionDims(Pass):
             elif node.target in REDUCTIONS:
                 changed |= self._make_explicit(node, ctx)
             elif node.target is aten.linalg_vector_norm.default:
-                changed |= self._scalar_norm(node, ctx)
+                changed |= self._scalar_norm(gm, node, ctx)
         if changed:
             gm.recompile()
         return changed
@@ -71,10 +71,14 @@ class ExplicitReductionDims(Pass):
         return True
 
     @staticmethod
-    def _scalar_norm(node, ctx: PassContext) -> bool:
+    def _scalar_norm(gm: GraphModule, node, ctx: PassContext) -> bool:
         x, ord_ = full_args(node)[:2]
-        if rank_of(x) != 0 or ord_ == 0 or node.kwargs.get("dtype") is not None:
+        dtype = node.kwargs.get("dtype")
+        if rank_of(x) != 0 or ord_ == 0:
             return False
+        if dtype is not None and dtype != x.meta["val"].dtype:
+            with gm.graph.inserting_before(node):
+                x = call(gm, aten._to_copy.default, (x,), {"dtype": dtype}, like=node)
         node.target, node.args, node.kwargs = aten.abs.default, (x,), {}
         ctx.rewrites["norm of a 0-d tensor written as abs"] += 1
         return True
