@@ -24,6 +24,7 @@ from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, insta
 from ..input_sums import with_input_sums
 from . import cache, cpu
 from .capability import onnxruntime_capability
+from .canonical_aliases import CanonicalAliases
 from .explicit_reduction_dims import ExplicitReductionDims
 from .four_d_attention import FourDAttention
 from .fuse_per_token import FusePerTokenLinear
@@ -362,10 +363,10 @@ class OnnxRuntimeBackend:
         return export_onnx(cm, path)
 
     def legalize_passes(self) -> list:
-        """Block ops ONNX Runtime lacks decomposed, torchlib's reduction and attention-rank gaps
-        spelled out, and fused kernels where they are proven exact."""
-        return [decompose_unsupported_block_ops(self.capability), ExplicitReductionDims(), FourDAttention(),
-                FuseRequantize(), FusePerTokenLinear()]
+        """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
+        and attention-rank gaps spelled out, and fused kernels where they are proven exact."""
+        return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
+                FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
 
     def available(self) -> bool:
         try:
