@@ -129,15 +129,15 @@ def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> 
     found = {n.name: why for n in calls if _target_text(n.target) in targets}
     # a node inside an op's own function body (Gelu's Erf) names no FX node: the kernels ONNX
     # Runtime lacks are for float64 / float16 / int16, so those nodes leave the cluster
-    why = (f"ONNX Runtime had no CPU kernel for {op_type} (opset {m.group(2)}) in this node's cluster, for a node "
+    unnamed = (f"ONNX Runtime had no CPU kernel for {op_type} (opset {m.group(2)}) in this node's cluster, for a node "
            "it does not name: the cluster's float64 / float16 / int16 nodes run in PyTorch")
-    return found or {n.name: why for n in calls if _touches_a_sparse_kernel_dtype(n)}
+    return found or {n.name: unnamed for n in calls if _touches_a_partly_covered_dtype(n)}
 
 
 _FULL_KERNEL_DTYPES = {torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
 
 
-def _touches_a_sparse_kernel_dtype(node) -> bool:
+def _touches_a_partly_covered_dtype(node) -> bool:
     """The node reads or makes a tensor of a dtype ONNX Runtime's CPU kernels cover only in part."""
     vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
     return any(isinstance(v, torch.Tensor) and v.dtype not in _FULL_KERNEL_DTYPES for v in vals)
