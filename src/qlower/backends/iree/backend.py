@@ -214,7 +214,7 @@ class IreeBackend:
         _one_user_per_size(gm)
         refused: dict[str, str] = {}
         while True:   # a float op a TOSA module cannot import leaves it: cluster again without it
-            clusters = _sizes_with_their_users(cluster_graph(gm.graph, self._capability_for(refused),
+            clusters = _sizes_with_their_users(cluster_graph(gm.graph, self.capability.refusing(refused),
                                                              self.options.min_cluster_size).clusters)
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
             more = {n.name: why for c, t in zip(clusters, tosa) for n in c if kind_of(n) == "torch" and
@@ -224,11 +224,7 @@ class IreeBackend:
             refused.update(more)
         kinds = {f"cluster_{i}": ("tosa" if t else "torch") for i, t in enumerate(tosa)}
         fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clusters], prefix="cluster_")
-        return fused, kinds, self._capability_for(refused)
-
-    def _capability_for(self, refused: dict[str, str]) -> Capability:
-        """The capability, also refusing the nodes named in `refused` (name -> reason)."""
-        return self.capability.refusing(refused)
+        return fused, kinds, self.capability.refusing(refused)
 
     @staticmethod
     def _pytorch_infos(fused: GraphModule, start: int, capability: Capability) -> list[ClusterInfo]:

@@ -23,7 +23,7 @@ from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, insta
                         tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
 from . import cache, cpu
-from .capability import onnxruntime_capability
+from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
 from .canonical_aliases import CanonicalAliases
 from .explicit_reduction_dims import ExplicitReductionDims
 from .four_d_attention import FourDAttention
@@ -134,13 +134,10 @@ def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> 
     return found or {n.name: unnamed for n in calls if _touches_a_partly_covered_dtype(n)}
 
 
-_FULL_KERNEL_DTYPES = {torch.float32, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
-
-
 def _touches_a_partly_covered_dtype(node) -> bool:
     """The node reads or makes a tensor of a dtype ONNX Runtime's CPU kernels cover only in part."""
     vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
-    return any(isinstance(v, torch.Tensor) and v.dtype not in _FULL_KERNEL_DTYPES for v in vals)
+    return any(isinstance(v, torch.Tensor) and v.dtype in PARTLY_COVERED_DTYPES for v in vals)
 
 
 def _target_text(target) -> str:

@@ -143,8 +143,12 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::special_erfcx": _inaccurate,
     "aten::special_log_ndtr": _inaccurate,
 }
-_SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16, torch.int32,
-                     torch.int64, torch.bool}
+# dtypes ONNX Runtime's CPU kernels cover for (nearly) every op, and those they cover only in
+# part (float64 Conv / Erf have none): a node lacking its kernel is refused when the session
+# says so (backends/onnxruntime/__init__.py, _nodes_without_kernels)
+FULL_KERNEL_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
+PARTLY_COVERED_DTYPES = {torch.float64, torch.float16, torch.int16}
+_SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES
 
 
 def _translator():
