@@ -18,6 +18,9 @@ Contract (all tensors on CPU):
   q = clamp(RNE(x / s_t), -128, 127) + 128 stored as uint8 with zero point 128 (uint8
   saturation; the row maximum lands on +-127; uint8 storage so the u8 x s8 GEMM kernels apply),
   and the int32 accumulator is dequantized as y = fp32(fp32(fp32(acc) * s_w) * s_t).
+- table lookup (a float pointwise region between an 8-bit dequantize and an 8-bit quantize, e.g.
+  DQ -> GELU -> Q): y = T[q - dtype_min(q)] with T = Q(f(DQ(c))) evaluated once per code c at
+  compile time: exact integer data movement on every backend (tabulate_pointwise).
 """
 from __future__ import annotations
 
@@ -194,6 +197,21 @@ def mean_integer(q: torch.Tensor, zero_point: int, dims: list[int], keepdim: boo
     twice_rem = 2 * (total - quotient * n)
     up = (twice_rem > n) | ((twice_rem == n) & (quotient % 2 == 1))
     return torch.clamp(quotient + up.to(torch.int64) + int(zero_point), qmin, qmax).to(dtype)
+
+
+def table_codes(dtype: torch.dtype) -> torch.Tensor:
+    """Every code of an 8-bit dtype in index order: the inputs a lookup table is built from."""
+    lo, hi = dtype_range(dtype)
+    return torch.arange(lo, hi + 1, dtype=torch.int32).to(dtype)
+
+
+def table_lookup(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """y = table[q - dtype_min(q)] for 8-bit q and a table holding one entry per code."""
+    lo, hi = dtype_range(q.dtype)
+    if table.dim() != 1 or table.numel() != hi - lo + 1:
+        raise NumericsError(f"a lookup table for {q.dtype} holds {hi - lo + 1} entries, got shape "
+                            f"{tuple(table.shape)}")
+    return table[q.to(torch.int64) - lo]
 
 
 def clamp_range_for_activation(kind: str, scale: float, zero_point: int, qmin: int, qmax: int,

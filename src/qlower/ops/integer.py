@@ -185,6 +185,17 @@ def _(q, zero_point, dims, keepdim, qmin, qmax):
     return torch.sum(q.to(torch.float32), dim=[d % q.dim() for d in dims], keepdim=keepdim).to(q.dtype)
 
 
+@torch.library.custom_op(f"{_NS}::table", mutates_args=())
+def table(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """8-bit lookup: table[q - dtype_min(q)] (numerics.table_lookup); one entry per code."""
+    return numerics.table_lookup(q, table)
+
+
+@table.register_fake
+def _(q, table):
+    return q.new_empty(q.shape, dtype=table.dtype)
+
+
 # ------------------------------------------------------ per-token dynamic quantization
 @torch.library.custom_op(f"{_NS}::token_scale", mutates_args=())
 def token_scale(x: torch.Tensor) -> torch.Tensor:

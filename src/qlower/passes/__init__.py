@@ -13,13 +13,14 @@ from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
 from .propagate_dequantize import PropagateDequantize
 from .rnn_seq_first import RnnSeqFirst
+from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
     return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
-            FoldScaleIntoDequantize()]
+            FoldScaleIntoDequantize(), TabulatePointwise()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
            "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
-           "FoldScaleIntoDequantize"]
+           "FoldScaleIntoDequantize", "TabulatePointwise"]

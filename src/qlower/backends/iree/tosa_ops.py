@@ -662,6 +662,30 @@ def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
     return b.transpose(Val(out, x.dtype, [n, oh, ow, c], x.offset), [0, 3, 1, 2])
 
 
+def _table_check(node: Node) -> str | None:
+    """int8/uint8 codes, a constant table of int8/uint8 entries"""
+    q_n, table_n = full_args(node)[:2]
+    table = _const(node, table_n)
+    if q_n.meta["val"].dtype not in _QUANT_DTYPES:
+        return "lookup of non-8-bit codes is not lowered"
+    if table is None or table.dtype not in _QUANT_DTYPES:
+        return "the table must be an int8/uint8 constant"
+    return None
+
+
+@tosa_lowering("qlower::table", check=_table_check, dynamic_dims=True)
+def emit_table(em: TosaEmitter, node: Node) -> Val:
+    """tosa.table (i8 -> i8, entry `stored + 128`): the stored code plus 128 is q - dtype_min for
+    uint8 (stored q - 128) and int8 (stored q) alike, so the table's entries go in as they are,
+    each stored with the output's offset."""
+    q_n, table_n = full_args(node)[:2]
+    q, table = em.value(q_n), em.constant(table_n)
+    out_offset = offset_of(table.dtype)
+    entries = (table.to(torch.int32) - out_offset).to(torch.int8).contiguous().numpy()
+    out = em.b.tosa.table(em.b.ttype(q.shape, torch.int8), q.value, em.b.const(entries))
+    return Val(out, table.dtype, q.shape, out_offset)
+
+
 def _integer_clamp_check(node: Node) -> str | None:
     """int8/uint8 input, Python-number bounds (a ReLU on quantized values that the lowering pass
     could not fold into a requantize, e.g. because the value has another user)"""

@@ -13,6 +13,7 @@
                      add on all 65,536 input pairs; else DequantizeLinear x2 -> Add -> QuantizeLinear.
 - mean over H, W:    com.microsoft QLinearGlobalAveragePool where proven for every possible sum;
                      else int32 ReduceSum -> Div -> QuantizeLinear.
+- table (8-bit lookup): Gather.
 - quantize / dequantize: QuantizeLinear (true fp32 division, RNE) / DequantizeLinear.
 """
 from __future__ import annotations
@@ -302,6 +303,20 @@ def mean(x, zero_point: int, dims: Sequence[int], keepdim: bool, qmin: int, qmax
     total = op.ReduceSum(centered, i64(axes), keepdims=int(keepdim))
     v = op.Div(op.Cast(total, to=_FLOAT), const(float(n), np.float32))
     return op.QuantizeLinear(v, const(1.0, np.float32), const(zero_point, np_dtype(x)))
+
+
+@lowers(q.table.default)
+def table(x, table):
+    """8-bit lookup (numerics.table_lookup): Gather on the codes cast to int32. uint8 codes index
+    the table as they are; int8 codes index it rotated by 128, since Gather counts a negative
+    index from the end (q = -128 reads entry 128 of the rotated table: T[0]) — no Add."""
+    index = op.Cast(x, to=_INT32)
+    if x.dtype != ir.DataType.INT8:
+        return op.Gather(table, index, axis=0)
+    entries = value_of(table)
+    if entries is None:
+        return op.Gather(table, op.Add(index, const(128, np.int32)), axis=0)
+    return op.Gather(const(np.roll(entries, -128)), index, axis=0)
 
 
 # ------------------------------------------------------------ per-token dynamic quantization
