@@ -559,12 +559,13 @@ def test_canonical_numerics_keep_integer_ops_which_openvino_runs_in_float():
 
 
 def test_engine_native_pipeline_hook_adapts_only_the_default_pipeline():
-    """The backend's pipeline hook drops the integer lowering under numerics='openvino' only,
+    """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm, which
+    OpenVINO cannot run canonically) under numerics='openvino' only,
     and a user's explicit passes= are run as given (integer ops again)."""
-    from qlower.passes import LowerPerTokenLinear, LowerQDQ, default_pipeline
+    from qlower.passes import IntegerLayerNorm, LowerPerTokenLinear, LowerQDQ, default_pipeline
     native = OpenVinoBackend(OvOptions(numerics="openvino")).pipeline(default_pipeline())
-    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear)) for p in native)
-    assert len(native) == len(default_pipeline()) - 2
+    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear, IntegerLayerNorm)) for p in native)
+    assert len(native) == len(default_pipeline()) - 3
     canonical = OpenVinoBackend().pipeline(default_pipeline())
     assert [type(p) for p in canonical] == [type(p) for p in default_pipeline()]
     entry = ZOO["cnn"]
@@ -716,3 +717,83 @@ def test_call_with_nan_input_runs_the_cluster_in_pytorch_and_says_so():
     info = cm.report().compiled[0]
     assert info.nonfinite_calls == 1 and info.status == "compiled"
     assert "1 call(s) with NaN/inf inputs ran in PyTorch" in str(cm.report())
+
+
+# ----------------------------------------------------------------- int64 computed in int32
+class Int64Moves(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(-1), x + 1, x.cumsum(-1), (x * 3).sum(-1)
+
+
+class Int64Variance(torch.nn.Module):
+    """A LayerNorm's integer variance over uint8 rows: N * sum(d^2) - sum(d)^2 leaves int32."""
+
+    def forward(self, q):
+        d = q.to(torch.int64) - 3
+        return 768 * (d * d).sum(-1, keepdim=True) - d.sum(-1, keepdim=True) ** 2
+
+
+def _equal(got, want):
+    return all(torch.equal(g, w) for g, w in zip(got if isinstance(got, tuple) else (got,),
+                                                   want if isinstance(want, tuple) else (want,)))
+
+
+def test_int64_inputs_beyond_the_checked_bound_run_in_pytorch_not_wrapped():
+    """OpenVINO's CPU plugin computes int64 in int32 (openvinotoolkit/openvino#35823): before, an
+    input of 5e9 came back from a reshape as 705032704, silently. Small values run in OpenVINO."""
+    small = torch.tensor([[5, 7, -3, 2]]) * 100000
+    cm = qlower.compile(Int64Moves(), (small,), backend="openvino")
+    assert [c.status for c in cm.report().clusters] == ["compiled"]
+    assert _equal(cm(small), Int64Moves()(small)) and not cm.report().clusters[0].int64_overflow_calls
+    big = torch.tensor([[5_000_000_000, 7, -3_000_000_000, 2]])
+    assert _equal(cm(big), Int64Moves()(big))
+    assert cm.report().clusters[0].int64_overflow_calls == 1
+    assert "int64 values that could leave int32 ran in PyTorch" in str(cm.report())
+
+
+def test_int64_arithmetic_that_can_leave_int32_runs_in_pytorch():
+    q = torch.randint(0, 256, (4, 768), dtype=torch.uint8)
+    cm = qlower.compile(Int64Variance(), (q,), backend="openvino")
+    want = Int64Variance()(q)
+    assert int(want.max()) > 2 ** 31 and _equal(cm(q), want)
+    cluster = next(c for c in cm.report().clusters if c.status == "compiled")
+    assert cluster.int64_overflow_calls == 1   # the variance of these rows leaves int32: PyTorch ran it
+    small = torch.randint(0, 4, (4, 768), dtype=torch.uint8)   # here it stays inside: OpenVINO runs it
+    assert _equal(cm(small), Int64Variance()(small)) and cluster.int64_overflow_calls == 1
+
+
+def test_int64_bounds_follow_the_arithmetic():
+    from qlower.backends.openvino.int64_bounds import INT32_MAX, Int64Bounds, RangeCheck, bounded_op
+
+    class Positions(torch.nn.Module):
+        def forward(self, ids, mask):
+            pos = mask.cumsum(-1) - 1          # HF-style position ids: bounded by the sequence length
+            return ids + pos, ids * ids, (pos * mask).float()
+
+    ids = torch.randint(0, 1000, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    seq = torch.export.Dim("seq", max=512)
+    gm = torch.export.export(Positions(), (ids, mask), dynamic_shapes=({1: seq}, {1: seq})).module()
+    by_name = {n.name: n for n in gm.graph.nodes}
+    bounds = Int64Bounds(lambda n: {"ids": 999.0, "mask": 1.0}.get(n.name))
+    cumsum = next(n for n in gm.graph.nodes if "cumsum" in n.name)
+    assert bounds.of(cumsum) == 512                   # the declared Dim max bounds the sum of a 0/1 mask
+    muls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.mul.Tensor]
+    assert sorted(bounds.of(m) for m in muls) == [513 * 1, 999 * 999]
+    assert all(bounded_op(n) for n in gm.graph.nodes if n.op == "call_function")
+    check = RangeCheck(gm, {})
+    assert check([ids, mask]) and check([ids, mask])          # the second call: monotone shortcut
+    big = torch.full((2, 16), 50_000)                         # ids * ids = 2.5e9 > int32
+    assert not check([big, mask]) and 50_000 ** 2 > INT32_MAX
+    assert by_name["ids"].op == "placeholder"
+
+
+def test_float_to_int64_cast_is_refused_on_openvino():
+    class Cast(torch.nn.Module):
+        def forward(self, x):
+            return (x * 1e10).long() + 1
+
+    x = torch.randn(4, 8)
+    cm = qlower.compile(Cast(), (x,), backend="openvino")
+    assert torch.equal(cm(x), Cast()(x))
+    assert any("cannot bound" in (c.reason or "") for c in cm.report().fallbacks)

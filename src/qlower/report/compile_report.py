@@ -18,6 +18,7 @@ class ClusterInfo:
     max_abs_diff: float | None = None  # worst |backend - PyTorch| seen with QLOWER_CHECK_CLUSTERS=1
     cache: str | None = None           # memory | disk | miss | rebuilt (a corrupt disk entry was replaced)
     nonfinite_calls: int | None = None   # calls whose NaN/inf inputs ran this cluster in PyTorch (openvino)
+    int64_overflow_calls: int | None = None   # calls whose int64 values could leave int32: PyTorch (openvino)
     onnx: bytes | None = field(default=None, repr=False, compare=False)  # the emitted model, if any
 
 
@@ -117,6 +118,8 @@ class CompileReport:
                 status += f", worst diff vs PyTorch {c.max_abs_diff:.3g}"
             if c.nonfinite_calls:
                 status += f", {c.nonfinite_calls} call(s) with NaN/inf inputs ran in PyTorch"
+            if c.int64_overflow_calls:
+                status += f", {c.int64_overflow_calls} call(s) with int64 values that could leave int32 ran in PyTorch"
             lines.append(f"  #{c.id} {c.backend}: {c.nodes} nodes, {status}; {ops}")
         if self.rewrites:
             lines.append("rewrites:")

@@ -29,6 +29,7 @@ from ...report import ClusterInfo
 from ..onnxruntime.cache import LRUCache
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
+from .int64_bounds import RangeCheck
 from ..clusters import compile_each_cluster, float_inputs, fuse_clusters, install_constant, pytorch_infos, split_inputs
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
@@ -123,8 +124,8 @@ class OpenVinoBackend:
         int8 lowering (no qlower integer ops); canonical numerics run the default pipeline."""
         if not self.options.native:
             return passes
-        from ...passes import LowerPerTokenLinear, LowerQDQ
-        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerQDQ))]
+        from ...passes import IntegerLayerNorm, LowerPerTokenLinear, LowerQDQ
+        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerQDQ, IntegerLayerNorm))]
 
     def adjust_observers(self, observed) -> None:
         """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly
@@ -217,7 +218,8 @@ class OpenVinoBackend:
             info.status, info.reason = "fallback", f"compile failed: {error_summary(exc)}"
             log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
             compiled, feed = None, None
+        range_check = RangeCheck(sub, inputs.by_position)
         setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info,
-                                              feed, checks))
+                                              feed, checks, range_check if range_check.needed else None))
         call.args = tuple(inputs.runtime_args)
         return info

@@ -25,6 +25,7 @@ from torch.fx import Node
 
 from ...fx import constant_value, full_args, schema_name
 from ...partition import Capability
+from .int64_bounds import bounded_op, produces_int64
 from ..onnxruntime.capability import onnxruntime_capability
 from ..pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs,
                              pool_geometry, window_exceeds_input)
@@ -238,9 +239,24 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     refine(("qlower::attention",), _ieee_attention)
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
-    for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
+    for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc",
+                 "qlower::layer_norm_integer"):
         cap.register(name, _divides_at_run_time)
+    refine(list(cap.ops), _int64_values_stay_int32)
     return cap
+
+
+def _int64_values_stay_int32(node: Node) -> str | None:
+    """an int64 op whose result can be bounded from its operands (int64_bounds.py)
+
+    OpenVINO's CPU plugin computes int64 in int32 (openvinotoolkit/openvino#35823). Each cluster
+    bounds its int64 values from the actual arguments on every call and runs a call that could
+    leave int32 in PyTorch (int64_bounds.RangeCheck); an op it cannot bound (one it does not
+    know, a float -> int64 cast: OpenVINO returns INT32_MIN for large floats, #35896) runs in
+    PyTorch always."""
+    if produces_int64(node) and not bounded_op(node):
+        return "OpenVINO's CPU plugin computes int64 in int32 and qlower cannot bound this op's values"
+    return None
 
 
 def _ieee_attention(node: Node) -> str | None:
@@ -254,7 +270,7 @@ def _ieee_attention(node: Node) -> str | None:
 
 
 def _divides_at_run_time(node: Node) -> str | None:
-    """never: run-time scales (per-token quantization)"""
+    """never: run-time scales (per-token quantization, integer LayerNorm)"""
     # Measured on a two-linear per-token model against the reference backend: with these ops in
     # OpenVINO the outputs differed (its graph transformations turn a division by a run-time
     # value into a multiply by the reciprocal, and regroup the products of the accumulator and the two scales);

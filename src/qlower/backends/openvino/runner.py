@@ -88,7 +88,8 @@ class OvCluster(torch.nn.Module):
 
     def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
                  output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo,
-                 feed: list[int] | None = None, finite_checks: dict[int, str | None] | None = None):
+                 feed: list[int] | None = None, finite_checks: dict[int, str | None] | None = None,
+                 int64_range=None):
         super().__init__()
         # runtime argument positions of the compiled model's inputs, in its order; None: all of
         # them in order (OpenVINO drops ONNX inputs nothing reads, e.g. a KV-cache step's sizes)
@@ -97,6 +98,10 @@ class OvCluster(torch.nn.Module):
         # compiled model returns after its own outputs; NaN/inf in one runs the call in PyTorch
         # (clusters.float_inputs says why)
         self.finite_checks = finite_checks or {}
+        # int64_bounds.RangeCheck, or None: OpenVINO computes int64 in int32, so a call whose
+        # int64 values could leave int32 runs in PyTorch (measured: an int64 5e9 came back from a
+        # reshape as 705032704)
+        self.int64_range = int64_range
         self.fallback = fallback   # what the engine was given
         self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
         self.constants = constants
@@ -116,13 +121,18 @@ class OvCluster(torch.nn.Module):
             request = self._requests[key] = self.compiled.create_infer_request()
         return request
 
-    def _pytorch(self, runtime_args):
+    def _all_args(self, runtime_args) -> list:
         it = iter(runtime_args)
-        return run_in_pytorch(self.in_pytorch, [self.constants[i] if i in self.constants else next(it)
-                                              for i in range(self.arity)])
+        return [self.constants[i] if i in self.constants else next(it) for i in range(self.arity)]
+
+    def _pytorch(self, runtime_args):
+        return run_in_pytorch(self.in_pytorch, self._all_args(runtime_args))
 
     def forward(self, *args):
         if self.compiled is None:
+            return self._pytorch(args)
+        if self.int64_range is not None and not self.int64_range(self._all_args(args)):
+            self.info.int64_overflow_calls = (self.info.int64_overflow_calls or 0) + 1
             return self._pytorch(args)
         try:
             request = self._request()
