@@ -674,18 +674,14 @@ def test_backend_registered_and_options_checked():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenet", "transformer", "vit"])
 def test_zoo_int8_fixed_no_fallbacks(name):
-    """mobilenet is all integer: bit-exact. transformer/vit end in float ops (LayerNorm, mean)
-    that run on IREE's float kernels: integer parts equal, outputs differ by float rounding only
-    (measured max 4.8e-7), so the check is assert_close at float32 defaults, not equality."""
+    """Bit-exact: mobilenet is all integer; the transformer's and ViT's LayerNorms are integer
+    (integer_layer_norm) and their GELUs tables (was: 4.8e-7 off, IREE's float LayerNorm)."""
     entry = ZOO[name]
     ref, got = (qlower.compile(entry.model(), entry.inputs(1), quantize="int8", calibration=entry.calibration(4),
                                backend=b, profile="fixed") for b in ("reference", "iree"))
     assert got.report().fallbacks == []
     x = entry.inputs(1, seed=11)
-    if name == "mobilenet":
-        assert_equal(ref(*x), got(*x))
-    else:
-        torch.testing.assert_close(got(*x), ref(*x))
+    assert_equal(ref(*x), got(*x))
 
 
 # ------------------------------------------------------------------ dynamic batch (issue 16)
@@ -709,9 +705,8 @@ def _one_iree_cluster(cm):
 
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
 def test_dynamic_batch_int8_compiles_once_and_runs_every_batch(name):
-    """One module with a `?` batch dim runs batch 1, 3 and 8: the CNN is bit-exact (integer
-    all the way to the final dequantize); the transformer ends in LayerNorm on IREE's float
-    kernels, equal up to float rounding (as with static shapes)."""
+    """One module with a `?` batch dim runs batch 1, 3 and 8, bit-exact: the CNN is integer all
+    the way to the final dequantize, the transformer's LayerNorms integer (integer_layer_norm)."""
     entry = ZOO[name]
     ref, got = _dynamic_pair(entry, quantize=True)
     _one_iree_cluster(got)
@@ -719,10 +714,7 @@ def test_dynamic_batch_int8_compiles_once_and_runs_every_batch(name):
     assert "tensor<?x" in cluster.mlir   # the batch dim is dynamic in the module itself
     for b in (1, 3, 8):
         (x,) = entry.inputs(b, seed=20 + b)
-        if name == "cnn":
-            assert_equal(ref(x), got(x))
-        else:
-            torch.testing.assert_close(got(x), ref(x))
+        assert_equal(ref(x), got(x))
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
@@ -1629,7 +1621,7 @@ def test_zoo_transformer_int8_with_batch_and_sequence_dynamic_is_one_cluster():
     g = torch.Generator().manual_seed(5)
     for b, s in ((1, 2), (3, 20), (8, 16)):
         x = torch.randn(b, s, 64, generator=g)
-        torch.testing.assert_close(got(x), ref(x), rtol=0, atol=1e-5)   # float LayerNorm/softmax islands
+        assert torch.equal(got(x), ref(x))   # integer LayerNorm; the requantized softmax equal here too
 
 
 class _ProductWithInput(torch.nn.Module):

@@ -196,6 +196,19 @@ def _(q, table):
     return q.new_empty(q.shape, dtype=table.dtype)
 
 
+@torch.library.custom_op(f"{_NS}::layer_norm_integer", mutates_args=())
+def layer_norm_integer(q: torch.Tensor, scale: float, zero_point: int, weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim of an 8-bit value from exact integer statistics, fp32 out
+    (numerics.layer_norm_integer)."""
+    return numerics.layer_norm_integer(q, scale, zero_point, weight, bias, eps)
+
+
+@layer_norm_integer.register_fake
+def _(q, scale, zero_point, weight, bias, eps):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
 # ------------------------------------------------------ per-token dynamic quantization
 @torch.library.custom_op(f"{_NS}::token_scale", mutates_args=())
 def token_scale(x: torch.Tensor) -> torch.Tensor:

@@ -319,6 +319,31 @@ def table(x, table):
     return op.Gather(const(np.roll(entries, -128)), index, axis=0)
 
 
+_INT64 = 7
+
+
+@lowers(q.layer_norm_integer.default)
+def layer_norm_integer(x, scale: float, zero_point: int, weight, bias, eps: float):
+    """numerics.layer_norm_integer: int32 ReduceSum of d and d*d, the int64 variance, then Cast,
+    Add, Sqrt (ONNX Runtime's is correctly rounded: 0 of 4096 differ from numpy's), Div, Mul,
+    Clip, Add — single IEEE operations in separate kernels."""
+    n = int(x.shape[-1])
+    d = op.Sub(op.Cast(x, to=_INT32), const(zero_point, np.int32))
+    s1 = op.ReduceSum(d, i64([-1]), keepdims=1)
+    s2 = op.ReduceSum(op.Mul(d, d), i64([-1]), keepdims=1)
+    t = op.Sub(op.Mul(d, const(n, np.int32)), s1)
+    s1_wide = op.Cast(s1, to=_INT64)
+    v = op.Sub(op.Mul(op.Cast(s2, to=_INT64), const(n, np.int64)), op.Mul(s1_wide, s1_wide))
+    total = op.Add(op.Cast(v, to=_FLOAT), const(numerics.layer_norm_eps_term(scale, n, eps), np.float32))
+    y = op.Div(op.Cast(t, to=_FLOAT), op.Sqrt(total))
+    if weight is not None:
+        finite = float(np.finfo(np.float32).max)
+        y = op.Clip(op.Mul(y, weight), const(-finite, np.float32), const(finite, np.float32))
+    if bias is not None:
+        y = op.Add(y, bias)
+    return y
+
+
 # ------------------------------------------------------------ per-token dynamic quantization
 # Standard ops only, each IEEE-exact, in the order numerics.py defines: ReduceMax is exact in any
 # order, Div is a correctly rounded fp32 division, Round is half-to-even, Mul one fp32 rounding.
