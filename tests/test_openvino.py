@@ -559,13 +559,13 @@ def test_canonical_numerics_keep_integer_ops_which_openvino_runs_in_float():
 
 
 def test_engine_native_pipeline_hook_adapts_only_the_default_pipeline():
-    """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm, which
-    OpenVINO cannot run canonically) under numerics='openvino' only,
+    """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm and
+    softmax, which OpenVINO cannot run canonically) under numerics='openvino' only,
     and a user's explicit passes= are run as given (integer ops again)."""
-    from qlower.passes import IntegerLayerNorm, LowerPerTokenLinear, LowerQDQ, default_pipeline
+    from qlower.passes import IntegerLayerNorm, IntegerSoftmax, LowerPerTokenLinear, LowerQDQ, default_pipeline
     native = OpenVinoBackend(OvOptions(numerics="openvino")).pipeline(default_pipeline())
-    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear, IntegerLayerNorm)) for p in native)
-    assert len(native) == len(default_pipeline()) - 3
+    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear, IntegerLayerNorm, IntegerSoftmax)) for p in native)
+    assert len(native) == len(default_pipeline()) - 4
     canonical = OpenVinoBackend().pipeline(default_pipeline())
     assert [type(p) for p in canonical] == [type(p) for p in default_pipeline()]
     entry = ZOO["cnn"]

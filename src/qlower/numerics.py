@@ -24,6 +24,9 @@ Contract (all tensors on CPU):
   y = fp32(t) / D, then y * weight clamped to +-FP32_MAX, then + bias (fp32, one rounding each;
   the clamp keeps every backend from fusing the multiply into the add):
   (x - mean)/sqrt(var + eps) rewritten so that the statistics are exact integers.
+- softmax over the last dim of an 8-bit per-tensor value q (scale s): k = max(q) - q in [0, 255],
+  E = T[k] with T[k] = RNE(2^16 * exp(-s*k)) (int32, computed in float64 once), S = sum E (int32,
+  exact), p = fp32(E) / fp32(S) (one IEEE division): softmax's exp(x - max) / sum on a 2^-16 grid.
 - table lookup (a float pointwise region between an 8-bit dequantize and an 8-bit quantize, e.g.
   DQ -> GELU -> Q): y = T[q - dtype_min(q)] with T = Q(f(DQ(c))) evaluated once per code c at
   compile time: exact integer data movement on every backend (tabulate_pointwise).
@@ -233,6 +236,24 @@ def layer_norm_integer(q: torch.Tensor, scale: float, zero_point: int, weight: t
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y
+
+
+SOFTMAX_EXP_BITS = 16
+SOFTMAX_MAX_N = (2 ** 31 - 1) // 2 ** SOFTMAX_EXP_BITS   # sum E stays inside int32
+
+
+def softmax_exp_table(scale: float) -> torch.Tensor:
+    """T[k] = RNE(2^16 * exp(-s*k)) for k = 0..255, int32 (T[0] = 2^16, the row maximum)."""
+    k = torch.arange(256, dtype=torch.float64)
+    return torch.round(torch.exp(-float(scale) * k) * 2.0 ** SOFTMAX_EXP_BITS).to(torch.int32)
+
+
+def softmax_integer(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of an 8-bit value from an exp table (module docstring)."""
+    k = q.amax(-1, keepdim=True).to(torch.int32) - q.to(torch.int32)
+    e = table[k.to(torch.int64)]
+    total = e.sum(-1, keepdim=True, dtype=torch.int32)
+    return e.to(torch.float32) / total.to(torch.float32)
 
 
 def table_codes(dtype: torch.dtype) -> torch.Tensor:

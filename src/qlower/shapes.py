@@ -48,3 +48,15 @@ def user_input_values(ep: torch.export.ExportedProgram) -> list:
     """meta["val"] of the program's user inputs, in order."""
     names = set(ep.graph_signature.user_inputs)
     return [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
+
+
+def size_bound(v) -> float:
+    """|v| for an int; for a SymInt the shape environment's bound on |v| (a declared Dim max),
+    2^31 - 1 where it has none (no tensor dim reaches that)."""
+    if isinstance(v, int):
+        return float(abs(v))
+    try:
+        ranges = v.node.shape_env.bound_sympy(v.node.expr)
+        return float(max(abs(int(ranges.upper)), abs(int(ranges.lower))))
+    except Exception:   # unbounded (int_oo), or not a symbol the shape environment knows
+        return float(2 ** 31 - 1)

@@ -209,6 +209,18 @@ def _(q, scale, zero_point, weight, bias, eps):
     return q.new_empty(q.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NS}::softmax_integer", mutates_args=())
+def softmax_integer(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of an 8-bit value from an int32 exp table, fp32 out
+    (numerics.softmax_integer)."""
+    return numerics.softmax_integer(q, table)
+
+
+@softmax_integer.register_fake
+def _(q, table):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
 # ------------------------------------------------------ per-token dynamic quantization
 @torch.library.custom_op(f"{_NS}::token_scale", mutates_args=())
 def token_scale(x: torch.Tensor) -> torch.Tensor:

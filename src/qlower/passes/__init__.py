@@ -9,6 +9,7 @@ from .fold_scale_into_dequantize import FoldScaleIntoDequantize
 from .functionalize_state import FunctionalizeState
 from .inline_grad_mode_regions import InlineGradModeRegions
 from .integer_layer_norm import IntegerLayerNorm
+from .integer_softmax import IntegerSoftmax
 from .lower_per_token import LowerPerTokenLinear
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
@@ -19,9 +20,9 @@ from .tabulate_pointwise import TabulatePointwise
 
 def default_pipeline() -> list[Pass]:
     return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
-            FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm()]
+            FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
            "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
-           "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm"]
+           "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]

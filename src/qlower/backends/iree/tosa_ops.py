@@ -737,6 +737,50 @@ def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
     return Val(y, f32, shape)
 
 
+def _softmax_check(node: Node) -> str | None:
+    """int8/uint8 input, the int32 exp table numerics.softmax_exp_table makes"""
+    q_n, table_n = full_args(node)[:2]
+    table = _const(node, table_n)
+    if q_n.meta["val"].dtype not in _QUANT_DTYPES:
+        return "softmax of a non-8-bit value is not lowered here"
+    if table is None or table.numel() != 256 or int(table[0]) != 2 ** 16 or int(table[1:].max()) >= 2 ** 16 \
+            or int(table.min()) < 0:
+        return "the exp table must hold 2^16 at 0 and values below 2^16 elsewhere"
+    return None
+
+
+@tosa_lowering("qlower::softmax_integer", check=_softmax_check, dynamic_dims=True)
+def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
+    """numerics.softmax_integer: tosa.reduce_max of the stored codes (the offset keeps order),
+    k = max - q in i32, the int32 table read as two byte tables through tosa.table (i8 -> i8 is
+    TOSA's exact lookup; the entry T[0] = 2^16 is the one with a third byte, selected where k = 0),
+    i32 tosa.reduce_sum, then one divf of the two sitofp."""
+    q_n, table_n = full_args(node)[:2]
+    b = em.b
+    q = em.value(q_n)
+    sym = list(q_n.meta["val"].shape)
+    row_sym, shape = sym[:-1] + [1], q.shape
+    row, axis = shape[:-1] + [1], len(shape) - 1
+    i8, i32, f32 = torch.int8, torch.int32, torch.float32
+    top = b.tosa.reduce_max(q.value, axis, results=[b.ttype(row, i8)])
+    top = b.broadcast(Val(top, i8, row), row_sym, sym).value
+    k = b.arith.subi(b.arith.extsi(b.ttype(shape, i32), top), b.arith.extsi(b.ttype(shape, i32), q.value))
+    index = b.arith.trunci(b.ttype(shape, i8), b.arith.subi(k, b.splat(shape, i32, 128, like=k)))
+    table = em.constant(table_n).to(torch.int64)
+
+    def byte(shift: int):
+        entries = (((table >> shift) & 255) - 128).to(torch.int8).contiguous().numpy()
+        looked_up = b.tosa.table(b.ttype(shape, i8), index, b.const(entries))
+        return b.arith.addi(b.arith.extsi(b.ttype(shape, i32), looked_up), b.splat(shape, i32, 128, like=k))
+
+    e = b.arith.addi(b.arith.muli(byte(8), b.splat(shape, i32, 256, like=k)), byte(0))
+    at_max = b.arith.cmpi(b.arith.CmpIPredicate.eq, k, b.splat(shape, i32, 0, like=k))
+    e = b.arith.select(at_max, b.splat(shape, i32, 2 ** 16, like=k), e)
+    total = b.tosa.reduce_sum(e, axis, results=[b.ttype(row, i32)])
+    total = b.broadcast(Val(b.arith.sitofp(b.ttype(row, f32), total), f32, row), row_sym, sym).value
+    return Val(b.arith.divf(b.arith.sitofp(b.ttype(shape, f32), e), total), f32, shape)
+
+
 def _integer_clamp_check(node: Node) -> str | None:
     """int8/uint8 input, Python-number bounds (a ReLU on quantized values that the lowering pass
     could not fold into a requantize, e.g. because the value has another user)"""

@@ -124,8 +124,9 @@ class OpenVinoBackend:
         int8 lowering (no qlower integer ops); canonical numerics run the default pipeline."""
         if not self.options.native:
             return passes
-        from ...passes import IntegerLayerNorm, LowerPerTokenLinear, LowerQDQ
-        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerQDQ, IntegerLayerNorm))]
+        from ...passes import IntegerLayerNorm, IntegerSoftmax, LowerPerTokenLinear, LowerQDQ
+        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerQDQ, IntegerLayerNorm,
+                                                        IntegerSoftmax))]
 
     def adjust_observers(self, observed) -> None:
         """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly

@@ -240,7 +240,7 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc",
-                 "qlower::layer_norm_integer"):
+                 "qlower::layer_norm_integer", "qlower::softmax_integer"):
         cap.register(name, _divides_at_run_time)
     refine(list(cap.ops), _int64_values_stay_int32)
     return cap
@@ -270,7 +270,7 @@ def _ieee_attention(node: Node) -> str | None:
 
 
 def _divides_at_run_time(node: Node) -> str | None:
-    """never: run-time scales (per-token quantization, integer LayerNorm)"""
+    """never: run-time scales (per-token quantization, integer LayerNorm and softmax)"""
     # Measured on a two-linear per-token model against the reference backend: with these ops in
     # OpenVINO the outputs differed (its graph transformations turn a division by a run-time
     # value into a multiply by the reciprocal, and regroup the products of the accumulator and the two scales);

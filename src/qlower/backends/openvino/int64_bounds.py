@@ -25,6 +25,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, full_args, schema_name
+from ...shapes import size_bound
 
 INT32_MAX = 2 ** 31 - 1
 UNBOUNDED = math.inf
@@ -182,19 +183,6 @@ def _numbers(args) -> list[float]:
         elif isinstance(a, (int, torch.SymInt, float)) and not isinstance(a, bool):
             out.append(_number(a))
     return out
-
-
-def size_bound(v) -> float:
-    """|v| for an int, the shape environment's upper bound for a SymInt (INT32_MAX if none)."""
-    if isinstance(v, int):
-        return float(abs(v))
-    try:
-        ranges = v.node.shape_env.bound_sympy(v.node.expr)
-        hi, lo = ranges.upper, ranges.lower
-        bound = max(abs(int(hi)), abs(int(lo)))
-        return float(bound)
-    except Exception:   # unbounded (int_oo) or not a symbol the shape env knows
-        return float(INT32_MAX)
 
 
 def _largest(t) -> float:

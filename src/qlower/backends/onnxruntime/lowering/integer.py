@@ -344,6 +344,17 @@ def layer_norm_integer(x, scale: float, zero_point: int, weight, bias, eps: floa
     return y
 
 
+@lowers(q.softmax_integer.default)
+def softmax_integer(x, table):
+    """numerics.softmax_integer: int32 ReduceMax and Sub give k = max - q, Gather reads the
+    int32 exp table, int32 ReduceSum, then one IEEE Div of the two casts."""
+    codes = op.Cast(x, to=_INT32)
+    k = op.Sub(op.ReduceMax(codes, i64([-1]), keepdims=1), codes)
+    e = op.Gather(table, k, axis=0)
+    total = op.ReduceSum(e, i64([-1]), keepdims=1)
+    return op.Div(op.Cast(e, to=_FLOAT), op.Cast(total, to=_FLOAT))
+
+
 # ------------------------------------------------------------ per-token dynamic quantization
 # Standard ops only, each IEEE-exact, in the order numerics.py defines: ReduceMax is exact in any
 # order, Div is a correctly rounded fp32 division, Round is half-to-even, Mul one fp32 rounding.

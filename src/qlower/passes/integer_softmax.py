@@ -1,0 +1,69 @@
+"""IntegerSoftmax: a softmax over the last dim of an 8-bit per-tensor dequantized value is
+computed from an exp table and an exact integer sum (numerics.softmax_integer).
+
+Preconditions: CanonicalizeQDQ ran (qlower.dequantize carries QParams).
+BEFORE:  d = qlower.dequantize(q, s, zp)      p = aten.softmax(d, -1)
+AFTER:   p = qlower.softmax_integer(q, T)     T[k] = RNE(2^16 exp(-s k)), k = 0..255
+Why: softmax(x) = exp(x - max x) / sum, and with x = s(q - zp) the exponent is -s*k for the
+integer k = max q - q in [0, 255]: 256 possible values, tabulated once. The float softmax's exp
+and its sum are each engine's own (vectorized exp approximations, reduction orders); here the
+sum is an exact int32 sum and one IEEE division is left, which every backend computes alike.
+The table's 2^-16 grid is far below the uint8 step (1/255) the output is usually quantized to.
+Near misses left alone: a softmax over another dim, a per-channel or 16-bit dequantize, a row
+longer than 32,767 (the int32 sum could overflow; a symbolic length counts by its upper bound),
+a softmax with a dtype argument.
+Postconditions: no softmax reads an 8-bit per-tensor dequantize over its last dim. Idempotent.
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+
+from .. import numerics
+from ..fx import add_constant, call
+from ..meta import QPARAMS_KEY
+from ..shapes import size_bound
+from .base import Pass, PassContext
+
+aten = torch.ops.aten
+qlower = torch.ops.qlower
+_EIGHT_BIT = (torch.uint8, torch.int8)
+_SOFTMAX = (aten.softmax.int, aten._softmax.default)
+
+
+class IntegerSoftmax(Pass):
+    name = "integer_softmax"
+
+    def run(self, gm: GraphModule, ctx: PassContext) -> bool:
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in _SOFTMAX or not _integer_form(node):
+                continue
+            dq = node.args[0]
+            with gm.graph.inserting_before(node):
+                table = add_constant(gm, numerics.softmax_exp_table(dq.meta[QPARAMS_KEY].scale[0]), "exp_table")
+                new = call(gm, qlower.softmax_integer.default, (dq.args[0], table), like=node)
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+            if not dq.users:
+                gm.graph.erase_node(dq)
+            ctx.rewrites["softmax of an 8-bit value -> exp table"] += 1
+            changed = True
+        return changed
+
+
+def _integer_form(node: Node) -> bool:
+    dq = node.args[0]
+    if not (isinstance(dq, Node) and dq.target is qlower.dequantize.default):
+        return False
+    qp = dq.meta.get(QPARAMS_KEY)
+    if qp is None or qp.per_channel or qp.dtype not in _EIGHT_BIT or dq.args[0].meta["val"].dtype not in _EIGHT_BIT:
+        return False
+    shape = dq.meta["val"].shape
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not isinstance(dim, int) or dim % len(shape) != len(shape) - 1:
+        return False
+    extra = node.args[2] if len(node.args) > 2 else node.kwargs.get("dtype", node.kwargs.get("half_to_float"))
+    if extra not in (None, False):
+        return False
+    return node.meta["val"].dtype == torch.float32 and size_bound(shape[-1]) <= numerics.SOFTMAX_MAX_N

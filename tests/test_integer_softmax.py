@@ -1,0 +1,119 @@
+"""IntegerSoftmax: a softmax over the last dim of an 8-bit per-tensor value from an exp table and
+an exact int32 sum (numerics.softmax_integer): the pass's positive case and near misses,
+idempotence, the numerics against PyTorch's float softmax, bit-exactness on every backend."""
+import importlib.util
+
+import pytest
+import torch
+
+import qlower
+from qlower import numerics
+from qlower.passes import IntegerSoftmax, PassContext, PassManager, default_pipeline
+
+qd = torch.ops.quantized_decomposed
+HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
+
+
+class QSoftmax(torch.nn.Module):
+    def __init__(self, dtype=torch.uint8, zp=100, scale=0.06, dim=-1):
+        super().__init__()
+        self.q = (scale, zp, *((0, 255) if dtype == torch.uint8 else (-128, 127)), dtype)
+        self.dim = dim
+
+    def forward(self, x):
+        d = qd.dequantize_per_tensor(qd.quantize_per_tensor(x, *self.q), *self.q)
+        return torch.softmax(d, self.dim)
+
+
+def lowered(model, *inputs, dynamic=None):
+    gm = torch.export.export(model, inputs, dynamic_shapes=dynamic).module()
+    ctx = PassManager(default_pipeline()).run(gm)
+    return gm, ctx
+
+
+def integer_softmaxes(gm):
+    return [n for n in gm.graph.nodes if n.target is torch.ops.qlower.softmax_integer.default]
+
+
+@pytest.mark.parametrize("dtype, zp", [(torch.uint8, 100), (torch.int8, -7)])
+@pytest.mark.parametrize("scale", [0.01, 0.06, 0.5])
+def test_softmax_of_an_8_bit_value_uses_the_exp_table(dtype, zp, scale):
+    model = QSoftmax(dtype, zp, scale)
+    x = torch.randn(2, 4, 16, 40) * 3
+    gm, ctx = lowered(model, x)
+    assert len(integer_softmaxes(gm)) == 1 and ctx.rewrites["softmax of an 8-bit value -> exp table"] == 1
+    got, want = gm(x), model(x)
+    # each table entry is within 1/2 of exact on a 2^-16 grid and the row maximum's is exact, so
+    # with S >= 2^16: |p - p_float| <= (1/2 + N/2 * p) / 2^16 <= (N + 1) / 2^17 (float rounding aside)
+    n = x.shape[-1]
+    assert float((got - want).abs().max()) <= (n + 1) / 2 ** 17
+    torch.testing.assert_close(got.sum(-1), torch.ones(2, 4, 16), rtol=0, atol=1e-5)
+    assert not IntegerSoftmax().run(gm, PassContext())   # idempotent
+
+
+class PerChannel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.tensor([0.05, 0.1, 0.2]))
+        self.register_buffer("z", torch.zeros(3, dtype=torch.int64))
+
+    def forward(self, x):
+        d = qd.dequantize_per_channel(qd.quantize_per_channel(x, self.s, self.z, 1, 0, 255, torch.uint8),
+                                      self.s, self.z, 1, 0, 255, torch.uint8)
+        return torch.softmax(d, -1)
+
+
+NEAR_MISSES = {
+    "float input": (lambda: torch.nn.Softmax(-1), (2, 8)),
+    "another dim": (lambda: QSoftmax(dim=1), (2, 8, 5)),
+    "per-channel dequantize": (PerChannel, (2, 3, 8)),
+    "row too long for an int32 sum": (QSoftmax, (1, numerics.SOFTMAX_MAX_N + 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(NEAR_MISSES))
+def test_near_misses_keep_the_float_softmax(name):
+    make, shape = NEAR_MISSES[name]
+    model = make()
+    x = torch.randn(*shape)
+    gm, ctx = lowered(model, x)
+    assert not integer_softmaxes(gm) and not ctx.rewrites["softmax of an 8-bit value -> exp table"]
+    assert torch.equal(gm(x), model(x))
+
+
+def test_a_symbolic_row_length_counts_by_its_declared_max():
+    x = torch.randn(2, 16)
+    bounded, _ = lowered(QSoftmax(), x, dynamic=({1: torch.export.Dim("seq", max=4096)},))
+    unbounded, _ = lowered(QSoftmax(), x, dynamic=({1: torch.export.Dim("seq")},))
+    assert len(integer_softmaxes(bounded)) == 1 and not integer_softmaxes(unbounded)
+
+
+def test_exp_table_edges():
+    table = numerics.softmax_exp_table(0.06)
+    assert table.dtype == torch.int32 and int(table[0]) == 2 ** 16 and bool((table[1:] < 2 ** 16).all())
+    assert bool((table[:-1] >= table[1:]).all())   # non-increasing in k
+    q = torch.tensor([[5, 5, 5, 5], [0, 255, 0, 255]], dtype=torch.uint8)
+    p = numerics.softmax_integer(q, table)
+    assert torch.equal(p[0], torch.full((4,), 0.25))        # a constant row: uniform, exactly
+    assert float(p[1, 0]) == float(table[255]) / float(2 * table[255] + 2 * 2 ** 16)
+
+
+def _backends():
+    return ["onnxruntime"] + (["iree"] if HAS_IREE else []) + \
+        (["openvino"] if importlib.util.find_spec("openvino") else [])
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2), (torch.uint8, 0, 2.0)])
+def test_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
+    """OpenVINO refuses the op (its division is a reciprocal multiply) and runs it in PyTorch."""
+    model = QSoftmax(dtype, zp, scale)
+    x = torch.randn(3, 6, 50)
+    ref = qlower.compile(model, (x,), backend="reference")
+    cm = qlower.compile(model, (x,), backend=backend)
+    if backend != "openvino":
+        assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled)
+    for seed in range(3):
+        xi = torch.randn(3, 6, 50, generator=torch.Generator().manual_seed(seed)) * (1 + 3 * seed)
+        xi[0, 0] = 0.7   # a constant row
+        assert torch.equal(cm(xi), ref(xi))
