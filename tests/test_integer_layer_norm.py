@@ -139,8 +139,7 @@ ZOO_TRANSFORMERS = ["transformer", "bert", "vit"]
 def test_zoo_transformers_int8_equal_the_reference_bit_for_bit(backend, name):
     """Issue 16's criterion: the int8 transformers' outputs equal the reference backend's in
     every bit (was: 4.8e-7 off on IREE, the final float LayerNorm). Their GELUs are tables
-    (tabulate_pointwise) and their LayerNorms integer; softmax stays a float op whose output is
-    requantized, equal on these inputs."""
+    (tabulate_pointwise), their LayerNorms and softmaxes integer: no float island is left."""
     from qlower.zoo import ZOO
     entry = ZOO[name]
     profile = "fixed" if backend == "iree" else "float"

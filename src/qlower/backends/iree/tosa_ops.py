@@ -753,7 +753,7 @@ def _softmax_check(node: Node) -> str | None:
 def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
     """numerics.softmax_integer: tosa.reduce_max of the stored codes (the offset keeps order),
     k = max - q in i32, the int32 table read as two byte tables through tosa.table (i8 -> i8 is
-    TOSA's exact lookup; the entry T[0] = 2^16 is the one with a third byte, selected where k = 0),
+    TOSA's exact lookup; the entry T[0] = 2^16 is the one with a third byte, added where k = 0),
     i32 tosa.reduce_sum, then one divf of the two sitofp."""
     q_n, table_n = full_args(node)[:2]
     b = em.b
@@ -775,7 +775,10 @@ def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
 
     e = b.arith.addi(b.arith.muli(byte(8), b.splat(shape, i32, 256, like=k)), byte(0))
     at_max = b.arith.cmpi(b.arith.CmpIPredicate.eq, k, b.splat(shape, i32, 0, like=k))
-    e = b.arith.select(at_max, b.splat(shape, i32, 2 ** 16, like=k), e)
+    # + 2^16 where k = 0 (its bytes are 0): extui of the i1 mask, not a select (arith.select
+    # failed to verify with a dynamic batch: "condition is signless i1 or has matching shape")
+    top_entry = b.arith.muli(b.arith.extui(b.ttype(shape, i32), at_max), b.splat(shape, i32, 2 ** 16, like=k))
+    e = b.arith.addi(e, top_entry)
     total = b.tosa.reduce_sum(e, axis, results=[b.ttype(row, i32)])
     total = b.broadcast(Val(b.arith.sitofp(b.ttype(row, f32), total), f32, row), row_sym, sym).value
     return Val(b.arith.divf(b.arith.sitofp(b.ttype(shape, f32), e), total), f32, shape)
