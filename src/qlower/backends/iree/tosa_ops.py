@@ -702,7 +702,7 @@ def _layer_norm_check(node: Node) -> str | None:
 @tosa_lowering("qlower::layer_norm_integer", check=_layer_norm_check, dynamic_dims=True)
 def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
     """numerics.layer_norm_integer in TOSA/arith: i32 tosa.reduce_sum of d and d*d, the i64
-    variance, sitofp, addf, math.sqrt (llvm.sqrt: correctly rounded), divf, then the affine with
+    variance, sitofp, addf, a correctly rounded sqrt (_correctly_rounded_sqrt), divf, then the affine with
     the product clamped to the finite range before the bias is added — the clamp stands between
     the multiply and the add, which LLVM would otherwise contract into one FMA (measured on this
     backend: a single-use `x*y` feeding `- z*z` was contracted, 988 of 4096 results differed)."""
@@ -723,7 +723,7 @@ def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
     v = b.arith.subi(b.arith.muli(s2_wide, b.splat(row, i64, n, like=s2_wide)), b.arith.muli(s1_wide, s1_wide))
     total = b.arith.addf(b.arith.sitofp(b.ttype(row, f32), v),
                          b.splat(row, f32, numerics.layer_norm_eps_term(float(scale), n, float(eps)), like=s1))
-    denom = b.broadcast(Val(b.math.sqrt(total), f32, row), row_sym, sym).value
+    denom = b.broadcast(Val(_correctly_rounded_sqrt(b, total, row), f32, row), row_sym, sym).value
     y = b.arith.divf(b.arith.sitofp(b.ttype(shape, f32), t), denom)
     affine_shape = [1] * (len(shape) - 1) + [n]
     if weight is not None:
@@ -735,6 +735,46 @@ def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
         bb = em.constant(bias).detach().to(torch.float32).numpy().reshape(affine_shape)
         y = b.tosa.add(b.ttype(shape, f32), y, b.const(bb))
     return Val(y, f32, shape)
+
+
+def _correctly_rounded_sqrt(b, x, shape):
+    """The correctly rounded fp32 sqrt of positive normal `x`: math.sqrt, then two rounds of
+    moving one ulp towards the candidate whose square is nearest, decided in integers. On the CPU
+    math.sqrt is already exact (llvm.sqrt) and nothing moves; IREE's CUDA code computes an
+    approximate sqrt (measured on an H200: 11,043 of 65,536 fp32 results off; an f64 sqrt is no
+    way out: IREE demotes f64 to f32 and LLVM shrinks fptrunc(sqrt(fpext x)) back anyway)."""
+    i32, i64, f32 = torch.int32, torch.int64, torch.float32
+    pred = b.arith.CmpIPredicate
+    x_bits = b.arith.bitcast(b.ttype(shape, i32), x)
+    x_exp, x_man = _exponent_mantissa(b, x_bits, shape)
+    one = b.splat(shape, i32, 1, like=x_bits)
+
+    def above_midpoint(s_bits):
+        """x > ((s + next(s)) / 2)^2, exactly: s = M 2^(E-150), the midpoint (2M+1) 2^(E-151),
+        x = Mx 2^(Ex-150), so the test is Mx << (Ex - 2E + 152) > (2M+1)^2 (< 2^51 for s near
+        sqrt(x), where the shift is 24..27)."""
+        s_exp, s_man = _exponent_mantissa(b, s_bits, shape)
+        shift = b.arith.addi(b.arith.subi(x_exp, b.arith.muli(s_exp, b.splat(shape, i64, 2, like=s_exp))),
+                             b.splat(shape, i64, 152, like=s_exp))
+        odd = b.arith.addi(b.arith.muli(s_man, b.splat(shape, i64, 2, like=s_man)), b.splat(shape, i64, 1, like=s_man))
+        return b.arith.cmpi(pred.sgt, b.arith.shli(x_man, shift), b.arith.muli(odd, odd))
+
+    bits = b.arith.bitcast(b.ttype(shape, i32), b.math.sqrt(x))
+    for _ in range(2):
+        up = b.arith.extui(b.ttype(shape, i32), above_midpoint(bits))
+        stay_or_up = b.arith.extui(b.ttype(shape, i32), above_midpoint(b.arith.subi(bits, one)))
+        # above the midpoint below -> not down; above the one above -> up
+        bits = b.arith.addi(b.arith.subi(bits, b.arith.subi(one, stay_or_up)), up)
+    return b.arith.bitcast(b.ttype(shape, f32), bits)
+
+
+def _exponent_mantissa(b, bits, shape):
+    """(biased exponent, mantissa with the hidden bit) of positive normal fp32 `bits`, as i64."""
+    i32, i64 = torch.int32, torch.int64
+    exponent = b.arith.shrui(bits, b.splat(shape, i32, 23, like=bits))
+    mantissa = b.arith.ori(b.arith.andi(bits, b.splat(shape, i32, 0x7FFFFF, like=bits)),
+                           b.splat(shape, i32, 0x800000, like=bits))
+    return b.arith.extsi(b.ttype(shape, i64), exponent), b.arith.extsi(b.ttype(shape, i64), mantissa)
 
 
 def _softmax_check(node: Node) -> str | None:
