@@ -136,8 +136,9 @@ def test_float_model_within_tolerance_accepted_beyond_refused(selector, small_ne
 
 
 class FloatIslandNet(torch.nn.Module):
-    """conv -> linear -> softmax -> linear: a softmax in fp32 between integer ops, so the int8
-    program is compared with a float rule, not bit for bit."""
+    """conv -> linear -> softmax over the batch dim -> linear: a softmax in fp32 between integer
+    ops, so the int8 program is compared with a float rule, not bit for bit (a softmax of an
+    8-bit value over its last dim is integer now, integer_softmax, and compared bit for bit)."""
 
     def __init__(self):
         super().__init__()
@@ -145,7 +146,7 @@ class FloatIslandNet(torch.nn.Module):
         self.fc1, self.fc2 = torch.nn.Linear(4 * 8 * 8, 16), torch.nn.Linear(16, 5)
 
     def forward(self, x):
-        return self.fc2(torch.softmax(self.fc1(torch.flatten(torch.relu(self.conv(x)), 1)), -1))
+        return self.fc2(torch.softmax(self.fc1(torch.flatten(torch.relu(self.conv(x)), 1)), 0))
 
 
 def test_int8_float_islands_accepted_within_the_quantization_error(selector):

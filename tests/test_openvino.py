@@ -768,7 +768,7 @@ def test_int64_bounds_follow_the_arithmetic():
     class Positions(torch.nn.Module):
         def forward(self, ids, mask):
             pos = mask.cumsum(-1) - 1          # HF-style position ids: bounded by the sequence length
-            return ids + pos, ids * ids, (pos * mask).float()
+            return ids + pos, ids * ids, (pos * mask).float(), torch.min(ids, torch.full_like(ids, 31))
 
     ids = torch.randint(0, 1000, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)

@@ -39,7 +39,7 @@ _SELECTING = frozenset(f"aten::{name}" for name in (
     "squeeze.dim", "squeeze.dims", "unsqueeze", "slice.Tensor", "select.int", "index.Tensor", "index_select",
     "gather", "cat", "stack", "clone", "contiguous", "alias", "flatten.using_ints", "unflatten", "unbind.int",
     "split.Tensor", "split_with_sizes", "chunk", "narrow", "repeat", "flip", "roll", "where.self",
-    "maximum", "minimum", "amax", "amin", "lift_fresh_copy", "detach",
+    "maximum", "minimum", "max.other", "min.other", "amax", "amin", "lift_fresh_copy", "detach",
     "abs", "neg", "index_put", "slice_scatter", "select_scatter", "scatter.src", "scatter.value",
     "masked_scatter", "index_copy", "diagonal", "tril", "triu", "movedim.int", "_assert_tensor_metadata",
     *_CASTS)) | {"getitem"}
