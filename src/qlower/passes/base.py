@@ -4,9 +4,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import GraphModule, Node
 
-from ..meta import REFUSAL_KEY, Refusal
+from ..meta import QPARAMS_KEY, REFUSAL_KEY, Refusal
 from ..numerics import Profile
 
 
@@ -37,3 +38,25 @@ class Pass:
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         raise NotImplementedError
+
+
+def is_eight_bit_dequantize(node) -> bool:
+    """A qlower.dequantize of a uint8/int8 value with one scale and zero point: one code decides
+    each value, so 256 values cover everything it can produce (the integer float-island passes)."""
+    if not (isinstance(node, Node) and node.target is torch.ops.qlower.dequantize.default):
+        return False
+    qp = node.meta.get(QPARAMS_KEY)
+    eight_bit = (torch.uint8, torch.int8)
+    return qp is not None and not qp.per_channel and qp.dtype in eight_bit \
+        and node.args[0].meta["val"].dtype in eight_bit
+
+
+def replace_and_drop(gm: GraphModule, old: Node, new: Node, dropped: list[Node], dequantize: Node) -> None:
+    """`old`'s uses go to `new`; `old`, then `dropped` (last first), are erased, and `dequantize`
+    too once nothing reads it."""
+    old.replace_all_uses_with(new)
+    for node in [old, *reversed(dropped)]:
+        gm.graph.erase_node(node)
+    if not dequantize.users:
+        gm.graph.erase_node(dequantize)
+

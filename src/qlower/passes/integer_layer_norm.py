@@ -27,11 +27,10 @@ from torch.fx import GraphModule, Node
 from .. import numerics
 from ..fx import call, full_args
 from ..meta import QPARAMS_KEY
-from .base import Pass, PassContext
+from .base import Pass, PassContext, is_eight_bit_dequantize, replace_and_drop
 
 aten = torch.ops.aten
 qlower = torch.ops.qlower
-_EIGHT_BIT = (torch.uint8, torch.int8)
 
 
 class IntegerLayerNorm(Pass):
@@ -51,10 +50,7 @@ class IntegerLayerNorm(Pass):
                 new = call(gm, qlower.layer_norm_integer.default,
                            (dq.args[0], float(qp.scale[0]), int(qp.zero_point[0]), args[2], args[3], float(args[4])),
                            like=node)
-            node.replace_all_uses_with(new)
-            gm.graph.erase_node(node)
-            if not dq.users:
-                gm.graph.erase_node(dq)
+            replace_and_drop(gm, node, new, [], dq)
             ctx.rewrites["layer_norm of an 8-bit value -> integer statistics"] += 1
             changed = True
         return changed
@@ -62,11 +58,8 @@ class IntegerLayerNorm(Pass):
 
 def _not_integer(dq, args) -> str | None:
     """Why this LayerNorm keeps its float form, or None."""
-    if not (isinstance(dq, Node) and dq.target is qlower.dequantize.default):
-        return "input is not a dequantize"
-    qp = dq.meta.get(QPARAMS_KEY)
-    if qp is None or qp.per_channel or qp.dtype not in _EIGHT_BIT or dq.args[0].meta["val"].dtype not in _EIGHT_BIT:
-        return "not an 8-bit per-tensor dequantize"
+    if not is_eight_bit_dequantize(dq):
+        return "input is not an 8-bit per-tensor dequantize"
     shape = dq.meta["val"].shape
     normalized = list(args[1])
     if len(normalized) != 1 or not isinstance(shape[-1], int) or normalized[0] != shape[-1]:

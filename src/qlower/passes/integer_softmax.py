@@ -23,11 +23,10 @@ from .. import numerics
 from ..fx import add_constant, call
 from ..meta import QPARAMS_KEY
 from ..shapes import size_bound
-from .base import Pass, PassContext
+from .base import Pass, PassContext, is_eight_bit_dequantize, replace_and_drop
 
 aten = torch.ops.aten
 qlower = torch.ops.qlower
-_EIGHT_BIT = (torch.uint8, torch.int8)
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 
 
@@ -43,10 +42,7 @@ class IntegerSoftmax(Pass):
             with gm.graph.inserting_before(node):
                 table = add_constant(gm, numerics.softmax_exp_table(dq.meta[QPARAMS_KEY].scale[0]), "exp_table")
                 new = call(gm, qlower.softmax_integer.default, (dq.args[0], table), like=node)
-            node.replace_all_uses_with(new)
-            gm.graph.erase_node(node)
-            if not dq.users:
-                gm.graph.erase_node(dq)
+            replace_and_drop(gm, node, new, [], dq)
             ctx.rewrites["softmax of an 8-bit value -> exp table"] += 1
             changed = True
         return changed
@@ -54,10 +50,7 @@ class IntegerSoftmax(Pass):
 
 def _integer_form(node: Node) -> bool:
     dq = node.args[0]
-    if not (isinstance(dq, Node) and dq.target is qlower.dequantize.default):
-        return False
-    qp = dq.meta.get(QPARAMS_KEY)
-    if qp is None or qp.per_channel or qp.dtype not in _EIGHT_BIT or dq.args[0].meta["val"].dtype not in _EIGHT_BIT:
+    if not is_eight_bit_dequantize(dq):
         return False
     shape = dq.meta["val"].shape
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")

@@ -27,7 +27,7 @@ from torch.fx import GraphModule, Node
 from .. import numerics
 from ..fx import add_constant, call, constant_value
 from ..meta import QPARAMS_KEY
-from .base import Pass, PassContext
+from .base import Pass, PassContext, is_eight_bit_dequantize, replace_and_drop
 
 qlower = torch.ops.qlower
 aten = torch.ops.aten
@@ -52,18 +52,14 @@ class TabulatePointwise(Pass):
                 table_node = add_constant(gm, table, "table")
                 new = call(gm, qlower.table.default, (dq.args[0], table_node), like=q)
             new.meta[QPARAMS_KEY] = q.meta[QPARAMS_KEY]
-            q.replace_all_uses_with(new)
-            gm.graph.erase_node(q)
-            for node in reversed(region):
-                gm.graph.erase_node(node)
-            if not dq.users:
-                gm.graph.erase_node(dq)
+            replace_and_drop(gm, q, new, region, dq)
             ctx.rewrites["pointwise region -> qlower.table"] += 1
             changed = True
         return changed
 
 
 def _eight_bit_per_tensor(node: Node) -> bool:
+    """An 8-bit quantize with one scale and zero point."""
     qp = node.meta.get(QPARAMS_KEY)
     return qp is not None and not qp.per_channel and qp.dtype in _EIGHT_BIT
 
@@ -103,8 +99,7 @@ def _region_before(gm: GraphModule, q: Node) -> tuple[Node, list[Node]] | None:
         if node in region:
             continue
         if node.op == "call_function" and node.target is qlower.dequantize.default:
-            if not _eight_bit_per_tensor(node) or node.args[0].meta["val"].dtype not in _EIGHT_BIT \
-                    or (dq is not None and node is not dq):
+            if not is_eight_bit_dequantize(node) or (dq is not None and node is not dq):
                 return None
             dq = node
         elif _pointwise(node):
