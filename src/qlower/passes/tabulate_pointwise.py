@@ -25,6 +25,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from .. import numerics
+from ..errors import PassError
 from ..fx import add_constant, call, constant_value
 from ..meta import QPARAMS_KEY
 from .base import Pass, PassContext, is_eight_bit_dequantize, replace_and_drop
@@ -79,10 +80,6 @@ def _scalar_constant(gm: GraphModule, node: Node) -> bool:
     return value is not None and value.numel() == 1
 
 
-def _tensor_args(node: Node) -> list[Node]:
-    return list(node.all_input_nodes)
-
-
 def _region_before(gm: GraphModule, q: Node) -> tuple[Node, list[Node]] | None:
     """(the dequantize, the region's nodes in graph order) when `q` quantizes a pointwise region
     of one 8-bit per-tensor dequantize, else None."""
@@ -104,7 +101,7 @@ def _region_before(gm: GraphModule, q: Node) -> tuple[Node, list[Node]] | None:
             dq = node
         elif _pointwise(node):
             region.add(node)
-            stack.extend(_tensor_args(node))
+            stack.extend(node.all_input_nodes)
         elif not _scalar_constant(gm, node):
             return None
     if dq is None or any(user is not q and user not in region for node in region for user in node.users):
@@ -131,5 +128,7 @@ def _table(gm: GraphModule, dq: Node, region: list[Node], q: Node) -> torch.Tens
     for node in region:
         env[node] = node.target(*value(node.args), **value(node.kwargs))
     table = q.target(*value(q.args), **value(q.kwargs)).reshape(-1)
-    assert table.numel() == codes.numel(), "a pointwise region changed the number of elements"
+    if table.numel() != codes.numel():   # the shape check in _region_before rules this out
+        raise PassError(f"a pointwise region changed the number of elements ({table.numel()} from "
+                        f"{codes.numel()} codes)", node=q.name)
     return table
