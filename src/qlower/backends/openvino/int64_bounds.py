@@ -95,9 +95,12 @@ class RangeCheck:
 
     def __init__(self, sub: GraphModule, constants: dict[int, torch.Tensor]):
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        self.positions = {n: i for i, n in enumerate(placeholders) if i not in constants and _integral(n)}
-        self.constants = {n: _largest(constants[i]) for i, n in enumerate(placeholders) if i in constants}
         self.nodes = [n for n in sub.graph.nodes if n.op == "call_function" and produces_int64(n)]
+        # without int64 arithmetic inside, only int64 arguments can be wrong (truncated on entry);
+        # an int8 cluster's uint8 activations are not scanned on every call
+        self.positions = {n: i for i, n in enumerate(placeholders) if i not in constants
+                          and (produces_int64(n) or (self.nodes and _integral(n)))}
+        self.constants = {n: _largest(constants[i]) for i, n in enumerate(placeholders) if i in constants}
         self.passed: tuple[float, ...] | None = None
 
     @property
