@@ -1906,3 +1906,20 @@ def test_float_cluster_carries_the_declared_ranges_of_its_dynamic_dims():
         x = torch.randn(b, s, 16)
         with torch.no_grad():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.var(-1), lambda x: x.std(-1, correction=0), lambda x: torch.var_mean(x, -1)[0]])
+def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
+    """IREE gives 0 for the variance of nothing, eager NaN (a silent wrong answer until the
+    eighteenth session). Near miss: a non-empty input compiles."""
+    class Var(torch.nn.Module):
+        def forward(self, x):
+            return fn(x) * 2
+    x = torch.randn(2, 3, 0)
+    cm = qlower.compile(Var(), (x,), backend="iree")
+    assert torch.isnan(cm(x)).all() and cm(x).shape == (2, 3)
+    assert any("of an empty input gives 0 on IREE" in (c.reason or "") for c in cm.report().fallbacks)
+    y = torch.randn(2, 3, 4)
+    cm = qlower.compile(Var(), (y,), backend="iree")
+    assert not cm.report().fallbacks
+    torch.testing.assert_close(cm(y), Var()(y))

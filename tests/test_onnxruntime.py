@@ -1,5 +1,7 @@
 """onnxruntime backend: bit-exact against the reference backend on integer graphs, fallbacks,
 dynamic batch."""
+import onnx
+import onnx.numpy_helper
 import pytest
 import torch
 
@@ -749,3 +751,57 @@ def test_alias_ops_become_the_ops_they_alias():
     cm = qlower.compile(_Aliases(), args, backend="onnxruntime")
     assert [c.status for c in cm.report().clusters] == ["compiled"]
     torch.testing.assert_close(cm(*args), _Aliases()(*args))
+
+
+# ------------------------------------------------------------------- empty tensors (ORT 1.31 gaps)
+_EMPTY_CASES = {
+    "sum": lambda x: x.sum(-1), "sum_dim0": lambda x: x.sum(0), "prod": lambda x: x.prod(-1),
+    "amax_keep": lambda x: x.abs().sum((-2, -1), keepdim=True), "logsumexp": lambda x: torch.logsumexp(x, -1),
+    "norm": lambda x: torch.linalg.vector_norm(x, dim=-1), "all": lambda x: (x > 0).all(-1),
+    "count_nonzero": lambda x: torch.count_nonzero(x, -1), "mean": lambda x: x.mean(-1), "mean01": lambda x: x.mean((0, 1)),
+    "any": lambda x: (x > 0).any(-1), "matmul": lambda x: x @ x.transpose(-1, -2),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+}
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 3), (2, 3, 0), (2, 0, 3)])
+@pytest.mark.parametrize("case", sorted(_EMPTY_CASES))
+def test_empty_tensors_give_eagers_shapes_and_values(case, shape):
+    """ONNX Runtime 1.31 on empty tensors: a reduction along a negative axis returned its input
+    unchanged (`x.sum(-1)` of (2, 3, 0): shape (2, 3, 0), eager zeros of (2, 3)), MatMul with
+    K = 0 uninitialized memory, ReduceMean of nothing 0 (eager NaN), `any` of nothing True. Each
+    now matches eager: axes written non-negative, the rest refused where an input is empty."""
+    fn, x = _EMPTY_CASES[case], torch.randn(shape)
+    want = fn(x)
+    cm = qlower.compile(_Fn(fn), (x,), backend="onnxruntime")
+    for _ in range(2):   # uninitialized memory differs from run to run
+        got = cm(x)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert not any("run failed" in (c.reason or "") for c in cm.report().clusters)
+
+
+@pytest.mark.parametrize("case", sorted(_EMPTY_CASES))
+def test_the_same_ops_on_non_empty_tensors_run_in_onnx_runtime(case):
+    """Near miss: nothing is refused when no input is empty."""
+    fn, x = _EMPTY_CASES[case], torch.randn(2, 3, 4)
+    cm = qlower.compile(_Fn(fn), (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks, str(cm.report())
+    torch.testing.assert_close(cm(x), fn(x))
+
+
+def test_reduce_axes_are_written_non_negative():
+    cm = qlower.compile(_Fn(lambda x: x.sum(-1) + x.amax(-2)), (torch.randn(2, 4, 4),), backend="onnxruntime")
+    model = onnx.load_from_string(cm.report().clusters[0].onnx)
+    consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    reduces = [n for n in model.graph.node if n.op_type.startswith("Reduce")]
+    assert reduces and all((consts[n.input[1]] >= 0).all() for n in reduces if n.input[1] in consts)

@@ -16,13 +16,20 @@ from ..partition import Capability, cluster_graph
 from ..passes.decompose_block_ops import DECOMPOSED_FROM, recompose_block_ops
 from ..passes.functionalize_state import WRITE_BACK
 from ..report import ClusterInfo
+from .cluster_sizes import derive_sizes_of_clusters, one_user_per_size, sizes_with_their_users
 
 
 def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int):
     """(fused graph, clustering): every cluster of supported nodes becomes one `cluster_<i>`
-    submodule call; `clustering.unsupported` lists what stays in PyTorch."""
+    submodule call; `clustering.unsupported` lists what stays in PyTorch. Sizes stay with the
+    op that reads them and are computed inside the cluster that needs them (cluster_sizes.py):
+    a cluster neither takes nor returns a size it can compute from its tensor inputs."""
+    one_user_per_size(gm)
     clustering = cluster_graph(gm.graph, capability, min_cluster_size)
+    clustering.clusters = sizes_with_their_users(clustering.clusters)
     fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
+    derive_sizes_of_clusters(fused)
+    fused.recompile()
     return fused, clustering
 
 
@@ -198,3 +205,22 @@ def worst_abs_diff(got, want) -> float:
     leaves = torch.utils._pytree.tree_leaves
     return max(((g.to(torch.float64) - w.to(torch.float64)).abs().max().item() if g.numel() else 0.0)
                for g, w in zip(leaves(got), leaves(want)))
+
+
+_SCALAR_KIND = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float, int: int, bool: bool, float: float}
+
+
+def scalar_kinds(sub: GraphModule) -> tuple | None:
+    """Per cluster output, the Python type it has in PyTorch where that is a scalar (a size, a
+    size check, `item()`): ONNX returns 0-d tensors, and the PyTorch code after the cluster
+    (export's `_assert_scalar` on a size) needs the scalar. None when every output is a tensor."""
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    kinds = tuple(_SCALAR_KIND.get(type(o.meta.get("val"))) if hasattr(o, "meta") else None for o in outs)
+    return kinds if any(kinds) else None
+
+
+def as_scalars(result, kinds: tuple, single: bool):
+    items = (result,) if single else result
+    items = tuple(kind(t.item()) if kind is not None else t for t, kind in zip(items, kinds))
+    return items[0] if single else items

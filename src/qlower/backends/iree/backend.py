@@ -27,6 +27,7 @@ from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
 from .batched_matmuls import BatchedMatmuls
@@ -39,11 +40,10 @@ from .unsafe_index import UnsafeIndex
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
-from .lowerings import (SIZE_OPS, TOSA_LOWERINGS, float_check, is_size, kind_of, not_in_a_float_module,
-                        symbolic_size)
+from .lowerings import TOSA_LOWERINGS, float_check, kind_of, not_in_a_float_module, symbolic_size
 from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
-from .tosa_emit import CHECKED_ENTRY, EmittedModule, TosaEmitter, computable_from
+from .tosa_emit import CHECKED_ENTRY, EmittedModule, TosaEmitter
 from .torch_import import import_float_cluster, input_symbols, not_importable_alone
 
 log = logging.getLogger("qlower.iree")
@@ -211,10 +211,10 @@ class IreeBackend:
         cannot import (`not_importable_alone`), or an all-float module cannot hold
         (`not_in_a_float_module`), is refused and the graph clustered again.
         Returns (graph, submodule name -> kind, the capability with those refusals)."""
-        _one_user_per_size(gm)
+        one_user_per_size(gm)
         refused: dict[str, str] = {}
         while True:   # a float op a TOSA module cannot import leaves it: cluster again without it
-            clusters = _sizes_with_their_users(cluster_graph(gm.graph, self.capability.refusing(refused),
+            clusters = sizes_with_their_users(cluster_graph(gm.graph, self.capability.refusing(refused),
                                                              self.options.min_cluster_size).clusters)
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
             more = {n.name: why for c, t in zip(clusters, tosa) for n in c if kind_of(n) == "torch" and
@@ -254,7 +254,7 @@ class IreeBackend:
             info.status, info.reason = "constant", "no runtime inputs: evaluated once at compile time"
             return pending
         try:
-            pending.runtime_args = _derive_sizes(sub, runtime_args)
+            pending.runtime_args = derive_sizes(sub, runtime_args)
             _check_tensor_outputs(sub)
             pending.emitted = TosaEmitter(sub, self.options).emit(tuple(float_inputs(fused, pending.runtime_args))) \
                 if kind == "tosa" else import_float_cluster(sub)
@@ -395,112 +395,6 @@ def _bind_constants(fused: GraphModule, sub: GraphModule, call: Node, mutated: s
         sub.graph.erase_node(ph)
     sub.recompile()
     return runtime
-
-
-def _one_user_per_size(gm: GraphModule) -> None:
-    """Give every size computation (sym_size and SymInt arithmetic) one user: a copy per extra
-    user, so that clustering can keep each with the op that reads it (an IREE function neither
-    takes nor returns a size)."""
-    for node in reversed(list(gm.graph.nodes)):
-        users = list(node.users)
-        if not is_size(node) or len(users) < 2:
-            continue
-        for user in users[1:]:
-            with gm.graph.inserting_after(node):
-                copy = gm.graph.node_copy(node)
-            copy.meta = dict(node.meta)
-            user.replace_input_with(node, copy)
-    gm.graph.lint()
-
-
-def _sizes_with_their_users(clusters: list[list[Node]]) -> list[list[Node]]:
-    """Leave a size computation out of its cluster (PyTorch computes it) when its one user is
-    not in that cluster; a cluster then never returns a size."""
-    out = []
-    for nodes in clusters:
-        kept = set(nodes)
-        for node in reversed(nodes):
-            if is_size(node) and any(u not in kept for u in node.users):
-                kept.discard(node)
-        if any(not is_size(n) for n in kept):
-            out.append([n for n in nodes if n in kept])
-    return out
-
-
-def _derive_sizes(sub: GraphModule, runtime_args: list) -> list:
-    """A size input of a cluster (computed in PyTorch) is computed inside it instead, as
-    `sym_size` of a tensor input with that very size expression, or sums / products of such
-    (`_size_node`); the IREE function takes tensors only. Returns the runtime args left. Raises
-    when a size cannot be derived."""
-    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    tensors = [(ph, ph.meta.get("val")) for ph in placeholders if isinstance(ph.meta.get("val"), torch.Tensor)]
-    sources = {}
-    for ph in placeholders:
-        val = ph.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            continue
-        sources[ph] = _dim_source(val, tensors)
-        if sources[ph] is None and not computable_from(val, _dim_symbols(tensors)):
-            # raised before `sub` changes: the fallback runs it as it was
-            raise NotImplementedError(f"size input {ph.name} = {val} is neither a dim of a tensor input of the "
-                                      f"cluster nor a sum / product of such dims")
-    if not sources:
-        return runtime_args
-    first = next(iter(sub.graph.nodes))   # placeholders first (fused graphs interleave them), in order
-    if first is not placeholders[0]:
-        first.prepend(placeholders[0])
-    for before, ph in zip(placeholders, placeholders[1:]):
-        before.append(ph)
-    body = placeholders[-1].next   # sizes computed in order, before the first op
-    for ph in sources:
-        with sub.graph.inserting_before(body):
-            size = _size_node(sub.graph, ph.meta["val"], tensors)
-        ph.replace_all_uses_with(size)
-        sub.graph.erase_node(ph)
-    sub.graph.lint()
-    sub.recompile()
-    return [outer for ph, outer in zip(placeholders, runtime_args) if ph not in sources]
-
-
-def _dim_source(val, tensors) -> tuple[Node, int] | None:
-    """(tensor input, dim) whose size is the symbolic size `val`, or None."""
-    return next(((t, i) for t, v in tensors for i, d in enumerate(v.shape) if str(d) == str(val)), None)
-
-
-def _dim_symbols(tensors) -> frozenset:
-    return frozenset(d.node.expr for _, v in tensors for d in v.shape
-                     if hasattr(d, "node") and d.node.expr.is_Symbol)
-
-
-def _size_node(graph: torch.fx.Graph, val, tensors):
-    """A node computing size `val` in `graph` from the tensor inputs' dims: `sym_size` of the
-    input with that very size, else sums / products of such (MobileViT's `32*batch`, torch.fx
-    operator.add / mul on SymInts, which the FX importer takes); an int when static."""
-    import operator
-    import sympy
-    expr = sympy.sympify(getattr(getattr(val, "node", None), "expr", val))
-    if expr.is_Integer:
-        return int(expr)
-    source = next(((t, i) for t, v in tensors for i, d in enumerate(v.shape)
-                   if getattr(getattr(d, "node", None), "expr", None) == expr), None)
-    if source is not None:
-        node = graph.call_function(torch.ops.aten.sym_size.int, source)
-        node.meta["val"] = source[0].meta["val"].shape[source[1]]
-        return node
-    if not (expr.is_Add or expr.is_Mul):
-        raise NotImplementedError(f"size {expr} is not a sum / product of the cluster's input dims")
-    combine = operator.mul if expr.is_Mul else operator.add
-    terms = [_size_node(graph, t, tensors) for t in expr.args]
-    node = terms[0]
-    for term in terms[1:]:
-        value = combine(_meta_value(node), _meta_value(term))
-        node = graph.call_function(combine, (node, term))
-        node.meta["val"] = value
-    return node
-
-
-def _meta_value(size):
-    return size.meta["val"] if isinstance(size, Node) else size
 
 
 def _check_tensor_outputs(sub: GraphModule) -> None:

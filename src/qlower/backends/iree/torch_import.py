@@ -167,7 +167,7 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
     cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
     pipeline does, and they compile and match: thirteenth session.)"""
-    from .tosa_emit import computable_from
+    from ..cluster_sizes import computable_from
     from .tosa_ops import emits_float_shape_op
     if emits_float_shape_op(node, available):   # not imported: the TOSA emitter reshapes it
         return None

@@ -63,17 +63,6 @@ class EmittedModule:
 CHECKED_ENTRY = "main_with_input_sums"
 
 
-def computable_from(val, symbols: frozenset) -> bool:
-    """`val` (a SymInt) is an integer, symbol, or sum / product of `symbols` (what
-    `Builder.index` computes at run time: keep the two in step)."""
-    import sympy
-    expr = getattr(getattr(val, "node", None), "expr", None)
-    if expr is None:
-        return False
-    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(expr)) \
-        and expr.free_symbols <= symbols
-
-
 def _is_unit(d) -> bool:
     return isinstance(d, int) and d == 1
 

@@ -21,7 +21,8 @@ from torch.fx import Node
 from ... import numerics
 from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
-from .tosa_emit import TosaEmitter, Val, computable_from, offset_of
+from ..cluster_sizes import computable_from
+from .tosa_emit import TosaEmitter, Val, offset_of
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
 _RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside int32 (see _requant_check)

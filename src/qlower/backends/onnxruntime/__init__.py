@@ -18,9 +18,9 @@ from torch.fx import GraphModule
 
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, maps_float_to_integers,
-                        nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos, run_in_pytorch, split_inputs,
-                        tell_policy, worst_abs_diff)
+from ..clusters import (as_scalars, compile_each_cluster, float_inputs, fuse_clusters, install_constant,
+                        maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
+                        run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
 from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
@@ -161,25 +161,6 @@ def _as_numpy(t: torch.Tensor):
     return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
-_SCALAR_KIND = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float, int: int, bool: bool, float: float}
-
-
-def _scalar_kinds(sub: GraphModule) -> tuple | None:
-    """Per cluster output, the Python type it has in PyTorch where that is a scalar (a size, a
-    size check, `item()`): ONNX returns 0-d tensors, and the PyTorch code after the cluster
-    (export's `_assert_scalar` on a size) needs the scalar. None when every output is a tensor."""
-    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    kinds = tuple(_SCALAR_KIND.get(type(o.meta.get("val"))) if hasattr(o, "meta") else None for o in outs)
-    return kinds if any(kinds) else None
-
-
-def _as_scalars(result, kinds: tuple, single: bool):
-    items = (result,) if single else result
-    items = tuple(kind(t.item()) if kind is not None else t for t, kind in zip(items, kinds))
-    return items[0] if single else items
-
-
 class OrtCluster(torch.nn.Module):
     """Runs one cluster in ONNX Runtime; falls back to its PyTorch graph if a run fails.
     Called with the cluster's runtime inputs only: its constants are bound here (in the ONNX
@@ -205,7 +186,7 @@ class OrtCluster(torch.nn.Module):
         outputs = [o.name for o in session.get_outputs()] if session is not None else []
         self.n_outputs = len(outputs) - (len(self.finite_checks) if session is not None else 0)
         self.output_names = outputs or None
-        self.scalar_kinds = _scalar_kinds(fallback)
+        self.scalar_kinds = scalar_kinds(fallback)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     @property
@@ -246,7 +227,7 @@ class OrtCluster(torch.nn.Module):
             outs = outs[:self.n_outputs]
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
         if self.scalar_kinds is not None:
-            result = _as_scalars(result, self.scalar_kinds, self.single_output)
+            result = as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:
             self._compare(result, self._pytorch(args))
         return result

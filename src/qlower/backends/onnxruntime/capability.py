@@ -16,6 +16,7 @@ from ...fx import full_args, target_schema_name
 from ...partition import Capability
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
+from .decompositions import DECOMPOSITIONS
 
 def _divisor_override(node: Node) -> str | None:
     """with divisor_override"""
@@ -94,6 +95,37 @@ def _empty_moments(node: Node) -> str | None:
         if shape is not None and 0 in shape else None
 
 
+def _on_empty(what: str) -> Callable[[Node], str | None]:
+    """A gap of ONNX Runtime 1.31 on empty tensors (measured, tests/test_onnxruntime.py
+    `test_empty_tensors_*`): refused where an input has a static zero-size dim (an empty tensor
+    costs PyTorch nothing). MatMul with K = 0 returned uninitialized memory (1e35 from
+    `x @ x.mT` of a (2, 3, 0) input; with an Add after it ONNX Runtime fuses the pair into a
+    kernel that gives zeros); ReduceMean of an empty set gives 0, eager NaN; `any` over an empty
+    dim True, eager False; LayerNormalization over an empty dim fails at run time. (Reductions of empty tensors along negative axes returned their
+    input unchanged: translate._nonnegative_reduce_axes.)"""
+    def predicate(node: Node) -> str | None:
+        empty = any(s is not None and 0 in s for s in (_shape(a) for a in node.all_input_nodes))
+        return f"{node.target._schema.name.removeprefix('aten::')} of an empty input: {what}" if empty else None
+    predicate.__doc__ = f"of an empty input ({what})"
+    return predicate
+
+
+def _empty_contraction(node: Node) -> str | None:
+    """with an empty contraction dim (K = 0)"""
+    args = full_args(node)
+    name = node.target._schema.name.removeprefix("aten::")
+    first = args[1] if name in ("baddbmm", "addbmm", "addmv") else args[0]
+    shape = _shape(first)
+    if name in ("einsum", "tensordot", "inner"):   # contraction dims spelled by arguments: any empty input
+        return _on_empty("ONNX Runtime's MatMul returns uninitialized memory")(node)
+    if shape and shape[-1] == 0:
+        return f"{name} with an empty contraction dim: ONNX Runtime's MatMul returns uninitialized memory"
+    return None
+_MEAN_ON_EMPTY = _on_empty("ONNX Runtime's ReduceMean gives 0, eager NaN")
+_ANY_ON_EMPTY = _on_empty("the translation gives True, eager False")
+_LAYER_NORM_ON_EMPTY = _on_empty("ONNX Runtime's LayerNormalization rejects it at run time")
+
+
 # Value-dependent: torchlib's formula overflows or underflows (measured: erfcx(randn * 9) off by
 # 0.13, relative 1.0; log_ndtr(-9) = -inf, eager -39.0).
 def _inaccurate(node: Node) -> str | None:
@@ -140,6 +172,11 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     "aten::histc": _histc_data_range,
     **{f"aten::{op}{overload}": _empty_moments for op in ("std", "var", "std_mean", "var_mean")
        for overload in ("", ".dim", ".correction")},
+    **{f"aten::{op}": _empty_contraction for op in ("matmul", "mm", "bmm", "mv", "dot", "vdot", "einsum", "tensordot",
+                                                   "inner", "baddbmm", "addbmm", "addmv", "linear")},
+    **{f"aten::{op}": _MEAN_ON_EMPTY for op in ("mean", "mean.dim", "nanmean")},
+    **{f"aten::{op}": _ANY_ON_EMPTY for op in ("any", "any.dim", "any.dims")},
+    **{f"aten::{op}": _LAYER_NORM_ON_EMPTY for op in ("layer_norm", "native_layer_norm")},
     "aten::special_erfcx": _inaccurate,
     "aten::special_log_ndtr": _inaccurate,
 }
@@ -194,7 +231,7 @@ def translatable(node: Node) -> str | None:
     gap = GAPS.get(target_schema_name(target))
     if gap is not None and gap(node) is not None:
         return gap(node)
-    if _torchlib().is_registered(target):
+    if _torchlib().is_registered(target) and target not in DECOMPOSITIONS:
         return _dtypes_ok(node)
     if not (target in _translator().exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"

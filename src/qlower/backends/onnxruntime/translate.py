@@ -69,7 +69,12 @@ def _quiet():
 
 def _capture(sub: GraphModule, constants: dict[str, torch.Tensor]) -> torch.export.ExportedProgram:
     module = _Cluster(sub, constants)
-    vals = [n.meta["val"] for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
+    runtime = [n for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
+    scalars = [n for n in runtime if not isinstance(n.meta.get("val"), torch.Tensor)]
+    if scalars:   # cluster_sizes.derive_sizes computed every size it could from the tensor inputs
+        raise TranslateError(f"input {scalars[0].name} = {scalars[0].meta.get('val')} is a scalar the cluster cannot "
+                             f"compute from its tensor inputs (an ONNX model takes tensors)")
+    vals = [n.meta["val"] for n in runtime]
     last: Exception | None = None
     for named in (True, False):   # declared ranges first; AUTO where export refines a relation
         try:
@@ -130,6 +135,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
             model = translated()
             _optimize_without_rewrite_rules(model)
     _register_folded_constants(model)
+    _nonnegative_reduce_axes(model)
     _outputs_from_nodes(model)
     _outputs_in_declared_dtypes(model, sub)
     proto = ir.serde.serialize_model(model)
@@ -151,17 +157,21 @@ def _optimize_without_rewrite_rules(model) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _translated_as_is() -> frozenset:
-    """The ATen overloads torchlib (or qlower's table) translates directly."""
+    """The ATen overloads torchlib (or qlower's table) translates directly, but those
+    decompositions.py decomposes first (a torchlib translation measured wrong)."""
     from torch.onnx._internal.exporter import _decomp
-    return frozenset(_decomp.get_onnx_implemented_overloads(_registry()))
+    from .decompositions import DECOMPOSITIONS
+    return frozenset(_decomp.get_onnx_implemented_overloads(_registry())) - frozenset(DECOMPOSITIONS)
 
 
 @functools.lru_cache(maxsize=1)
 def exporter_decompositions() -> dict:
-    """The table torch.onnx decomposes with: every op neither torchlib nor qlower translates.
-    Built once per process (~0.15 s; torch.onnx rebuilds it on every export)."""
+    """The table torch.onnx decomposes with (every op neither torchlib nor qlower translates),
+    with decompositions.py's entries for ops that table leaves untranslatable. Built once per
+    process (~0.15 s; torch.onnx rebuilds it on every export)."""
     from torch.onnx._internal.exporter import _decomp
-    return _decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is()))
+    from .decompositions import DECOMPOSITIONS
+    return {**_decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is())), **DECOMPOSITIONS}
 
 
 def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
@@ -257,6 +267,34 @@ def _register_folded_constants(model) -> None:
                 value.name = f"{base}__{k}"
             graph.register_initializer(value)
             names.add(value.name)
+
+
+def _nonnegative_reduce_axes(model) -> None:
+    """Constant negative `axes` of a Reduce* node written as non-negative (the input's rank is
+    static). ONNX Runtime 1.31 returns an EMPTY input to a reduction unchanged when an axis is
+    negative (measured for ReduceSum/Mean/Max/Prod/L2/SumSquare/LogSumExp: `x.sum(-1)` of a
+    (2, 3, 0) tensor came back (2, 3, 0), eager zeros of (2, 3)); with the same axes as
+    non-negative numbers it reduces correctly."""
+    import numpy as np
+    import onnx_ir as ir
+    fixed_axes: dict[tuple[int, int], object] = {}
+    for node in model.graph:
+        if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        x, axes = node.inputs[0], node.inputs[1]
+        if x is None or axes is None or axes.const_value is None or x.shape is None:
+            continue
+        values = axes.const_value.numpy()
+        if not (values < 0).any():
+            continue
+        rank = len(x.shape)
+        fixed = fixed_axes.get((id(axes), rank))
+        if fixed is None:   # one per (axes, rank): reductions share their axes constants
+            fixed = fixed_axes[(id(axes), rank)] = ir.Value(
+                name=f"{axes.name}__rank{rank}", shape=axes.shape, type=axes.type,
+                const_value=ir.tensor(np.where(values < 0, values + rank, values).astype(np.int64)))
+            model.graph.register_initializer(fixed)
+        node.replace_input_with(1, fixed)
 
 
 def _outputs_from_nodes(model) -> None:

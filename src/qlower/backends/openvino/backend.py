@@ -30,13 +30,15 @@ from ..onnxruntime.cache import LRUCache
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
-from ..clusters import compile_each_cluster, float_inputs, fuse_clusters, install_constant, pytorch_infos, split_inputs
+from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, pytorch_infos, scalar_kinds,
+                        split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
 from .split_accumulation import SplitAccumulation
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
+_SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
 _COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
 
 
@@ -197,16 +199,9 @@ class OpenVinoBackend:
             install_constant(fused, call, inputs, info)
             return info
         outs = [out] if single else list(out)
-        if not all(isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in outs):
-            # a size (SymInt) computed in the cluster and read outside it (batch and sequence
-            # dynamic, an op between two clusters refused): the zoo transformer int8 raised a raw
-            # AttributeError here; this cluster runs in PyTorch instead, with the reason
-            info.status, info.reason = "fallback", "a cluster output is a size (scalar), not a tensor"
-            log.info("cluster #%d runs in PyTorch: %s", index, info.reason)
-            setattr(fused, call.target, OvCluster(sub, None, inputs.by_position, inputs.arity, [], single, info, None))
-            call.args = tuple(inputs.runtime_args)
-            return info
-        dtypes = [o.meta["val"].dtype for o in outs]
+        # a scalar output (`item()`, a size check) comes back from OpenVINO as a 0-d tensor
+        dtypes = [o.meta["val"].dtype if isinstance(o.meta.get("val"), torch.Tensor)
+                  else _SCALAR_DTYPE[scalar_kinds(sub)[k]] for k, o in enumerate(outs)]
         checks = float_inputs(fused, inputs.runtime_args)
         try:
             model_bytes = translate(sub, constants, exact=not self.options.native)

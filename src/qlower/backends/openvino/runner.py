@@ -12,7 +12,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...errors import BackendError
-from ..clusters import nonfinite_positions, pytorch_graph, run_in_pytorch, worst_abs_diff
+from ..clusters import as_scalars, nonfinite_positions, pytorch_graph, run_in_pytorch, scalar_kinds, worst_abs_diff
 from ...report import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
@@ -109,6 +109,7 @@ class OvCluster(torch.nn.Module):
         self.output_dtypes = output_dtypes
         self.single_output = single
         self.info = info
+        self.scalar_kinds = scalar_kinds(fallback)
         self.check = os.environ.get(CHECK_ENV) == "1"
         self.compiled = compiled   # None: the cluster runs in PyTorch
         # thread id -> its infer request (a thread id reused after a thread ends reuses its request)
@@ -152,6 +153,8 @@ class OvCluster(torch.nn.Module):
         # copies: the request's output buffers are reused by the next call
         result = tuple(torch.from_numpy(np.array(o, copy=True)).to(d) for o, d in zip(outs, self.output_dtypes))
         result = result[0] if self.single_output else result
+        if self.scalar_kinds is not None:
+            result = as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:
             self._compare(result, self._pytorch(args))
         return result
