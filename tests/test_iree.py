@@ -1918,7 +1918,7 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     x = torch.randn(2, 3, 0)
     cm = qlower.compile(Var(), (x,), backend="iree")
     assert torch.isnan(cm(x)).all() and cm(x).shape == (2, 3)
-    assert any("of an empty input gives 0 on IREE" in (c.reason or "") for c in cm.report().fallbacks)
+    assert any("an empty tensor" in (c.reason or "") for c in cm.report().fallbacks)
     y = torch.randn(2, 3, 4)
     cm = qlower.compile(Var(), (y,), backend="iree")
     assert not cm.report().fallbacks

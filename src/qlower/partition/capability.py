@@ -28,6 +28,17 @@ STRUCTURAL = {"getitem", "aten::reshape", "aten::view", "aten::flatten.using_int
                                                             operator.eq, operator.ne))}
 
 
+def holds_empty_tensor(node: Node) -> bool:
+    """An input or result of `node` has a static zero-size dim. Engines mishandle empty tensors
+    in ways of their own (docs/trust.md, "empty tensors"); PyTorch runs them at no cost."""
+    import torch
+    for v in (node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)):
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in t.shape):
+                return True
+    return False
+
+
 def _env_list(name: str) -> set[str]:
     return {s.strip() for s in os.environ.get(name, "").split(";") if s.strip()}
 

@@ -101,8 +101,9 @@ def _on_empty(what: str) -> Callable[[Node], str | None]:
     costs PyTorch nothing). MatMul with K = 0 returned uninitialized memory (1e35 from
     `x @ x.mT` of a (2, 3, 0) input; with an Add after it ONNX Runtime fuses the pair into a
     kernel that gives zeros); ReduceMean of an empty set gives 0, eager NaN; `any` over an empty
-    dim True, eager False; LayerNormalization over an empty dim fails at run time. (Reductions of empty tensors along negative axes returned their
-    input unchanged: translate._nonnegative_reduce_axes.)"""
+    dim True, eager False; LayerNormalization over an empty dim fails at run time, group_norm's
+    Reshape at session creation. (Reductions of empty tensors along negative axes returned their
+    input unchanged: translate._nonnegative_axes.)"""
     def predicate(node: Node) -> str | None:
         empty = any(s is not None and 0 in s for s in (_shape(a) for a in node.all_input_nodes))
         return f"{node.target._schema.name.removeprefix('aten::')} of an empty input: {what}" if empty else None
@@ -124,6 +125,7 @@ def _empty_contraction(node: Node) -> str | None:
 _MEAN_ON_EMPTY = _on_empty("ONNX Runtime's ReduceMean gives 0, eager NaN")
 _ANY_ON_EMPTY = _on_empty("the translation gives True, eager False")
 _LAYER_NORM_ON_EMPTY = _on_empty("ONNX Runtime's LayerNormalization rejects it at run time")
+_GROUP_NORM_ON_EMPTY = _on_empty("ONNX Runtime rejects the translation's Reshape")
 
 
 # Value-dependent: torchlib's formula overflows or underflows (measured: erfcx(randn * 9) off by
@@ -177,6 +179,7 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     **{f"aten::{op}": _MEAN_ON_EMPTY for op in ("mean", "mean.dim", "nanmean")},
     **{f"aten::{op}": _ANY_ON_EMPTY for op in ("any", "any.dim", "any.dims")},
     **{f"aten::{op}": _LAYER_NORM_ON_EMPTY for op in ("layer_norm", "native_layer_norm")},
+    **{f"aten::{op}": _GROUP_NORM_ON_EMPTY for op in ("group_norm", "native_group_norm")},
     "aten::special_erfcx": _inaccurate,
     "aten::special_log_ndtr": _inaccurate,
 }

@@ -18,9 +18,15 @@ BEFORE:  n = aten.linalg_vector_norm(x, ord, dim, keepdim, dtype=d)   # x 0-d, o
 AFTER:   n = aten.abs(aten._to_copy(x, dtype=d))   # |x| for every such ord (no copy without d)
 (torchlib's ReduceL2 / ReduceL1 over axis 0 of a 0-d tensor: "axis must be in [-rank,
 rank-1]", OpInfo's linalg.vector_norm; ord 0 counts non-zeros and is left alone).
-Near misses left alone: a non-empty `dim` on a tensor of rank >= 1 (aminmax: a dim); other
+BEFORE:  m = aten.amax(x, [-1], keepdim)          # x of rank r >= 1, a negative dim
+AFTER:   m = aten.amax(x, [r - 1], keepdim)
+(torchlib keeps amax / amin as functions whose ReduceMax reads the dims at run time, and ONNX
+Runtime 1.31 returns an EMPTY input to a reduction unchanged when an axis is negative: `x.amax(-1)`
+of a (0, 4, 5) tensor came back (0, 4, 5), eager (0, 4); the main graph's own Reduce* and ArgMax
+nodes are fixed after translation, `translate._nonnegative_axes`.)
+Near misses left alone: non-negative dims on a tensor of rank >= 1 (aminmax: a dim); other
 reductions.
-Postconditions: values identical. Idempotent: a rewritten node has a non-empty `dim`.
+Postconditions: values identical. Idempotent: a rewritten node has a non-empty, non-negative `dim`.
 """
 from __future__ import annotations
 
@@ -61,10 +67,15 @@ class ExplicitReductionDims(Pass):
     def _make_explicit(node, ctx: PassContext) -> bool:
         x, dim, keepdim = full_args(node)[:3]
         rank = rank_of(x)
-        if rank is None or (list(dim or []) and rank > 0):
+        dims = list(dim or [])
+        if rank is None or (dims and rank > 0 and all(d >= 0 for d in dims)):
             return False
         if rank == 0:   # with or without a dim (0 / -1): torchlib's ReduceMax rejects axis 0 of a 0-d tensor
             node.target, node.args, node.kwargs = aten.clone.default, (x,), {}
+        elif dims:
+            node.args, node.kwargs = (x, [d % rank for d in dims], keepdim), {}
+            ctx.rewrites["amax/amin dims written non-negative"] += 1
+            return True
         else:
             node.args, node.kwargs = (x, list(range(rank)), keepdim), {}
         ctx.rewrites["amax/amin over every dim made explicit"] += 1

@@ -135,7 +135,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
             model = translated()
             _optimize_without_rewrite_rules(model)
     _register_folded_constants(model)
-    _nonnegative_reduce_axes(model)
+    _nonnegative_axes(model)
     _outputs_from_nodes(model)
     _outputs_in_declared_dtypes(model, sub)
     proto = ir.serde.serialize_model(model)
@@ -269,25 +269,34 @@ def _register_folded_constants(model) -> None:
             names.add(value.name)
 
 
-def _nonnegative_reduce_axes(model) -> None:
-    """Constant negative `axes` of a Reduce* node written as non-negative (the input's rank is
-    static). ONNX Runtime 1.31 returns an EMPTY input to a reduction unchanged when an axis is
-    negative (measured for ReduceSum/Mean/Max/Prod/L2/SumSquare/LogSumExp: `x.sum(-1)` of a
-    (2, 3, 0) tensor came back (2, 3, 0), eager zeros of (2, 3)); with the same axes as
-    non-negative numbers it reduces correctly."""
+def _nonnegative_axes(model) -> None:
+    """Constant negative axes of Reduce* nodes (the `axes` input) and of ArgMax / ArgMin (the
+    `axis` attribute) written as non-negative: the input's rank is static. ONNX Runtime 1.31
+    returns an EMPTY input to a reduction unchanged when an axis is negative (measured for
+    ReduceSum/Mean/Max/Prod/L2/SumSquare/LogSumExp and ArgMax: `x.sum(-1)` of a (2, 3, 0) tensor
+    came back (2, 3, 0), eager zeros of (2, 3)); with the same axes as non-negative numbers it
+    reduces correctly. (torchlib's amax / amin functions: explicit_reduction_dims.py.)"""
     import numpy as np
     import onnx_ir as ir
     fixed_axes: dict[tuple[int, int], object] = {}
     for node in model.graph:
-        if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None \
+                or node.inputs[0].shape is None:
             continue
-        x, axes = node.inputs[0], node.inputs[1]
-        if x is None or axes is None or axes.const_value is None or x.shape is None:
+        rank = len(node.inputs[0].shape)
+        if node.op_type in ("ArgMax", "ArgMin"):
+            axis = node.attributes.get("axis")
+            if axis is not None and axis.as_int() < 0:
+                node.attributes["axis"] = ir.AttrInt64("axis", axis.as_int() + rank)
+            continue
+        if not node.op_type.startswith("Reduce") or len(node.inputs) < 2:
+            continue
+        axes = node.inputs[1]
+        if axes is None or axes.const_value is None:
             continue
         values = axes.const_value.numpy()
         if not (values < 0).any():
             continue
-        rank = len(x.shape)
         fixed = fixed_axes.get((id(axes), rank))
         if fixed is None:   # one per (axes, rank): reductions share their axes constants
             fixed = fixed_axes[(id(axes), rank)] = ir.Value(
