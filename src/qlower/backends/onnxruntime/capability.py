@@ -13,7 +13,7 @@ import torch
 from torch.fx import Node
 
 from ...fx import full_args, target_schema_name
-from ...partition import Capability
+from ...partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
 from .decompositions import DECOMPOSITIONS
@@ -150,7 +150,9 @@ def _window_in_padding(node: Node) -> str | None:
 # Measured gaps of the translator or of ONNX Runtime 1.31 (the op translates, but the result
 # is wrong or the session rejects it): schema name -> predicate naming the failing variant.
 def _attention_rank(node: Node) -> str | None:
-    """query/key/value of rank 4 (`four_d_attention` brings ranks 2 and 3 there)"""
+    """query/key/value of rank 4 (`four_d_attention` brings ranks 2 and 3 there), not empty"""
+    if holds_empty_tensor(node):   # measured: "Batch size must be greater than 0" at run time
+        return "attention on an empty tensor (ONNX Runtime's Attention rejects batch 0 at run time)"
     ranks = {len(s) for s in (_shape(a) for a in node.args[:3]) if s is not None}
     if ranks and ranks != {4}:
         return f"attention on rank-{'/'.join(map(str, sorted(ranks)))} query/key/value (torchlib takes rank 4 only)"

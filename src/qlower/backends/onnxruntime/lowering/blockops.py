@@ -22,6 +22,7 @@ import torch
 from torch.fx import Node
 
 from ....fx import full_args
+from ....partition import holds_empty_tensor
 from . import functions as fn
 from . import lowers
 from .onnx_ops import const, first_output, i64, op
@@ -32,7 +33,9 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 # ------------------------------------------------------------------------------ capability
 def _no_dropout_attention(node: Node) -> str | None:
-    """always (no dropout in the block op)"""
+    """non-empty query/key/value (ONNX Runtime's Attention rejects batch 0 at run time)"""
+    if holds_empty_tensor(node):
+        return "attention on an empty tensor (ONNX Runtime's Attention rejects batch 0 at run time)"
     return None
 
 
