@@ -806,3 +806,60 @@ def test_reduce_axes_are_written_non_negative():
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     reduces = [n for n in model.graph.node if n.op_type.startswith("Reduce")]
     assert reduces and all((consts[n.input[1]] >= 0).all() for n in reduces if n.input[1] in consts)
+
+
+class _EinsumInTheMiddle(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.w = torch.nn.Linear(4, 4), torch.nn.Linear(5, 3), torch.nn.Parameter(torch.randn(4, 5))
+
+    def forward(self, x):
+        y = torch.einsum("...ij,...jk->...ik", torch.relu(self.a(x)), self.w)   # broadcast ellipsis
+        return self.b(torch.tanh(y))
+
+
+class _EmptyCatInTheMiddle(torch.nn.Module):
+    def forward(self, x, e1, e2):
+        return torch.relu(x * 2) + torch.cat([e1, e2]).sum() + (x - 1).abs()
+
+
+def test_a_node_the_engine_rejects_runs_alone_in_pytorch():
+    """ONNX Runtime's shape inference rejects Einsum with a broadcast ellipsis ("Ellipsis
+    represents incompatible dimensions"): the whole 5-node cluster of linears used to fall back.
+    The error names the ONNX node; the ATen op it came from is refused and the graph clustered
+    again, so only the einsum runs in PyTorch."""
+    model, x = _EinsumInTheMiddle().eval(), torch.randn(2, 3, 4)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    report = cm.report()
+    assert len(report.compiled) == 2 and [list(c.ops) for c in report.fallbacks] == [["einsum"]], str(report)
+    assert "ONNX Runtime rejects its translation" in report.fallbacks[0].reason
+    torch.testing.assert_close(cm(x), model(x))
+
+
+def test_a_node_torch_onnx_fails_to_translate_runs_alone_in_pytorch():
+    """torchlib's aten_cat asserts on a cat of empty tensors only: the translation error names
+    the FX node, which alone runs in PyTorch (the cluster around it used to fall back whole)."""
+    model, args = _EmptyCatInTheMiddle(), (torch.randn(3, 4), torch.randn(0), torch.randn(0))
+    cm = qlower.compile(model, args, backend="onnxruntime")
+    report = cm.report()
+    assert [list(c.ops) for c in report.fallbacks] == [["cat"]], str(report)
+    assert "torch.onnx fails to translate it" in report.fallbacks[0].reason
+    assert sum(c.nodes for c in report.compiled) >= 4
+    torch.testing.assert_close(cm(*args), model(*args))
+
+
+class _ReadsARefusedTuple(torch.nn.Module):
+    def forward(self, x):
+        q, r = torch.linalg.qr(x)   # no translation: runs in PyTorch
+        return (q @ r).relu() + 1
+
+
+def test_the_pieces_of_a_refused_multi_output_op_are_picked_in_pytorch():
+    """The getitems of linalg_qr's (Q, R) used to join the matmul's cluster, which then took the
+    whole tuple as an input and could not be re-captured (OpInfo's pca_lowrank): that cluster fell
+    back. Picks now stay with their producer."""
+    model, x = _ReadsARefusedTuple(), torch.randn(4, 3)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    report = cm.report()
+    assert len(report.compiled) == 1 and [list(c.ops) for c in report.fallbacks] == [["linalg_qr"]], str(report)
+    torch.testing.assert_close(cm(x), model(x))

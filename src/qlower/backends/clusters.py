@@ -26,11 +26,26 @@ def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int
     a cluster neither takes nor returns a size it can compute from its tensor inputs."""
     one_user_per_size(gm)
     clustering = cluster_graph(gm.graph, capability, min_cluster_size)
-    clustering.clusters = sizes_with_their_users(clustering.clusters)
+    clustering.clusters = sizes_with_their_users(_picks_with_their_producer(clustering.clusters))
     fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
     derive_sizes_of_clusters(fused)
     fused.recompile()
     return fused, clustering
+
+
+def _picks_with_their_producer(clusters: list[list[Node]]) -> list[list[Node]]:
+    """A `getitem` whose multi-output producer is not in its cluster leaves it (PyTorch picks the
+    tensor, at no cost): a cluster taking the whole tuple could not be re-captured (OpInfo's
+    pca_lowrank: a refused linalg_qr's (Q, R) read by a matmul's cluster). A cluster left with
+    picks only is dropped."""
+    import operator
+    out = []
+    for nodes in clusters:
+        inside = set(nodes)
+        kept = [n for n in nodes if not (n.target is operator.getitem and n.args[0] not in inside)]
+        if any(n.target is not operator.getitem for n in kept):
+            out.append(kept)
+    return out
 
 
 def compile_each_cluster(fused: GraphModule, compile_one: Callable[[GraphModule, Node, int, set[str]], ClusterInfo]

@@ -22,7 +22,8 @@ STRUCTURAL = {"getitem", "aten::reshape", "aten::view", "aten::flatten.using_int
               # arithmetic on sizes (export's runtime size checks): a cluster of only these is
               # not worth an engine call, and measured wrong in ONNX Runtime on data-dependent
               # sizes (masked_select's `u0 <= 100` check came back False)
-              "aten::sym_size.int", *(f.__name__ for f in (operator.add, operator.sub, operator.mul,
+              "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int", "aten::sym_storage_offset",
+              *(f.__name__ for f in (operator.add, operator.sub, operator.mul,
                                                             operator.floordiv, operator.mod, operator.ge,
                                                             operator.gt, operator.le, operator.lt,
                                                             operator.eq, operator.ne))}

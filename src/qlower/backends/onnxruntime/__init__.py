@@ -106,27 +106,73 @@ _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) no
 _MAX_KERNEL_REFUSALS = 64   # nodes; then the clusters left failing fall back whole, with their reason
 
 
-def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
-    """FX node name -> reason, when ONNX Runtime refused a session for want of a CPU kernel for
-    one ONNX node: the ATen op that node was translated from (torch.onnx's `pkg.torch.onnx.fx_node`
-    metadata; an onnxscript rewrite keeps the metadata of a node it folded, e.g. a batch norm
-    into the conv) is refused at every node of the cluster that calls it."""
-    import onnx
-    m = _NO_KERNEL.search(error)
-    if m is None:
+# ONNX Runtime naming the node it rejected at session creation ("Node (node_einsum) Op (Einsum)
+# [ShapeInferenceError] ...", "... of operator (X) in node (node_y)"), and torch.onnx naming the
+# FX node whose translation raised ("Error when translating node %cat : ... target=torch.ops...")
+_ORT_NODE = re.compile(r"Node \(([^)]*)\) Op \((\w+)\)|of operator \((\w+)\) in node \(([^)]*)\)")
+_TRANSLATING = re.compile(r"Error when translating node %\w+ : .*?target=([\w.]+)")
+
+
+def _rejected_nodes(exc: BaseException, model_bytes: bytes | None, sub: GraphModule) -> dict[str, str]:
+    """FX node name -> reason, for the nodes a failed cluster compile names: a kernel ONNX Runtime
+    lacks (`_nodes_without_kernels`), a node its session creation rejected, or the op whose
+    translation raised. Refused, they run alone in PyTorch and the rest of the cluster compiles
+    (measured: one einsum with a broadcast ellipsis, which ONNX Runtime's shape inference
+    rejects, took a 5-node cluster of linears to PyTorch)."""
+    error = str(exc)
+    if model_bytes is not None:
+        found = _nodes_without_kernels(error, model_bytes, sub)
+        if found:
+            return found
+        m = _ORT_NODE.search(error)
+        if m is not None:
+            name, op_type = (m.group(1), m.group(2)) if m.group(2) else (m.group(4), m.group(3))
+            why = f"ONNX Runtime rejects its translation: {error.splitlines()[0][:160]}"
+            return {n: why for n in _fx_nodes_of(model_bytes, name, op_type, sub)}
         return {}
-    op_type, name = m.group(1), m.group(3)
+    chain = exc
+    while chain is not None:
+        m = _TRANSLATING.search(str(chain))
+        if m is not None:
+            why = f"torch.onnx fails to translate it: {_innermost(exc)[:160]}"
+            return {n.name: why for n in sub.graph.nodes if n.op == "call_function" and _target_text(n.target) == m.group(1)}
+        chain = chain.__cause__
+    return {}
+
+
+def _innermost(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _fx_nodes_of(model_bytes: bytes, name: str, op_type: str, sub: GraphModule) -> list[str]:
+    """The cluster's FX nodes calling the ATen op the ONNX node `name` was translated from
+    (torch.onnx's `pkg.torch.onnx.fx_node` metadata); ONNX Runtime names none for some: then
+    every node of type `op_type`."""
+    import onnx
     graph = onnx.load_from_string(model_bytes).graph
-    # the node by its name; an unnamed one (ONNX Runtime names none for some): every node of its type
     nodes = [n for n in graph.node if n.name == name] if name else []
     nodes = nodes or [n for n in graph.node if n.op_type == op_type]
     targets = set()
     for node in nodes:
         fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
         targets.update(re.findall(r"target=([\w.]+)", fx_node)[:1])
+    return [n.name for n in sub.graph.nodes if n.op == "call_function" and _target_text(n.target) in targets]
+
+
+def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
+    """FX node name -> reason, when ONNX Runtime refused a session for want of a CPU kernel for
+    one ONNX node: the ATen op that node was translated from (torch.onnx's `pkg.torch.onnx.fx_node`
+    metadata; an onnxscript rewrite keeps the metadata of a node it folded, e.g. a batch norm
+    into the conv) is refused at every node of the cluster that calls it."""
+    m = _NO_KERNEL.search(error)
+    if m is None:
+        return {}
+    op_type, name = m.group(1), m.group(3)
     why = f"ONNX Runtime has no CPU kernel for {op_type} (opset {m.group(2)}) at these types"
+    found = {n: why for n in _fx_nodes_of(model_bytes, name, op_type, sub)}
     calls = [n for n in sub.graph.nodes if n.op == "call_function"]
-    found = {n.name: why for n in calls if _target_text(n.target) in targets}
     # a node inside an op's own function body (Gelu's Erf) names no FX node: the kernels ONNX
     # Runtime lacks are for float64 / float16 / int16, so those nodes leave the cluster
     unnamed = (f"ONNX Runtime had no CPU kernel for {op_type} (opset {m.group(2)}) in this node's cluster, for a node "
@@ -434,8 +480,8 @@ class OnnxRuntimeBackend:
         except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
             session, input_names = None, []   # (the warning: compile(), once the clusters are final)
-            if no_kernel is not None and model_bytes is not None:
-                no_kernel.update(_nodes_without_kernels(str(exc), model_bytes, sub))
+            if no_kernel is not None:
+                no_kernel.update(_rejected_nodes(exc, model_bytes, sub))
         setattr(fused, call.target, OrtCluster(sub, session, input_names, inputs.by_position, inputs.arity,
                                                single, info, checks))
         call.args = tuple(inputs.runtime_args)

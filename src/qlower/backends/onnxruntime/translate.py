@@ -72,8 +72,9 @@ def _capture(sub: GraphModule, constants: dict[str, torch.Tensor]) -> torch.expo
     runtime = [n for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
     scalars = [n for n in runtime if not isinstance(n.meta.get("val"), torch.Tensor)]
     if scalars:   # cluster_sizes.derive_sizes computed every size it could from the tensor inputs
-        raise TranslateError(f"input {scalars[0].name} = {scalars[0].meta.get('val')} is a scalar the cluster cannot "
-                             f"compute from its tensor inputs (an ONNX model takes tensors)")
+        what = "a tuple" if isinstance(scalars[0].meta.get("val"), (tuple, list)) else "a scalar"
+        raise TranslateError(f"input {scalars[0].name} is {what}, not a tensor, and the cluster cannot compute it "
+                             f"from its tensor inputs (an ONNX model takes tensors)")
     vals = [n.meta["val"] for n in runtime]
     last: Exception | None = None
     for named in (True, False):   # declared ranges first; AUTO where export refines a relation
