@@ -1923,3 +1923,51 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     cm = qlower.compile(Var(), (y,), backend="iree")
     assert not cm.report().fallbacks
     torch.testing.assert_close(cm(y), Var()(y))
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class _MatrixTransposes(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x.mT @ x) + x.mH.sum() + x.adjoint()
+
+
+def test_matrix_transposes_contract():
+    """mT / mH / adjoint (torch-mlir leaves them as an illegal `torch.operator`: the whole cluster
+    fell back) become transpose(-2, -1): one IREE cluster, eager's values; a complex input is a
+    near miss (a conjugate too); a second run changes nothing."""
+    from qlower.backends.iree.matrix_transposes import MatrixTransposes
+    from qlower.passes import PassContext
+    model, x = _MatrixTransposes(), torch.randn(3, 4, 4)
+    gm = torch.export.export(model, (x,)).module()
+    assert MatrixTransposes().run(gm, PassContext()) is True
+    assert not [n for n in gm.graph.nodes if n.target in (torch.ops.aten.mT.default, torch.ops.aten.mH.default,
+                                                          torch.ops.aten.adjoint.default)]
+    assert MatrixTransposes().run(gm, PassContext()) is False
+    assert torch.equal(gm(x), model(x))
+    complex_gm = torch.export.export(_Fn(lambda z: z.mH * 2), (torch.randn(2, 3, dtype=torch.complex64),)).module()
+    assert MatrixTransposes().run(complex_gm, PassContext()) is False
+    cm = qlower.compile(model, (x,), backend="iree")
+    assert [(c.backend, c.status) for c in cm.report().clusters] == [("iree", "compiled")], str(cm.report())
+    torch.testing.assert_close(cm(x), model(x))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.linalg.qr(x)[0], lambda x: torch.linalg.inv(x + 4 * torch.eye(4)),
+                                lambda x: torch.linalg.svd(x)[1], lambda x: torch.linalg.solve(x + 4 * torch.eye(4), x),
+                                lambda x: torch.linalg.cholesky(x @ x.mT + torch.eye(4))])
+def test_linear_algebra_torch_mlir_cannot_legalize_runs_in_pytorch(fn):
+    """iree-compile failed on each ("failed to legalize 'torch.aten.linalg_qr'" / "'torch.operator'")
+    and took its cluster along: now refused up front, the ops around it compile."""
+    model, x = _Fn(lambda x: fn(x * 2) + 1), torch.randn(4, 4)
+    cm = qlower.compile(model, (x,), backend="iree")
+    report = cm.report()
+    assert not [c for c in report.clusters if "failed" in (c.reason or "")], str(report)
+    assert any("is not legalized by torch-mlir" in (c.reason or "") for c in report.fallbacks)
+    torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4)

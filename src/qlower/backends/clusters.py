@@ -26,14 +26,14 @@ def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int
     a cluster neither takes nor returns a size it can compute from its tensor inputs."""
     one_user_per_size(gm)
     clustering = cluster_graph(gm.graph, capability, min_cluster_size)
-    clustering.clusters = sizes_with_their_users(_picks_with_their_producer(clustering.clusters))
+    clustering.clusters = sizes_with_their_users(picks_with_their_producer(clustering.clusters))
     fused = fuse_by_partitions(gm, [dict.fromkeys(c) for c in clustering.clusters], prefix="cluster_")
     derive_sizes_of_clusters(fused)
     fused.recompile()
     return fused, clustering
 
 
-def _picks_with_their_producer(clusters: list[list[Node]]) -> list[list[Node]]:
+def picks_with_their_producer(clusters: list[list[Node]]) -> list[list[Node]]:
     """A `getitem` whose multi-output producer is not in its cluster leaves it (PyTorch picks the
     tensor, at no cost): a cluster taking the whole tuple could not be re-captured (OpInfo's
     pca_lowrank: a refused linalg_qr's (Q, R) read by a matmul's cluster). A cluster left with

@@ -28,7 +28,7 @@ from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
-from ..clusters import ConstantCluster, float_inputs, maps_float_to_integers, policy_inputs
+from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
 from .drop_noop_ceil_mode import DropNoopCeilMode
 from .batched_matmuls import BatchedMatmuls
 from .bitwise_operators import BitwiseOperators
@@ -37,6 +37,7 @@ from .single_dim_reductions import SingleDimReductions
 from .single_window_convs import SingleWindowConvs
 from .unit_step_slices import UnitStepSlices
 from .unsafe_index import UnsafeIndex
+from .matrix_transposes import MatrixTransposes
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
@@ -165,10 +166,10 @@ class IreeBackend:
         created as int32 != 0 (torch-mlir fails on a boolean splat); rank-3 matmuls as bmm
         (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling,
         index_copy and diff as torch's decompositions (IREE lowers none), `_unsafe_index` as
-        `index`."""
+        `index`, `mT` / `mH` / `adjoint` as `transpose`."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
                 DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex()]
+                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []
@@ -214,8 +215,8 @@ class IreeBackend:
         one_user_per_size(gm)
         refused: dict[str, str] = {}
         while True:   # a float op a TOSA module cannot import leaves it: cluster again without it
-            clusters = sizes_with_their_users(cluster_graph(gm.graph, self.capability.refusing(refused),
-                                                             self.options.min_cluster_size).clusters)
+            clusters = sizes_with_their_users(picks_with_their_producer(
+                cluster_graph(gm.graph, self.capability.refusing(refused), self.options.min_cluster_size).clusters))
             tosa = [any(kind_of(n) == "tosa" for n in c) for c in clusters]
             more = {n.name: why for c, t in zip(clusters, tosa) for n in c if kind_of(n) == "torch" and
                     (why := not_importable_alone(n, input_symbols(c)) if t else not_in_a_float_module(n)) is not None}

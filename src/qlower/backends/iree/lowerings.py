@@ -157,7 +157,21 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             "aten::mode", "aten::kthvalue", "aten::searchsorted", "aten::histc", "aten::logsumexp",
                             "aten::erfinv", "aten::lgamma", "aten::digamma", "aten::i0", "aten::fmod",
                             "aten::hypot", "aten::cdist", "aten::_cdist_forward",
-                            "aten::upsample_bilinear2d"})   # some decomposed first: backend._decompose_ops_iree_lacks
+                            "aten::upsample_bilinear2d",
+                            # linear algebra (eighteenth session, 4x4 float inputs): "failed to
+                            # legalize operation 'torch.aten.linalg_qr'" / "'torch.operator'";
+                            # linalg_det, linalg_slogdet, linalg_cross and linalg_vector_norm compile
+                            *(f"aten::linalg_{op}" for op in ("qr", "cholesky", "cholesky_ex", "inv", "inv_ex", "svd",
+                                                              "svdvals", "eigh", "eigvalsh", "eig", "eigvals", "solve",
+                                                              "solve_ex", "pinv", "matrix_norm", "norm", "solve_triangular",
+                                                              "lu", "lu_factor", "lu_factor_ex", "lu_solve", "lstsq",
+                                                              "matrix_rank", "cond", "householder_product", "ldl_factor",
+                                                              "ldl_factor_ex", "ldl_solve", "tensorinv", "tensorsolve",
+                                                              "matrix_exp")),
+                            "aten::_linalg_svd", "aten::_linalg_eigh", "aten::cholesky", "aten::cholesky_solve",
+                            "aten::cholesky_inverse", "aten::triangular_solve", "aten::geqrf", "aten::ormqr",
+                            "aten::svd", "aten::qr", "aten::lu_unpack", "aten::pinverse", "aten::matrix_exp"})
+# (some decomposed first: backend._decompose_ops_iree_lacks)
 
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
 # on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a
