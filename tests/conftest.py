@@ -89,3 +89,14 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path / "qlower-cache"))
     monkeypatch.setattr(ortb, "_SESSIONS", ortb.cache.LRUCache())
     monkeypatch.setattr(ortb, "_MODELS", ortb.cache.LRUCache())
+
+
+class Fn(torch.nn.Module):
+    """A module around a function of the inputs (one-op and small-graph tests)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)

@@ -10,17 +10,10 @@ import torch
 import qlower
 from qlower.backends.onnxruntime.decompositions import DECOMPOSITIONS
 
+from conftest import Fn
+
 NAN, INF = math.nan, math.inf
 SPECIAL = torch.tensor([NAN, -NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3e38, 1e-45])
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _same(got, want) -> bool:
@@ -40,7 +33,7 @@ def _check(fn, *xs, engine_nan: bool = False):
     call run in PyTorch (the NaN policy), so special values are also made inside the cluster
     (`engine_nan`: x * 0 + special built from finite inputs is not needed for ops whose special
     values are finite)."""
-    cm = qlower.compile(_Fn(fn), xs, backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), xs, backend="onnxruntime")
     report = cm.report()
     assert len(report.compiled) == 1 and not report.fallbacks, str(report)
     assert _same(cm(*xs), fn(*xs))
@@ -83,7 +76,7 @@ def test_binary_decompositions_equal_eager_on_special_values(name):
     (pa, ca), make = _from_finite(a)
     (pb, cb), _ = _from_finite(b)
     fn = lambda pa, ca, pb, cb: op(make(pa, ca), make(pb, cb))   # noqa: E731
-    cm = qlower.compile(_Fn(fn), (pa, ca, pb, cb), backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), (pa, ca, pb, cb), backend="onnxruntime")
     report = cm.report()
     assert len(report.compiled) == 1 and not report.fallbacks, str(report)
     got, want = cm(pa, ca, pb, cb), fn(pa, ca, pb, cb)

@@ -20,6 +20,8 @@ from qlower.backends.base import compile_graph  # noqa: E402
 from qlower.backends.iree import IreeBackend, IreeOptions, iree_capability  # noqa: E402
 from qlower.numerics_vectors import EDGE_SCALES, quantize_edges, tie_vector  # noqa: E402
 from qlower.numerics_vectors import QuantizeDequantize as QuantDequant  # noqa: E402
+
+from conftest import Fn  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
 
 ops = torch.ops.qlower
@@ -1925,15 +1927,6 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     torch.testing.assert_close(cm(y), Var()(y))
 
 
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 class _MatrixTransposes(torch.nn.Module):
     def forward(self, x):
         return torch.relu(x.mT @ x) + x.mH.sum() + x.adjoint()
@@ -1952,7 +1945,7 @@ def test_matrix_transposes_contract():
                                                           torch.ops.aten.adjoint.default)]
     assert MatrixTransposes().run(gm, PassContext()) is False
     assert torch.equal(gm(x), model(x))
-    complex_gm = torch.export.export(_Fn(lambda z: z.mH * 2), (torch.randn(2, 3, dtype=torch.complex64),)).module()
+    complex_gm = torch.export.export(Fn(lambda z: z.mH * 2), (torch.randn(2, 3, dtype=torch.complex64),)).module()
     assert MatrixTransposes().run(complex_gm, PassContext()) is False
     cm = qlower.compile(model, (x,), backend="iree")
     assert [(c.backend, c.status) for c in cm.report().clusters] == [("iree", "compiled")], str(cm.report())
@@ -1965,7 +1958,7 @@ def test_matrix_transposes_contract():
 def test_linear_algebra_torch_mlir_cannot_legalize_runs_in_pytorch(fn):
     """iree-compile failed on each ("failed to legalize 'torch.aten.linalg_qr'" / "'torch.operator'")
     and took its cluster along: now refused up front, the ops around it compile."""
-    model, x = _Fn(lambda x: fn(x * 2) + 1), torch.randn(4, 4)
+    model, x = Fn(lambda x: fn(x * 2) + 1), torch.randn(4, 4)
     cm = qlower.compile(model, (x,), backend="iree")
     report = cm.report()
     assert not [c for c in report.clusters if "failed" in (c.reason or "")], str(report)

@@ -7,7 +7,7 @@ import torch
 
 import qlower
 
-from conftest import calib
+from conftest import Fn, calib
 
 
 def both(model, shape, dynamic_shapes=None, **kw):
@@ -765,15 +765,6 @@ _EMPTY_CASES = {
 }
 
 
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize("shape", [(0, 5, 3), (2, 3, 0), (2, 0, 3)])
 @pytest.mark.parametrize("case", sorted(_EMPTY_CASES))
 def test_empty_tensors_give_eagers_shapes_and_values(case, shape):
@@ -783,7 +774,7 @@ def test_empty_tensors_give_eagers_shapes_and_values(case, shape):
     now matches eager: axes written non-negative, the rest refused where an input is empty."""
     fn, x = _EMPTY_CASES[case], torch.randn(shape)
     want = fn(x)
-    cm = qlower.compile(_Fn(fn), (x,), backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
     for _ in range(2):   # uninitialized memory differs from run to run
         got = cm(x)
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -795,13 +786,13 @@ def test_empty_tensors_give_eagers_shapes_and_values(case, shape):
 def test_the_same_ops_on_non_empty_tensors_run_in_onnx_runtime(case):
     """Near miss: nothing is refused when no input is empty."""
     fn, x = _EMPTY_CASES[case], torch.randn(2, 3, 4)
-    cm = qlower.compile(_Fn(fn), (x,), backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
     assert not cm.report().fallbacks, str(cm.report())
     torch.testing.assert_close(cm(x), fn(x))
 
 
 def test_reduce_axes_are_written_non_negative():
-    cm = qlower.compile(_Fn(lambda x: x.sum(-1) + x.amax(-2)), (torch.randn(2, 4, 4),), backend="onnxruntime")
+    cm = qlower.compile(Fn(lambda x: x.sum(-1) + x.amax(-2)), (torch.randn(2, 4, 4),), backend="onnxruntime")
     model = onnx.load_from_string(cm.report().clusters[0].onnx)
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     reduces = [n for n in model.graph.node if n.op_type.startswith("Reduce")]
