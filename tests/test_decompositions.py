@@ -28,11 +28,10 @@ def _same(got, want) -> bool:
     return bool((close & (signs | torch.isnan(want))).all())
 
 
-def _check(fn, *xs, engine_nan: bool = False):
+def _check(fn, *xs):
     """Compiled on onnxruntime: one cluster, no fallback, eager's values. NaN/inf inputs make a
-    call run in PyTorch (the NaN policy), so special values are also made inside the cluster
-    (`engine_nan`: x * 0 + special built from finite inputs is not needed for ops whose special
-    values are finite)."""
+    call run in PyTorch (the NaN policy), so tests of NaN and inf make them inside the cluster
+    (`_from_finite`)."""
     cm = qlower.compile(Fn(fn), xs, backend="onnxruntime")
     report = cm.report()
     assert len(report.compiled) == 1 and not report.fallbacks, str(report)

@@ -105,10 +105,13 @@ def _on_empty(what: str) -> Callable[[Node], str | None]:
     Reshape at session creation. (Reductions of empty tensors along negative axes returned their
     input unchanged: translate._nonnegative_axes.)"""
     def predicate(node: Node) -> str | None:
-        empty = any(s is not None and 0 in s for s in (_shape(a) for a in node.all_input_nodes))
-        return f"{node.target._schema.name.removeprefix('aten::')} of an empty input: {what}" if empty else None
+        return f"{node.target._schema.name.removeprefix('aten::')} of an empty input: {what}" \
+            if holds_empty_tensor(node) else None
     predicate.__doc__ = f"of an empty input ({what})"
     return predicate
+
+
+_ANY_EMPTY_OPERAND = _on_empty("ONNX Runtime's MatMul returns uninitialized memory")
 
 
 def _empty_contraction(node: Node) -> str | None:
@@ -118,7 +121,7 @@ def _empty_contraction(node: Node) -> str | None:
     first = args[1] if name in ("baddbmm", "addbmm", "addmv") else args[0]
     shape = _shape(first)
     if name in ("einsum", "tensordot", "inner"):   # contraction dims spelled by arguments: any empty input
-        return _on_empty("ONNX Runtime's MatMul returns uninitialized memory")(node)
+        return _ANY_EMPTY_OPERAND(node)
     if shape and shape[-1] == 0:
         return f"{name} with an empty contraction dim: ONNX Runtime's MatMul returns uninitialized memory"
     return None
