@@ -3,6 +3,7 @@ from .attach_qparams import AttachQParams
 from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
 from .drop_metadata_asserts import DropMetadataAsserts
+from .fold_empty_tensors import FoldEmptyTensors
 from .fold_float_constants import FoldFloatConstants
 from .fold_quantized_constants import FoldQuantizedConstants
 from .fold_scale_into_dequantize import FoldScaleIntoDequantize
@@ -19,10 +20,10 @@ from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
-    return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropMetadataAsserts", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]
