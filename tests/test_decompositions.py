@@ -16,6 +16,11 @@ NAN, INF = math.nan, math.inf
 SPECIAL = torch.tensor([NAN, -NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3e38, 1e-45])
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)   # exact comparisons below: the same inputs every run
+
+
 def _same(got, want) -> bool:
     if isinstance(want, (tuple, list)):
         return all(_same(g, w) for g, w in zip(got, want))
@@ -28,14 +33,20 @@ def _same(got, want) -> bool:
     return bool((close & (signs | torch.isnan(want))).all())
 
 
-def _check(fn, *xs):
+def _check(fn, *xs, summed: bool = False):
     """Compiled on onnxruntime: one cluster, no fallback, eager's values. NaN/inf inputs make a
     call run in PyTorch (the NaN policy), so tests of NaN and inf make them inside the cluster
-    (`_from_finite`)."""
+    (`_from_finite`). `summed`: the engine adds or multiplies in another order than eager (a
+    convolution for a pooled sum, products for an einsum), so values agree to float32 rounding
+    of the sum (rtol 1e-5) instead of to the last bit."""
     cm = qlower.compile(Fn(fn), xs, backend="onnxruntime")
     report = cm.report()
     assert len(report.compiled) == 1 and not report.fallbacks, str(report)
-    assert _same(cm(*xs), fn(*xs))
+    got, want = cm(*xs), fn(*xs)
+    if summed:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    else:
+        assert _same(got, want)
     return cm
 
 
@@ -172,8 +183,11 @@ def test_pad_by_mode(mode):
     x = torch.randn(2, 3, 5, 6)
     _check(lambda x: torch.nn.functional.pad(x, (1, 2, 2, 1), mode=mode), x)
     _check(lambda x: torch.nn.functional.pad(x[0], (2, 1), mode=mode), x)
-    if mode in ("circular", "constant"):
+    if mode in ("circular", "constant", "replicate"):
         _check(lambda x: torch.nn.functional.pad(x, (-1, 2, 1, -2), mode=mode), x)   # cropping sides
+    if mode == "replicate":   # the crop leaves nothing of a side: ONNX Runtime's Pad(edge) failed
+        _check(lambda x: torch.nn.functional.pad(x, (-6, 3, 0, 0), mode=mode), x)
+        _check(lambda x: torch.nn.functional.pad(x, (5, -6, -4, 3), mode=mode), x)
 
 
 def test_repeat_interleave_with_tensor_repeats_and_an_output_size():
@@ -182,3 +196,154 @@ def test_repeat_interleave_with_tensor_repeats_and_an_output_size():
     _check(lambda x, r: torch.repeat_interleave(x, r, dim=1, output_size=8), x, torch.tensor([2]))
     _check(lambda x, r: torch.repeat_interleave(x, r, output_size=24), x, torch.tensor([2]))
     _check(lambda x, r: torch.repeat_interleave(x, r, dim=0, output_size=3), x, torch.tensor([0, 3, 0]))
+
+
+def _only_when_case(fn, *xs, decomposed: bool, summed: bool = False):
+    """One cluster in ONNX Runtime with eager's values; `decomposed` says whether the exporter's
+    re-trace ran (a conditional decomposition's other calls keep the op as torchlib translates it)."""
+    from qlower.backends.onnxruntime import translate
+    from qlower.backends.onnxruntime.decompositions import decomposes
+    ep = torch.export.export(Fn(fn), xs)
+    picked = [n for n in ep.graph.nodes if n.op == "call_function" and decomposes(n)]
+    assert bool(picked) == decomposed and translate._needs_decomposition(ep) == decomposed
+    _check(fn, *xs, summed=summed)
+
+
+def test_topk_of_a_0d_tensor():
+    x = torch.randn(5, 4)
+    _only_when_case(lambda x: torch.topk(x[0, 0], 1), x, decomposed=True)
+    _only_when_case(lambda x: torch.topk(x, 2, dim=0), x, decomposed=False)   # near miss: TopK as it is
+
+
+def test_scatter_with_reduce_and_scatter_add_of_a_0d_tensor():
+    x, src = torch.randn(4, 5), torch.randn(4, 5)
+    index = torch.tensor([[0, 1, 2, 0, 0], [2, 0, 0, 1, 2], [1, 1, 1, 1, 1], [3, 3, 0, 0, 0]])
+    for reduce in ("add", "multiply"):   # repeated indices accumulate, as in eager
+        _check(lambda x, i, s: torch.scatter(x, 0, i, s, reduce=reduce), x, index, src)
+        _check(lambda x, i: torch.scatter(x, 1, i, 1.5, reduce=reduce), x, index)
+    _only_when_case(lambda x, s: torch.scatter_add(x[0, 0], 0, torch.tensor(0), s[0, 0]), x, src, decomposed=True)
+    _only_when_case(lambda x, i, s: torch.scatter_add(x, 0, i, s), x, index, src, decomposed=False)
+
+
+def test_take_with_negative_indices():
+    x = torch.randn(3, 4)
+    _check(lambda x, i: torch.take(x, i), x, torch.tensor([[0, -1], [5, -12]]))
+    _check(lambda x, i: torch.take(x, i), x, torch.tensor(7))
+
+
+@pytest.mark.parametrize("offset,dims", [(0, (0, 1)), (2, (0, 1)), (-1, (0, 1)), (1, (2, 0)), (-2, (-1, -2))])
+def test_diagonal_scatter(offset, dims):
+    x = torch.randn(4, 5, 3)
+    src = torch.diagonal(x, offset, *dims).clone().normal_()
+    _check(lambda x, s: torch.diagonal_scatter(x, s, offset, *dims), x, src)
+
+
+def test_cumprod_keeps_signed_zeros_and_special_values():
+    """Products of each prefix: -0.0 keeps its sign (the mask's 1s are in Where's first branch),
+    0 * inf is NaN, integer inputs give int64, a dtype= casts first."""
+    (p, c), make = _from_finite(torch.tensor([[2.0, -0.0, 3.0, INF, -1.0], [NAN, 1.0, -2.0, 0.5, 4.0]]))
+    _check(lambda p, c: torch.cumprod(make(p, c), 1), p, c)
+    _check(lambda p, c: torch.cumprod(make(p, c), 0), p, c)
+    x = torch.randn(3, 4, 5)
+    _check(lambda x: torch.cumprod(x, -2), x)
+    _check(lambda x: torch.cumprod((x * 3).to(torch.int32), 2), x)
+    _check(lambda x: torch.cumprod(x, 1, dtype=torch.float64), x)
+    _check(lambda x: torch.cumprod(x[0, 0, 0], 0), x)
+
+
+def test_cumprod_of_a_long_dim_stays_in_pytorch():
+    """Near miss: longer than MAX_PAIRWISE the pairwise form would be quadratic in memory."""
+    from qlower.backends.onnxruntime.decompositions import MAX_PAIRWISE
+    x = torch.randn(2, MAX_PAIRWISE + 1)
+    cm = qlower.compile(Fn(lambda x: torch.cumprod(x, 1) * 2), (x,), backend="onnxruntime")
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["cumprod"]]
+    torch.testing.assert_close(cm(x), torch.cumprod(x, 1) * 2)
+
+
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
+def test_cummax_and_cummin_pick_eagers_index(name):
+    """Ties go to the later index, a NaN sticks and its last occurrence is the index, a signed
+    zero comes back as eager's (the value is read at the index), integers and 0-d tensors."""
+    op = getattr(torch, name)
+    (p, c), make = _from_finite(torch.tensor([[1.0, 3.0, 3.0, NAN, 2.0, NAN, 5.0],
+                                              [0.0, -0.0, 0.0, -INF, -INF, INF, -1.0]]))
+    _check(lambda p, c: op(make(p, c), 1), p, c)
+    _check(lambda p, c: op(make(p, c), 0), p, c)
+    x = torch.randn(3, 4, 5)
+    _check(lambda x: op(x, -2), x)
+    _check(lambda x: op((x * 2).to(torch.int64), 2), x)
+    _check(lambda x: op(x[0, 0, 0], 0), x)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 1, 1), (3, 2, 1), (2, 3, 0), ((3, 2), (2, 1), (1, 0))])
+def test_avg_pool2d_with_a_divisor(kernel, stride, padding, ceil_mode):
+    x = torch.randn(2, 3, 9, 8)
+    _check(lambda x: torch.nn.functional.avg_pool2d(x, kernel, stride, padding, ceil_mode, True, 2), x, summed=True)
+    _check(lambda x: torch.nn.functional.avg_pool2d(x[0], kernel, stride, padding, ceil_mode, False, 5), x,
+           summed=True)
+
+
+def test_avg_pool3d_with_a_divisor():
+    x = torch.randn(1, 2, 5, 6, 7)
+    _check(lambda x: torch.nn.functional.avg_pool3d(x, 3, 2, 1, True, True, 4), x, summed=True)
+    _check(lambda x: torch.nn.functional.avg_pool3d(x, (2, 3, 2), 1, 0, False, False, 3), x, summed=True)
+
+
+def test_avg_pool_with_a_divisor_and_symbolic_sizes_stays_in_pytorch():
+    """Near miss: the divided sum needs static channel and spatial sizes (the convolution's
+    groups, the ceil_mode overhang); with a dynamic height the node is refused, not mistranslated."""
+    pool = Fn(lambda x: torch.nn.functional.avg_pool2d(torch.relu(x), 2, divisor_override=3) * 2)
+    x = torch.randn(1, 2, 6, 6)
+    cm = qlower.compile(pool, (x,), backend="onnxruntime", dynamic_shapes=(({2: torch.export.Dim("h", min=4, max=64)},),))
+    assert [c.reason for c in cm.report().fallbacks] == \
+        ["aten::avg_pool2d: avg_pool2d with divisor_override and symbolic sizes is not translated correctly"]
+    for h in (6, 9):
+        x = torch.randn(1, 2, h, 6)
+        torch.testing.assert_close(cm(x), pool(x))
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("...ik,...j->ij", [(1, 2, 3), (3,)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]),
+    ("b...i,...i->b", [(2, 1, 3, 4), (3, 4)]),
+    ("...i,...i", [(2, 1, 4), (3, 4)]),          # implicit output: the ellipsis dims
+])
+def test_einsum_with_a_broadcast_ellipsis(equation, shapes):
+    """ONNX Runtime's Einsum rejects an ellipsis that stands for different shapes."""
+    xs = [torch.randn(s) for s in shapes]
+    _only_when_case(lambda *xs: torch.einsum(equation, *xs), *xs, decomposed=True, summed=True)
+
+
+def test_einsum_near_misses_keep_onnx_einsum():
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    _only_when_case(lambda a, b: torch.einsum("...ij,...jk->...ik", a, b), a, b, decomposed=False, summed=True)
+    _only_when_case(lambda a, b: torch.einsum("bij,bjk->bik", a, b), a, b, decomposed=False, summed=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_class_probabilities(reduction):
+    """aten "cross_entropy_loss" with a float target; class indices keep torchlib's translation."""
+    x = torch.randn(4, 5, 3)
+    target = torch.softmax(torch.randn(4, 5, 3), 1)
+    weight = torch.rand(5)
+    _only_when_case(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), x, target,
+                    decomposed=True, summed=True)
+    _check(lambda x, t, w: torch.nn.functional.cross_entropy(x, t, w, reduction=reduction, label_smoothing=0.2),
+           x, target, weight, summed=True)
+    _check(lambda x, t: torch.nn.functional.cross_entropy(x[0, :, 0], t[0, :, 0], reduction=reduction), x, target,
+           summed=True)
+    labels = torch.tensor([[0, 4, 2], [1, 1, 3], [4, 0, 0], [2, 2, 2]])   # near miss: class indices
+    _only_when_case(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), x, labels,
+                    decomposed=False, summed=True)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
+def test_addmm_over_an_empty_contraction(beta):
+    """K = 0: beta * c, and zeros for beta = 0 even where c is NaN (BLAS never reads c then)."""
+    (p, c), make = _from_finite(torch.tensor([[NAN, 1.0, -2.0], [INF, 0.5, -0.0]]))
+    a, b = torch.randn(2, 0), torch.randn(0, 3)
+    _only_when_case(lambda p, c, a, b: torch.addmm(make(p, c), a, b, beta=beta, alpha=2.0), p, c, a, b,
+                    decomposed=True)
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+    _only_when_case(lambda p, c, x, w: torch.addmm(p, x, w, beta=beta), p, c, x, w, decomposed=False, summed=True)

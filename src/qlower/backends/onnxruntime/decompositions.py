@@ -17,11 +17,51 @@ bit); tests/test_decompositions.py compares each with eager on those values.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 A = torch.ops.aten
+# Quadratic decompositions (cumulative max/min/product compare every pair along the dim) stop here:
+# 1024² float32 is 4 MiB per row of the other dims; longer dims stay in PyTorch, with their reason.
+MAX_PAIRWISE = 1024
+
+
+def only_when(applies):
+    """A decomposition for the calls `applies(*args, **kwargs)` picks; the op's other calls return
+    NotImplemented, which keeps the op itself (torchlib translates those), and cost no re-trace
+    (`translate._needs_decomposition` asks `decomposes`)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def decomposition(*args, **kwargs):
+            return fn(*args, **kwargs) if applies(*args, **kwargs) else NotImplemented
+        decomposition.applies = applies
+        return decomposition
+    return wrap
+
+
+def applies_to(decomposition):
+    """The predicate of an `only_when` decomposition (None: it always applies)."""
+    return getattr(decomposition, "applies", None)
+
+
+def decomposes(node) -> bool:
+    """Whether a conditional decomposition takes this FX node's call (read from its meta values)."""
+    applies = applies_to(DECOMPOSITIONS.get(node.target))
+    if applies is None:
+        return False
+    value = lambda n: n.meta.get("val")
+    args = torch.fx.node.map_arg(node.args, value)
+    kwargs = torch.fx.node.map_arg(node.kwargs, value)
+    try:
+        return bool(applies(*args, **kwargs))
+    except Exception:   # a symbolic size it cannot decide on: let the exporter's re-trace decide
+        return True
+
+
+def _static(*sizes) -> bool:
+    return all(isinstance(s, int) for s in sizes)
 
 
 def _squeeze_dims(x, dims):
@@ -196,8 +236,262 @@ def _pad(x, pad, mode="constant", value=None):
         return A._pad_circular.default(x, pad)
     if mode == "constant":
         return A.constant_pad_nd.default(x, pad, 0 if value is None else value)
+    if mode == "replicate" and any(p < 0 for p in pad):
+        return _replicate_pad_by_gather(x, pad)
     return _PADS[(mode, len(pad) // 2)].default(x, pad)
 
+
+
+def _replicate_pad_by_gather(x, pad):
+    """Replicate padding as eager computes it, output position i reading input clamp(i - left,
+    0, n - 1) per dim — also for negative pads, which crop first: ONNX Runtime's Pad(edge) fails
+    at run time where the crop leaves nothing to replicate ("zero effective input extent")."""
+    for i in range(len(pad) // 2):
+        dim, left, right = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        n = x.shape[dim]
+        source = A.clamp.default(A.arange.start_step(-left, n + right, 1, dtype=torch.int64), 0, n - 1)
+        x = A.index_select.default(x, dim, source)
+    return x
+
+
+def _is_scalar_topk(x, k, dim=-1, largest=True, sorted=True):
+    return x.dim() == 0 and k == 1
+
+
+@only_when(_is_scalar_topk)
+def _topk_of_a_scalar(x, k, dim=-1, largest=True, sorted=True):
+    """The value itself at index 0: ONNX Runtime's TopK rejects a 0-d input ("Invalid value for
+    attribute axis")."""
+    return A.clone.default(x), A.full.default([], 0, dtype=torch.int64)
+
+
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter_reduce(x, dim, index, src, *, reduce):
+    """scatter with reduce= (accumulating into self) is scatter_reduce with include_self, which
+    torchlib translates (ScatterElements with a reduction)."""
+    return A.scatter_reduce.two(x, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
+def _scatter_value_reduce(x, dim, index, value, *, reduce):
+    src = A.full.default(list(index.shape), value, dtype=x.dtype)
+    return _scatter_reduce(x, dim, index, src, reduce=reduce)
+
+
+@only_when(lambda x, dim, index, src: x.dim() == 0)
+def _scatter_add_of_a_scalar(x, dim, index, src):
+    """On (1,)-shaped views: ONNX Runtime's ScatterElements fails on 0-d tensors at run time."""
+    one = lambda t: A.reshape.default(t, [1])
+    return A.reshape.default(A.scatter_add.default(one(x), 0, one(index), one(src)), [])
+
+
+def _take(x, index):
+    """take: a gather from the flattened input, negative indices counted from the end. torch's
+    own decomposition guards on the index values (data-dependent: it failed to compile)."""
+    wrapped = A.where.self(A.lt.Scalar(index, 0), A.add.Scalar(index, x.numel()), index)
+    picked = A.index_select.default(A.reshape.default(x, [-1]), 0, A.reshape.default(wrapped, [-1]))
+    return A.reshape.default(picked, list(index.shape))
+
+
+def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """src written onto a diagonal by ScatterElements on the (rows x cols)-flattened matrices.
+    torch's own decomposition writes through a view (prims.copy_to), which the exporter's
+    functional re-trace rejects."""
+    n = x.dim()
+    dim1, dim2 = dim1 % n, dim2 % n
+    order = [d for d in range(n) if d not in (dim1, dim2)] + [dim1, dim2]
+    moved = A.permute.default(x, order)
+    batch, rows, cols = list(moved.shape[:-2]), moved.shape[-2], moved.shape[-1]
+    start = offset if offset >= 0 else -offset * cols
+    positions = A.add.Scalar(A.mul.Scalar(A.arange.default(src.shape[-1], dtype=torch.int64), cols + 1), start)
+    index = A.expand.default(positions, batch + [src.shape[-1]])
+    flat = A.scatter.src(A.reshape.default(moved, batch + [rows * cols]), -1, index, src)
+    back = [order.index(d) for d in range(n)]
+    return A.permute.default(A.reshape.default(flat, batch + [rows, cols]), back)
+
+
+def _pairwise_dim(x, dim, *args, **kwargs) -> bool:
+    """The dim is short enough to compare every pair of its positions (MAX_PAIRWISE)."""
+    return x.dim() == 0 or (_static(x.shape[dim % x.dim()]) and x.shape[dim % x.dim()] <= MAX_PAIRWISE)
+
+
+def _prefix_rows(x, dim):
+    """x with `dim` moved last, as (..., n, n) rows: [..., i, j] = x[..., j]; and the mask j <= i."""
+    moved = A.transpose.int(x, dim, -1)
+    n = moved.shape[-1]
+    rows = A.expand.default(A.unsqueeze.default(moved, -2), list(moved.shape[:-1]) + [n, n])
+    ones = A.full.default([n, n], True, dtype=torch.bool)
+    return moved, rows, A.tril.default(ones)
+
+
+@only_when(_pairwise_dim)
+def _cumprod(x, dim, *, dtype=None):
+    """Prefix products as the product of each prefix (a masked ReduceProd per position): torch's
+    own decomposition reaches prims.prod, which torchlib does not translate. The mask puts the
+    1s in Where's first branch: ONNX Runtime's Where returns +0.0 for a -0.0 it picks from its
+    first branch (measured), and a product must keep the sign of a zero."""
+    if dtype is None and not (x.dtype.is_floating_point or x.dtype.is_complex):
+        dtype = torch.int64   # as eager: integer prefix products are int64
+    if dtype is not None and dtype != x.dtype:
+        x = A._to_copy.default(x, dtype=dtype)
+    if x.dim() == 0:
+        return A.clone.default(x)
+    dim = dim % x.dim()
+    _, rows, lower = _prefix_rows(x, dim)
+    masked = A.where.self(A.logical_not.default(lower), A.full.default([], 1, dtype=x.dtype), rows)
+    return A.transpose.int(A.prod.dim_int(masked, -1), dim, -1)
+
+
+def _cumulative_extreme(largest: bool):
+    def decomposition(x, dim):
+        """cummax / cummin: the index first — the last position j <= i holding the prefix's extreme
+        (ties go to the later position, as eager's `>=`), or its last NaN once one was seen — and
+        the value read there, so a signed zero comes back as eager's."""
+        if x.dim() == 0:
+            return A.clone.default(x), A.full.default([], 0, dtype=torch.int64)
+        dim = dim % x.dim()
+        moved, rows, lower = _prefix_rows(x, dim)
+        n = moved.shape[-1]
+        if x.dtype.is_floating_point:
+            fill = -math.inf if largest else math.inf
+        else:
+            info = torch.iinfo(x.dtype) if x.dtype is not torch.bool else None
+            fill = (info.min if largest else info.max) if info else (not largest)
+        masked = A.where.self(A.logical_not.default(lower), A.full.default([], fill, dtype=x.dtype), rows)
+        extreme = A.unsqueeze.default((A.amax if largest else A.amin).default(masked, [-1]), -1)
+        hit = A.logical_and.default(lower, A.eq.Tensor(rows, extreme))
+        position = A.arange.default(n, dtype=torch.int64)
+        none = A.full.default([], -1, dtype=torch.int64)
+        index = A.amax.default(A.where.self(hit, position, none), [-1])
+        if x.dtype.is_floating_point:
+            nan = A.logical_and.default(lower, A.isnan.default(rows))
+            last_nan = A.amax.default(A.where.self(nan, position, none), [-1])
+            index = A.where.self(A.ge.Scalar(last_nan, 0), last_nan, index)
+        back = lambda t: A.transpose.int(t, dim, -1)
+        return back(A.gather.default(moved, -1, index)), back(index)
+    return only_when(_pairwise_dim)(decomposition)
+
+
+def _per_dim(value, nd: int) -> list:
+    value = [value] if isinstance(value, int) else list(value)
+    return value * nd if len(value) == 1 else value
+
+
+def _avg_pool_with_divisor(nd: int):
+    def applies(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None) -> bool:
+        return divisor_override is not None and _static(*x.shape[-nd - 1:])
+
+    @only_when(applies)
+    def decomposition(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                      divisor_override=None):
+        """avg_pool with divisor_override: the window sum (a depthwise convolution with a kernel
+        of ones over the zero-padded input, padded further on the right where ceil_mode lets the
+        last window overhang) divided by the divisor. torchlib's translation drops
+        divisor_override (measured: the plain mean, off by 0.9 on randn input)."""
+        k = _per_dim(kernel_size, nd)
+        s = _per_dim(stride, nd) if len(stride) else k
+        p = _per_dim(padding, nd)
+        unbatched = x.dim() == nd + 1
+        if unbatched:
+            x = A.unsqueeze.default(x, 0)
+        pads = []
+        for i in reversed(range(nd)):   # constant_pad_nd: last dim first
+            size = x.shape[2 + i]
+            out = (size + 2 * p[i] - k[i] + ((s[i] - 1) if ceil_mode else 0)) // s[i] + 1
+            if ceil_mode and (out - 1) * s[i] >= size + p[i]:
+                out -= 1   # the last window must start inside the input or its left padding
+            pads += [p[i], p[i] + max(0, (out - 1) * s[i] + k[i] - (size + 2 * p[i]))]
+        channels = x.shape[1]
+        ones = A.full.default([channels, 1] + k, 1.0, dtype=x.dtype)
+        total = A.convolution.default(A.constant_pad_nd.default(x, pads, 0.0), ones, None, s, [0] * nd,
+                                      [1] * nd, False, [0] * nd, channels)
+        out = A.div.Scalar(total, divisor_override)
+        return A.squeeze.dim(out, 0) if unbatched else out
+    return decomposition
+
+
+def _einsum_terms(equation: str, operands) -> tuple[list[str], str] | None:
+    """The equation with every '...' spelled out as letters (right-aligned, as broadcasting
+    aligns them) and the output made explicit, or None where an operand repeats a letter."""
+    equation = equation.replace(" ", "")
+    lhs, rhs = equation.split("->") if "->" in equation else (equation, None)
+    terms = lhs.split(",")
+    ranks = [t.dim() - len(term.replace("...", "")) for t, term in zip(operands, terms)]
+    spelled = [chr(0x3b1 + i) for i in range(max([r for r in ranks] + [0]))]   # α, β, ...
+    terms = [term.replace("...", "".join(spelled[len(spelled) - r:])) for term, r in zip(terms, ranks)]
+    if any(len(set(term)) != len(term) for term in terms):
+        return None
+    if rhs is None:
+        letters = "".join(terms)
+        rhs = "".join(spelled) + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in spelled))
+    else:
+        rhs = rhs.replace("...", "".join(spelled))
+    return terms, rhs
+
+
+def _broadcast_ellipsis(equation, operands, path=None) -> bool:
+    """'...' stands for different shapes in different operands (ONNX Runtime's Einsum rejects
+    that: "Ellipsis represents incompatible dimensions")."""
+    if "..." not in equation or len(operands) < 2:
+        return False
+    terms = equation.replace(" ", "").split("->")[0].split(",")
+    covered = [tuple(t.shape[:t.dim() - len(term.replace("...", ""))]) if term.startswith("...")
+               else tuple(t.shape[term.index("..."):term.index("...") + t.dim() - len(term.replace("...", ""))])
+               for t, term in zip(operands, terms) if "..." in term]
+    return len(set(covered)) > 1 and _einsum_terms(equation, operands) is not None
+
+
+@only_when(_broadcast_ellipsis)
+def _einsum_by_broadcasting(equation, operands, path=None):
+    """Each operand's dims put in one order (output letters first), missing ones as size 1,
+    multiplied with broadcasting, summed over the contracted letters."""
+    terms, rhs = _einsum_terms(equation, operands)
+    letters = list(rhs) + sorted({c for term in terms for c in term} - set(rhs))
+    product = None
+    for t, term in zip(operands, terms):
+        present = [c for c in letters if c in term]
+        aligned = A.permute.default(t, [term.index(c) for c in present])
+        shape = [aligned.shape[present.index(c)] if c in term else 1 for c in letters]
+        aligned = A.reshape.default(aligned, shape)
+        product = aligned if product is None else A.mul.Tensor(product, aligned)
+    contracted = list(range(len(rhs), len(letters)))
+    return A.sum.dim_IntList(product, contracted) if contracted else product
+
+
+@only_when(lambda x, target, *args, **kwargs: target.dtype.is_floating_point)
+def _cross_entropy_with_probabilities(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """Class probabilities as the target: -sum(target * log_softmax(x)) over the class dim,
+    with eager's label smoothing, class weights and 'mean' over the non-class elements.
+    torchlib's SoftmaxCrossEntropyLoss takes class indices only (rejected by ONNX Runtime)."""
+    class_dim = 1 if x.dim() > 1 else 0
+    classes = x.shape[class_dim]
+    if label_smoothing > 0:
+        target = A.add.Scalar(A.mul.Scalar(target, 1 - label_smoothing), label_smoothing / classes)
+    terms = A.mul.Tensor(A._log_softmax.default(x, class_dim, False), target)
+    if weight is not None:
+        terms = A.mul.Tensor(terms, A.reshape.default(weight, [classes] + [1] * (x.dim() - class_dim - 1)))
+    loss = A.neg.default(A.sum.dim_IntList(terms, [class_dim]))
+    if reduction == 0:
+        return loss
+    total = A.sum.default(loss)
+    return total if reduction == 2 else A.div.Scalar(total, x.numel() // classes)
+
+
+def _contracts_nothing(c, m1, m2, *, beta=1, alpha=1) -> bool:
+    return _static(m1.shape[-1]) and m1.shape[-1] == 0
+
+
+@only_when(_contracts_nothing)
+def _addmm_over_nothing(c, m1, m2, *, beta=1, alpha=1):
+    """K = 0: beta * c (zeros where beta is 0, as BLAS, which never reads c then). ONNX Runtime's
+    Gemm returned c unscaled (measured: addmm(c, [5, 0], [0, 10], beta=0.2) == c)."""
+    shape = [m1.shape[0], m2.shape[1]]
+    if beta == 0:
+        return A.full.default(shape, 0, dtype=c.dtype)
+    out = A.expand.default(c, shape)
+    return A.clone.default(out) if beta == 1 else A.mul.Scalar(out, beta)
 
 DECOMPOSITIONS = {
     A.squeeze.dims: _squeeze_dims,
@@ -218,4 +512,18 @@ DECOMPOSITIONS = {
     A.bucketize.Scalar: _bucketize_scalar,
     A.repeat_interleave.self_Tensor: _repeat_interleave,
     A.pad.default: _pad,
+    A.topk.default: _topk_of_a_scalar,
+    A.scatter.reduce: _scatter_reduce,
+    A.scatter.value_reduce: _scatter_value_reduce,
+    A.scatter_add.default: _scatter_add_of_a_scalar,
+    A.take.default: _take,
+    A.diagonal_scatter.default: _diagonal_scatter,
+    A.cumprod.default: _cumprod,
+    A.cummax.default: _cumulative_extreme(largest=True),
+    A.cummin.default: _cumulative_extreme(largest=False),
+    A.avg_pool2d.default: _avg_pool_with_divisor(2),
+    A.avg_pool3d.default: _avg_pool_with_divisor(3),
+    A.einsum.default: _einsum_by_broadcasting,
+    A.cross_entropy_loss.default: _cross_entropy_with_probabilities,
+    A.addmm.default: _addmm_over_nothing,
 }

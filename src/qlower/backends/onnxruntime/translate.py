@@ -161,8 +161,9 @@ def _translated_as_is() -> frozenset:
     """The ATen overloads torchlib (or qlower's table) translates directly, but those
     decompositions.py decomposes first (a torchlib translation measured wrong)."""
     from torch.onnx._internal.exporter import _decomp
-    from .decompositions import DECOMPOSITIONS
-    return frozenset(_decomp.get_onnx_implemented_overloads(_registry())) - frozenset(DECOMPOSITIONS)
+    from .decompositions import DECOMPOSITIONS, applies_to
+    always = {target for target, fn in DECOMPOSITIONS.items() if applies_to(fn) is None}
+    return frozenset(_decomp.get_onnx_implemented_overloads(_registry())) - frozenset(always)
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,13 +181,14 @@ def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     qlower implements, or Python's `operator` (getitem, SymInt arithmetic). Anything else
     (in-place ops, CompositeImplicitAutograd ops such as aten.to.dtype or batch_norm that
     decompose on re-trace, higher-order ops) takes torch.onnx's full decomposition."""
+    from .decompositions import decomposes
     direct = _translated_as_is()
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            if target not in direct or target._schema.is_mutable:
+            if target not in direct or target._schema.is_mutable or decomposes(node):
                 return True
         elif getattr(target, "__module__", None) != "_operator":
             return True
