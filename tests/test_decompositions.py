@@ -347,3 +347,37 @@ def test_addmm_over_an_empty_contraction(beta):
                     decomposed=True)
     x, w = torch.randn(2, 4), torch.randn(4, 3)
     _only_when_case(lambda p, c, x, w: torch.addmm(p, x, w, beta=beta), p, c, x, w, decomposed=False, summed=True)
+
+
+@pytest.mark.parametrize("out", [(2, 3), (1, 1), (5, 7), (3, None)])
+def test_adaptive_max_pool2d_values_and_indices(out):
+    """"adaptive_max_pool2d": uneven windows; ties (the first maximum in row-major order), NaN (the last one), -0.0
+    beside 0.0 (the first of them); adaptive_max_pool1d reaches the same decomposition."""
+    x = torch.randn(2, 3, 5, 7)
+    x[0, 0, :2, :3] = 1.0                                    # ties across rows and columns
+    x[0, 1] = -5.0
+    x[0, 1, 1:3, 2:5] = torch.tensor([[-0.0, 0.0, -0.0], [0.0, -0.0, 0.0]])   # the maximum, either sign
+    code = torch.zeros_like(x)
+    code[1, 0, 0, 0] = code[1, 0, 3, 6] = code[1, 2, 2, 2] = 1   # NaN made inside the cluster
+    pool = torch.nn.AdaptiveMaxPool2d(out, return_indices=True)
+    fn = lambda x, c: pool(torch.where(c == 1, torch.zeros_like(x) / torch.zeros_like(x), x))   # noqa: E731
+    _check(fn, x, code)
+    _check(lambda x: torch.nn.functional.adaptive_max_pool1d(x[0], 3, return_indices=True), x)
+
+
+def test_adaptive_max_pool3d_and_avg_pool3d():
+    """adaptive_avg_pool3d decomposes through "_adaptive_avg_pool3d" (torch's table): both covered."""
+    x = torch.randn(2, 3, 5, 6, 7)
+    _check(lambda x: torch.nn.functional.adaptive_max_pool3d(x, (2, 4, 3), return_indices=True), x)
+    _check(lambda x: torch.nn.functional.adaptive_avg_pool3d(x, (2, 4, 3)), x, summed=True)
+    _check(lambda x: torch.nn.functional.adaptive_avg_pool3d(x[0], (5, None, 1)), x, summed=True)
+
+
+def test_adaptive_pools_with_symbolic_sizes_stay_in_pytorch():
+    """Near miss: the windows are computed from static sizes."""
+    pool = Fn(lambda x: torch.nn.functional.adaptive_avg_pool3d(x, 2) * 2)
+    x = torch.randn(1, 2, 6, 6, 6)
+    cm = qlower.compile(pool, (x,), backend="onnxruntime", dynamic_shapes=(({2: torch.export.Dim("d", min=4, max=64)},),))
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["adaptive_avg_pool3d"]]
+    x = torch.randn(1, 2, 9, 6, 6)
+    torch.testing.assert_close(cm(x), pool(x))

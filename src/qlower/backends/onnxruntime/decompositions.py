@@ -493,6 +493,78 @@ def _addmm_over_nothing(c, m1, m2, *, beta=1, alpha=1):
     out = A.expand.default(c, shape)
     return A.clone.default(out) if beta == 1 else A.mul.Scalar(out, beta)
 
+
+MAX_ADAPTIVE_WINDOWS = 64   # per dim: each window is a slice and a reduction in the graph
+
+
+def _windows(size: int, out: int) -> list[tuple[int, int]]:
+    """Adaptive pooling's windows along one dim: [floor(i·size/out), ceil((i+1)·size/out))."""
+    return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
+
+
+def _adaptive(nd: int):
+    def applies(x, output_size) -> bool:
+        sizes = list(x.shape[-nd:]) + list(output_size)
+        return _static(*sizes) and all(0 < o <= MAX_ADAPTIVE_WINDOWS for o in output_size) \
+            and all(s > 0 for s in x.shape[-nd:])
+    return applies
+
+
+def _adaptive_avg_pool(nd: int):
+    @only_when(_adaptive(nd))
+    def decomposition(x, output_size):
+        """The mean of each window, one spatial dim at a time (the mean over a box is the mean of
+        its rows' means: every row of a window has the same length). torch's decomposition of
+        adaptive_avg_pool3d ends in _adaptive_avg_pool3d, which torchlib does not translate."""
+        for i, out in enumerate(output_size):
+            dim = x.dim() - nd + i
+            windows = _windows(x.shape[dim], out)
+            if all(e - s == 1 for s, e in windows):
+                continue
+            x = A.cat.default([A.mean.dim(A.slice.Tensor(x, dim, s, e), [dim], True) for s, e in windows], dim)
+        return x
+    return decomposition
+
+
+def _first_max_or_last_nan(v, dim: int):
+    """Per window along `dim` (kept, size 1): the position eager's max pooling keeps — the first
+    maximum (it replaces only on `>`), or the last NaN (it replaces on every NaN)."""
+    n = v.shape[dim]
+    pos = A.reshape.default(A.arange.default(n, dtype=torch.int64), [n if d == dim else 1 for d in range(v.dim())])
+    if v.dtype.is_floating_point:
+        nan = A.isnan.default(v)
+        v = A.where.self(nan, A.full.default([], -math.inf, dtype=v.dtype), v)
+    best = A.amax.default(v, [dim], True)
+    first = A.amin.default(A.where.self(A.eq.Tensor(v, best), pos, A.full.default([], n, dtype=torch.int64)), [dim], True)
+    if not v.dtype.is_floating_point:
+        return first
+    last_nan = A.amax.default(A.where.self(nan, pos, A.full.default([], -1, dtype=torch.int64)), [dim], True)
+    return A.where.self(A.ge.Scalar(last_nan, 0), last_nan, first)
+
+
+def _adaptive_max_pool(nd: int):
+    @only_when(_adaptive(nd))
+    def decomposition(x, output_size):
+        """Values and flat spatial indices, one spatial dim at a time: per window the first
+        maximum or the last NaN along that dim, carrying the index of where each value came
+        from. Done row after row that is eager's row-major scan (ties to the earlier position,
+        NaN to the later one); the value is read at the index, so -0.0 and 0.0 come back as
+        eager picks them. torchlib has no translation for adaptive_max_pool2d/3d."""
+        spatial = list(x.shape[-nd:])
+        index = A.expand.default(A.reshape.default(A.arange.default(math.prod(spatial), dtype=torch.int64), spatial),
+                                 list(x.shape))
+        for i, out in enumerate(output_size):
+            dim = x.dim() - nd + i
+            values, indices = [], []
+            for s, e in _windows(x.shape[dim], out):
+                v, idx = A.slice.Tensor(x, dim, s, e), A.slice.Tensor(index, dim, s, e)
+                k = _first_max_or_last_nan(v, dim)
+                values.append(A.gather.default(v, dim, k))
+                indices.append(A.gather.default(idx, dim, k))
+            x, index = A.cat.default(values, dim), A.cat.default(indices, dim)
+        return x, index
+    return decomposition
+
 DECOMPOSITIONS = {
     A.squeeze.dims: _squeeze_dims,
     A.fmax.default: _ignoring_nan(A.maximum.default),
@@ -526,4 +598,8 @@ DECOMPOSITIONS = {
     A.einsum.default: _einsum_by_broadcasting,
     A.cross_entropy_loss.default: _cross_entropy_with_probabilities,
     A.addmm.default: _addmm_over_nothing,
+    A.adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
+    A._adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
+    A.adaptive_max_pool2d.default: _adaptive_max_pool(2),
+    A.adaptive_max_pool3d.default: _adaptive_max_pool(3),
 }
