@@ -381,3 +381,28 @@ def test_adaptive_pools_with_symbolic_sizes_stay_in_pytorch():
     assert [list(c.ops) for c in cm.report().fallbacks] == [["adaptive_avg_pool3d"]]
     x = torch.randn(1, 2, 9, 6, 6)
     torch.testing.assert_close(cm(x), pool(x))
+
+
+_GAMMA_POINTS = torch.tensor([0.0, -0.0, -1.0, -2.0, -2.5, -0.5, 1.0, 2.0, 0.5, 1e-30, -1e-30, 1e-45, 3.7, 40.0,
+                              171.5, 1e10, -1e10, -1e10 - 0.5, -123.25, 3e38, 0.9999, 1.0001, 2.0001, -3.9999])
+
+
+@pytest.mark.parametrize("name", ["lgamma", "digamma"])
+def test_lgamma_and_digamma_on_poles_and_extremes(name):
+    """0 and -0.0 (digamma: -inf / +inf), the negative integers (lgamma +inf, digamma NaN),
+    tiny and huge magnitudes, near the roots of lgamma (1, 2), inf/NaN made inside the cluster;
+    float64 inside, float32 out."""
+    op = getattr(torch, name)
+    _check(lambda x: op(x), _GAMMA_POINTS, summed=True)
+    (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
+    _check(lambda p, c: op(make(p, c)), p, c, summed=True)
+    _check(lambda x: op(x), torch.randn(256) * 20, summed=True)
+    _check(lambda x: op(x.to(torch.int64)), torch.tensor([1.0, 2.0, 7.0, 30.0]), summed=True)   # int in, float out
+
+
+def test_polygamma_of_order_zero_and_mvlgamma():
+    x = torch.rand(5, 5) * 10 + 1.5
+    _only_when_case(lambda x: torch.polygamma(0, x - 3), x, decomposed=True, summed=True)
+    _check(lambda x: torch.special.multigammaln(x, 3), x, summed=True)   # torch's own decomposition, through lgamma
+    cm = qlower.compile(Fn(lambda x: torch.polygamma(2, x)), (x,), backend="onnxruntime")   # near miss: order 2
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["polygamma"]]

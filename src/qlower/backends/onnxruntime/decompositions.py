@@ -565,6 +565,100 @@ def _adaptive_max_pool(nd: int):
         return x, index
     return decomposition
 
+
+# Lanczos's approximation of the gamma function, g = 7 with 9 terms (the coefficients as
+# tabulated by P. Godfrey): relative error ~1e-15, so float64 evaluation gives float32 results
+# to the last bit or one off.
+_LANCZOS_G = 7.0
+_LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
+            -176.61502916214059, 12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6,
+            1.5056327351493116e-7)
+# Bernoulli numbers B2k / 2k for digamma's asymptotic series, k = 1..5
+_DIGAMMA_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132)
+
+
+def _in_float64(fn):
+    """Evaluated in float64 (ONNX Runtime has float64 kernels for the arithmetic, Log, Sin and
+    Cos, not Tan), the result in the input's float dtype (float32 for integer inputs, as eager)."""
+    def decomposition(x):
+        dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+        wide = x if x.dtype is torch.float64 else A._to_copy.default(x, dtype=torch.float64)
+        y = fn(wide)
+        return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+    decomposition.__doc__ = fn.__doc__
+    return decomposition
+
+
+def _fraction(x):
+    """x minus its nearest integer, in [-1/2, 1/2]: exact in float64 for a float32 x (tiny x
+    stay tiny), so sin(pi·x) and cos(pi·x) keep their values up to sign for large |x| too."""
+    return A.sub.Tensor(x, A.round.default(x))
+
+
+def _is_pole(x):
+    """0, -1, -2, ...: where gamma has its poles."""
+    return A.logical_and.default(A.le.Scalar(x, 0), A.eq.Tensor(x, A.floor.default(x)))
+
+
+def _lgamma_from_half(x):
+    """log|Γ(x)| for x >= 0.5 by Lanczos's series."""
+    z = A.sub.Scalar(x, 1)
+    a = A.full_like.default(z, _LANCZOS[0])
+    for i, c in enumerate(_LANCZOS[1:], start=1):
+        a = A.add.Tensor(a, A.div.Tensor(A.full_like.default(z, c), A.add.Scalar(z, i)))
+    t = A.add.Scalar(z, _LANCZOS_G + 0.5)
+    main = A.sub.Tensor(A.mul.Tensor(A.add.Scalar(z, 0.5), A.log.default(t)), t)
+    return A.add.Tensor(A.add.Scalar(main, 0.5 * math.log(2 * math.pi)), A.log.default(a))
+
+
+@_in_float64
+def _lgamma(x):
+    """log|Γ(x)|: Lanczos's series from 1/2 up, below that the reflection formula
+    log(pi / |sin(pi·x)|) - log|Γ(1 - x)|; +inf at the poles and at ±inf, as eager.
+    torch's own decomposition reaches prims.lgamma, which torchlib does not translate."""
+    reflected = A.lt.Scalar(x, 0.5)
+    body = _lgamma_from_half(A.where.self(reflected, A.rsub.Scalar(x, 1), x))
+    sine = A.abs.default(A.sin.default(A.mul.Scalar(_fraction(x), math.pi)))
+    mirror = A.sub.Tensor(A.log.default(A.div.Tensor(A.full_like.default(x, math.pi), sine)), body)
+    y = A.where.self(reflected, mirror, body)
+    infinite = A.logical_or.default(_is_pole(x), A.isinf.default(x))
+    return A.where.self(infinite, A.full_like.default(x, math.inf), y)
+
+
+def _digamma_from_zero(y):
+    """ψ(y) for y > 0: six steps of ψ(y) = ψ(y + 1) - 1/y, then the asymptotic series at y + 6."""
+    shift = A.zeros_like.default(y)
+    for k in range(6):
+        shift = A.add.Tensor(shift, A.reciprocal.default(A.add.Scalar(y, k)))
+    w = A.add.Scalar(y, 6)
+    inverse_square = A.reciprocal.default(A.mul.Tensor(w, w))
+    series, power = A.zeros_like.default(w), inverse_square
+    for c in _DIGAMMA_SERIES:
+        series = A.add.Tensor(series, A.mul.Scalar(power, c))
+        power = A.mul.Tensor(power, inverse_square)
+    psi = A.sub.Tensor(A.sub.Tensor(A.log.default(w), A.div.Tensor(A.full_like.default(w, 0.5), w)), series)
+    return A.sub.Tensor(psi, shift)
+
+
+@_in_float64
+def _digamma(x):
+    """ψ(x): shifted asymptotic series for x > 0, the reflection ψ(1 - x) - pi / tan(pi·x)
+    below; at 0 -1/x (-inf for +0.0, +inf for -0.0), NaN at the negative integers, as eager.
+    torch's own decomposition reaches prims.digamma, which torchlib does not translate."""
+    reflected = A.lt.Scalar(x, 0)
+    body = _digamma_from_zero(A.where.self(reflected, A.rsub.Scalar(x, 1), x))
+    angle = A.mul.Scalar(_fraction(x), math.pi)   # pi / tan as pi·cos / sin: ORT has no float64 Tan kernel
+    cotangent = A.div.Tensor(A.mul.Scalar(A.cos.default(angle), math.pi), A.sin.default(angle))
+    mirror = A.sub.Tensor(body, cotangent)
+    y = A.where.self(reflected, mirror, body)
+    y = A.where.self(_is_pole(x), A.full_like.default(x, math.nan), y)
+    return A.where.self(A.eq.Scalar(x, 0), A.div.Tensor(A.full_like.default(x, -1.0), x), y)
+
+
+@only_when(lambda n, x: n == 0)
+def _polygamma_zero(n, x):
+    return _digamma(x)
+
 DECOMPOSITIONS = {
     A.squeeze.dims: _squeeze_dims,
     A.fmax.default: _ignoring_nan(A.maximum.default),
@@ -602,4 +696,7 @@ DECOMPOSITIONS = {
     A._adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
     A.adaptive_max_pool2d.default: _adaptive_max_pool(2),
     A.adaptive_max_pool3d.default: _adaptive_max_pool(3),
+    A.lgamma.default: _lgamma,
+    A.digamma.default: _digamma,
+    A.polygamma.default: _polygamma_zero,
 }
