@@ -406,3 +406,22 @@ def test_polygamma_of_order_zero_and_mvlgamma():
     _check(lambda x: torch.special.multigammaln(x, 3), x, summed=True)   # torch's own decomposition, through lgamma
     cm = qlower.compile(Fn(lambda x: torch.polygamma(2, x)), (x,), backend="onnxruntime")   # near miss: order 2
     assert [list(c.ops) for c in cm.report().fallbacks] == [["polygamma"]]
+
+
+_BESSEL_POINTS = torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 2.5, 12.0, 14.99, 15.0, 15.01, -20.0, 50.0, 88.0, 88.7,
+                               88.8, 89.0, -89.0, 91.0, 700.0, -3e38])
+
+
+@pytest.mark.parametrize("name", ["i0", "special.i0e", "special.i1", "special.i1e", "special.modified_bessel_i0",
+                                  "special.modified_bessel_i1", "special.spherical_bessel_j0"])
+def test_bessel_functions_across_the_crossover_and_overflow(name):
+    """Both sides of the series/expansion crossover (15), where e^x overflows float32 (eager's
+    unscaled functions give inf from 88.73 on, the scaled ones stay finite), ±inf and NaN made
+    inside the cluster (I0/I1 NaN at ±inf, as eager), and random points. The aten ops:
+    "i0", "special_i0e", "special_i1", "special_i1e", "special_modified_bessel_i0",
+    "special_modified_bessel_i1", "special_spherical_bessel_j0"."""
+    op = torch.special.i0 if name == "i0" else getattr(torch.special, name.split(".")[1])
+    _check(lambda x: op(x), _BESSEL_POINTS, summed=True)
+    _check(lambda x: op(x), torch.randn(256) * 30, summed=True)
+    (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
+    _check(lambda p, c: op(make(p, c)), p, c, summed=True)
