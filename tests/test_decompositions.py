@@ -425,3 +425,21 @@ def test_bessel_functions_across_the_crossover_and_overflow(name):
     _check(lambda x: op(x), torch.randn(256) * 30, summed=True)
     (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
     _check(lambda p, c: op(make(p, c)), p, c, summed=True)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self):
+    x, source = torch.randn(5, 4, 3), torch.randn(5, 6, 3)
+    index = torch.tensor([0, 3, 0, 1, 3, 3])   # repeated
+    _check(lambda x, s: x.index_reduce(1, index, s, reduce, include_self=include_self), x, source)
+    _check(lambda x, s: x[0, 0].index_reduce(0, torch.tensor([1, 1]), s[0, :2, 0], reduce), x, source)
+
+
+def test_index_reduce_mean_stays_in_pytorch():
+    """Near miss: the mean would reach ONNX Runtime's own (wrong) scatter mean."""
+    x, source = torch.randn(5, 4), torch.randn(5, 6)
+    fn = lambda x, s: x.index_reduce(1, torch.tensor([0, 3, 0, 1, 3, 3]), s, "mean")   # noqa: E731
+    cm = qlower.compile(Fn(fn), (x, source), backend="onnxruntime")
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["index_reduce"]]
+    torch.testing.assert_close(cm(x, source), fn(x, source))

@@ -26,6 +26,7 @@ from ...fx import constant_value, mutated_attributes
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
+from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
@@ -166,10 +167,11 @@ class IreeBackend:
         created as int32 != 0 (torch-mlir fails on a boolean splat); rank-3 matmuls as bmm
         (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling,
         index_copy and diff as torch's decompositions (IREE lowers none), `_unsafe_index` as
-        `index`, `mT` / `mH` / `adjoint` as `transpose`."""
+        `index`, `mT` / `mH` / `adjoint` as `transpose`, accumulating scatters (mean, and sums
+        and products into their input) into a neutral tensor (IREE lost repeated indices)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
                 DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes()]
+                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes(), AccumulatingScatters()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []

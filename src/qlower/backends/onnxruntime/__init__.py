@@ -17,6 +17,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...report import ClusterInfo
+from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..clusters import (as_scalars, compile_each_cluster, float_inputs, fuse_clusters, install_constant,
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
@@ -388,8 +389,10 @@ class OnnxRuntimeBackend:
 
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
-        and attention-rank gaps spelled out, and fused kernels where they are proven exact."""
+        and attention-rank gaps spelled out (and its scatter "mean", which was wrong, as sums into
+        zeros), and fused kernels where they are proven exact."""
         return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
+                AccumulatingScatters(frozenset({"mean"})),
                 FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
 
     def available(self) -> bool:

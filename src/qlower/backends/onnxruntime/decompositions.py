@@ -716,6 +716,17 @@ def _spherical_bessel_j0(x):
     y = A.where.self(A.eq.Scalar(x, 0), A.ones_like.default(x), y)
     return A.where.self(A.isinf.default(x), A.zeros_like.default(x), y)
 
+
+@only_when(lambda x, dim, index, source, reduce, *, include_self=True: reduce in ("prod", "amax", "amin"))
+def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """index_reduce is scatter_reduce with the index spread along `dim` over the source's other
+    dims. "mean" is left out: scatter_reduce's mean, written out by AccumulatingScatters before
+    translation, would reach ONNX Runtime here as its own (wrong) mean."""
+    dim = dim % max(source.dim(), 1)
+    shape = [index.shape[0] if d == dim else 1 for d in range(source.dim())]
+    spread = A.expand.default(A.reshape.default(index, shape), list(source.shape))
+    return A.scatter_reduce.two(x, dim, spread, source, reduce, include_self=include_self)
+
 DECOMPOSITIONS = {
     A.squeeze.dims: _squeeze_dims,
     A.fmax.default: _ignoring_nan(A.maximum.default),
@@ -763,4 +774,5 @@ DECOMPOSITIONS = {
     A.special_modified_bessel_i0.default: _bessel_i(0, scaled=False),
     A.special_modified_bessel_i1.default: _bessel_i(1, scaled=False),
     A.special_spherical_bessel_j0.default: _spherical_bessel_j0,
+    A.index_reduce.default: _index_reduce,
 }

@@ -27,6 +27,7 @@ from torch.fx import GraphModule
 from ...errors import BackendError
 from ...report import ClusterInfo
 from ..onnxruntime.cache import LRUCache
+from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
@@ -138,9 +139,10 @@ class OpenVinoBackend:
 
     def legalize_passes(self) -> list:
         """Block ops the CPU plugin lacks, decomposed; canonical numerics: linears whose fp32
-        accumulation could round split over their input features (split_accumulation.py). Its
-        ONNX-level rewrites are legalize.py's."""
-        passes = [decompose_unsupported_block_ops(self.capability)]
+        accumulation could round split over their input features (split_accumulation.py); a
+        scatter "mean" as sums into zeros (the plugin's mean was wrong). Its ONNX-level rewrites
+        are legalize.py's."""
+        passes = [decompose_unsupported_block_ops(self.capability), AccumulatingScatters(frozenset({"mean"}))]
         return passes if self.options.native else passes + [SplitAccumulation()]
 
     def available(self) -> bool:
