@@ -443,3 +443,55 @@ def test_index_reduce_mean_stays_in_pytorch():
     cm = qlower.compile(Fn(fn), (x, source), backend="onnxruntime")
     assert [list(c.ops) for c in cm.report().fallbacks] == [["index_reduce"]]
     torch.testing.assert_close(cm(x, source), fn(x, source))
+
+
+def test_empty_permuted_and_put():
+    """aten "empty_permuted" (uninitialized: only shape and dtype compare) and put with
+    accumulation over repeated and negative indices."""
+    cm = qlower.compile(Fn(lambda x: torch.empty_permuted((2, 3, 4), (2, 0, 1)) * 0 + x), (torch.randn(4),),
+                        backend="onnxruntime")
+    assert not cm.report().fallbacks and cm(torch.ones(4)).shape == (2, 3, 4)
+    x, source = torch.randn(3, 4), torch.randn(5)
+    _check(lambda x, s: x.put(torch.tensor([0, -1, 5, 0, 11]), s, accumulate=True), x, source, summed=True)
+    _check(lambda x, s: x.put(torch.tensor([0, -1, 5, 7, 2]), s), x, source)
+    _check(lambda x, s: x[0, 0].put(torch.tensor(0), s[0]), x, source)
+
+
+@pytest.mark.parametrize("size", [1, 3, 8, 20])
+def test_nonzero_static(size):
+    x = torch.tensor([[0.0, 1.5, 0.0, -2.0], [0.0, 0.0, 3.0, -0.0], [7.0, 0.0, 0.0, 1.0]])
+    _check(lambda x: torch.nonzero_static(x, size=size), x)
+    _check(lambda x: torch.nonzero_static(x > 1, size=size, fill_value=-7), x)
+    _check(lambda x: torch.nonzero_static(x[1], size=size), x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_of_one_unbatched_sample(reduction):
+    x, weight = torch.randn(5), torch.rand(5)
+    for target in (torch.tensor(3), torch.tensor(-100)):   # -100: ignored (eager's mean: NaN)
+        _check(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), x, target, summed=True)
+        _check(lambda x, t, w: torch.nn.functional.cross_entropy(x, t, w, reduction=reduction), x, target, weight,
+               summed=True)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, math.inf])
+def test_cdist_and_pdist(p):
+    """Both of eager's forms: direct differences, and for p = 2 beyond 25 rows (or when asked)
+    the matrix-product form, built as eager builds it (aten "_cdist_forward", "_pdist_forward")."""
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 4, 3)
+    a[0, 1] = b[0, 2]   # a zero distance
+    _check(lambda a, b: torch.cdist(a, b, p), a, b, summed=True)
+    big = torch.randn(30, 3)
+    _check(lambda a, b: torch.cdist(a, b, p), big, b[0], summed=True)
+    _check(lambda a, b: torch.cdist(a, b, p, compute_mode="use_mm_for_euclid_dist"), a, b, summed=True)
+    _check(lambda a: torch.nn.functional.pdist(a, p), a[0], summed=True)
+    _check(lambda a: torch.nn.functional.pdist(a, p), big, summed=True)
+
+
+def test_frexp_on_special_values():
+    """Powers of two (log2 rounding across them), subnormals, ±0, ±inf, NaN, the largest float."""
+    x = torch.tensor([0.0, -0.0, 1.0, -3.0, 0.5, 0.75, 1e-45, 1.1754942e-38, 3.4028235e38, 1024.0, 1023.9999, -7e-3])
+    _check(lambda x: torch.frexp(x), x)
+    _check(lambda x: torch.frexp(x), torch.randn(256) * 1e3)
+    (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
+    _check(lambda p, c: torch.frexp(make(p, c)), p, c)

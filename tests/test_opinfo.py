@@ -168,8 +168,10 @@ def _quiet():
             lg.setLevel(level)
 
 
-def run_sample(op, sample) -> str:
-    """The outcome of one sample (see the module docstring), or 'skip: <why>'."""
+def run_sample(op, sample, backend: str = "onnxruntime") -> str:
+    """The outcome of one sample (see the module docstring), or 'skip: <why>'. `backend`: the
+    checked-in expectation is onnxruntime's; the script's --backend sweeps another engine for
+    wrong answers (its "onnxruntime" outcome then means "entirely in that engine")."""
     import qlower
     from qlower.errors import QlowerError
     module, tensors = _as_module(op, sample)
@@ -188,7 +190,7 @@ def run_sample(op, sample) -> str:
     # random ops (and uninitialized memory): structure, dtype and shape only
     values = not random and op.name not in UNDEFINED_VALUES and _equal(want, again)
     try:
-        cm = qlower.compile(module, _clone(tensors), backend="onnxruntime")
+        cm = qlower.compile(module, _clone(tensors), backend=backend)
         got = cm(*_clone(tensors))
     except QlowerError as exc:
         return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -211,7 +213,7 @@ def outcome_class(outcome: str) -> str:
     return outcome.split(":")[0]
 
 
-def run_op(op, samples_per_op: int = SAMPLES_PER_OP) -> tuple[str, list[str]]:
+def run_op(op, samples_per_op: int = SAMPLES_PER_OP, backend: str = "onnxruntime") -> tuple[str, list[str]]:
     """(the op's outcome: the worst of its samples', every sample's outcome)."""
     torch.manual_seed(0)
     outcomes = []
@@ -224,7 +226,7 @@ def run_op(op, samples_per_op: int = SAMPLES_PER_OP) -> tuple[str, list[str]]:
         picks = sorted({round(i * (len(first) - 1) / max(samples_per_op - 1, 1)) for i in range(samples_per_op)})
         for sample in [first[i] for i in picks if first]:
             try:
-                outcomes.append(run_sample(op, sample))
+                outcomes.append(run_sample(op, sample, backend))
             except Exception as exc:  # the harness itself (a comparison with no kernel): not a finding
                 outcomes.append(f"skip: harness raised {type(exc).__name__}: {str(exc)[:100]}")
     ran = [o for o in outcomes if outcome_class(o) not in ("skip", "not capturable")]
@@ -316,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="opinfo_results.jsonl")
     p.add_argument("--timeout", type=int, default=120, help="seconds per op")
     p.add_argument("--only", nargs="*", help="op names (default: every float32 op in op_db)")
+    p.add_argument("--backend", default="onnxruntime", help="the engine to sweep (the expectation is onnxruntime's)")
     p.add_argument("--expected", action="store_true", help=f"write {EXPECTED.name} from --out, print the numbers")
     args = p.parse_args(argv)
     os.environ.setdefault("QLOWER_CACHE_DIR", "off")
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
             t = time.time()
             signal.alarm(args.timeout)
             try:
-                outcome, samples = run_op(ops[name])
+                outcome, samples = run_op(ops[name], backend=args.backend)
             except _Timeout:
                 outcome, samples = f"error: timeout after {args.timeout} s", []
             finally:

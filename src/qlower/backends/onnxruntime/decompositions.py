@@ -460,7 +460,6 @@ def _einsum_by_broadcasting(equation, operands, path=None):
     return A.sum.dim_IntList(product, contracted) if contracted else product
 
 
-@only_when(lambda x, target, *args, **kwargs: target.dtype.is_floating_point)
 def _cross_entropy_with_probabilities(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     """Class probabilities as the target: -sum(target * log_softmax(x)) over the class dim,
     with eager's label smoothing, class weights and 'mean' over the non-class elements.
@@ -727,6 +726,136 @@ def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
     spread = A.expand.default(A.reshape.default(index, shape), list(source.shape))
     return A.scatter_reduce.two(x, dim, spread, source, reduce, include_self=include_self)
 
+
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uninitialized memory of that size: zeros are one such value (the layout is a stride
+    order, which an ONNX tensor does not have)."""
+    return A.full.default(list(size), 0, dtype=dtype or torch.get_default_dtype())
+
+
+def _put(x, index, source, accumulate=False):
+    """put: index_put on the flattened input, negative indices counted from the end."""
+    flat = A.reshape.default(index, [-1])
+    wrapped = A.where.self(A.lt.Scalar(flat, 0), A.add.Scalar(flat, x.numel()), flat)
+    out = A.index_put.default(A.reshape.default(x, [-1]), [wrapped], A.reshape.default(source, [-1]), accumulate)
+    return A.reshape.default(out, list(x.shape))
+
+
+@only_when(lambda x, size, fill_value=-1: _static(*x.shape) and x.dim() > 0 and x.numel() > 0)
+def _nonzero_static(x, *, size, fill_value=-1):
+    """The coordinates of the first `size` nonzero elements in row-major order, fill_value past
+    the last: slot s holds the element whose running count of nonzeros is s + 1."""
+    n = x.numel()
+    mask = A.ne.Scalar(A.reshape.default(x, [-1]), 0)
+    rank = A.sub.Scalar(A.cumsum.default(A._to_copy.default(mask, dtype=torch.int64), 0), 1)
+    slots = A.reshape.default(A.arange.default(size, dtype=torch.int64), [size, 1])
+    hit = A.logical_and.default(A.unsqueeze.default(mask, 0), A.eq.Tensor(A.unsqueeze.default(rank, 0), slots))
+    position = A.arange.default(n, dtype=torch.int64)
+    flat = A.amax.default(A.where.self(hit, position, A.full.default([], -1, dtype=torch.int64)), [1])
+    coordinates, stride = [], n
+    for extent in x.shape:
+        stride //= extent
+        coordinates.append(A.remainder.Scalar(A.div.Tensor_mode(flat, stride, rounding_mode="floor"), extent))
+    found = A.unsqueeze.default(A.ge.Scalar(flat, 0), 1)
+    return A.where.self(found, A.stack.default(coordinates, 1), A.full.default([], fill_value, dtype=torch.int64))
+
+
+def _one_sample_class_target(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0) -> bool:
+    return x.dim() == 1 and not target.dtype.is_floating_point and label_smoothing == 0.0
+
+
+def _cross_entropy_of_one_sample(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """One unbatched sample with a class index: -w[t]·log_softmax(x)[t], 0 where t is ignored;
+    'mean' divides by w[t] (0/0 = NaN for an ignored target, as eager). torchlib's
+    SoftmaxCrossEntropyLoss translation of a 1-D input was rejected by ONNX Runtime."""
+    kept = A.ne.Scalar(target, ignore_index)
+    t = A.reshape.default(A.where.self(kept, target, A.zeros_like.default(target)), [1])
+    logp = A.reshape.default(A.index_select.default(A._log_softmax.default(x, 0, False), 0, t), [])
+    w = A.full.default([], 1.0, dtype=x.dtype) if weight is None else A.reshape.default(A.index_select.default(weight, 0, t), [])
+    w = A.where.self(kept, w, A.zeros_like.default(w))
+    loss = A.neg.default(A.mul.Tensor(logp, w))
+    return A.div.Tensor(loss, w) if reduction == 1 else loss
+
+
+def _written_cross_entropy(x, target, *args, **kwargs) -> bool:
+    return target.dtype.is_floating_point or _one_sample_class_target(x, target, *args, **kwargs)
+
+
+@only_when(_written_cross_entropy)
+def _cross_entropy(x, target, *args, **kwargs):
+    """Class probabilities, or one unbatched sample's class index; batched class indices keep
+    torchlib's translation."""
+    if target.dtype.is_floating_point:
+        return _cross_entropy_with_probabilities(x, target, *args, **kwargs)
+    return _cross_entropy_of_one_sample(x, target, *args, **kwargs)
+
+
+def _pairwise_distances(x1, x2, p):
+    """||x1_i - x2_j||_p over the last dim, from the differences (eager's direct kernel)."""
+    diff = A.sub.Tensor(A.unsqueeze.default(x1, -2), A.unsqueeze.default(x2, -3))
+    size = A.abs.default(diff)
+    if p == 0:
+        return A.sum.dim_IntList(A._to_copy.default(A.ne.Scalar(diff, 0), dtype=x1.dtype), [-1])
+    if p == math.inf:
+        return A.amax.default(size, [-1])
+    if p == 1:
+        return A.sum.dim_IntList(size, [-1])
+    if p == 2:
+        return A.sqrt.default(A.sum.dim_IntList(A.mul.Tensor(diff, diff), [-1]))
+    return A.pow.Tensor_Scalar(A.sum.dim_IntList(A.pow.Tensor_Scalar(size, p), [-1]), 1.0 / p)
+
+
+def _euclidean_by_products(x1, x2):
+    """Eager's matrix-product form of Euclidean distances (what it uses for p = 2 on more than
+    25 rows, or when asked): sqrt(max(|a|² + |b|² - 2a·b, 1e-30)), built as eager builds it."""
+    n1 = A.sum.dim_IntList(A.mul.Tensor(x1, x1), [-1], True)
+    n2 = A.sum.dim_IntList(A.mul.Tensor(x2, x2), [-1], True)
+    left = A.cat.default([A.mul.Scalar(x1, -2), n1, A.ones_like.default(n1)], -1)
+    right = A.cat.default([x2, A.ones_like.default(n2), n2], -1)
+    return A.sqrt.default(A.clamp_min.default(A.matmul.default(left, A.transpose.int(right, -1, -2)), 1e-30))
+
+
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """cdist in eager's two forms, chosen as eager chooses (compute_mode 1: products, 2: direct,
+    None/0: products for p = 2 beyond 25 rows on either side). torch's table leaves
+    _cdist_forward, which torchlib does not translate."""
+    by_products = p == 2 and (compute_mode == 1 or (compute_mode in (None, 0)
+                                                   and (x1.shape[-2] > 25 or x2.shape[-2] > 25)))
+    return _euclidean_by_products(x1, x2) if by_products else _pairwise_distances(x1, x2, p)
+
+
+MAX_PDIST_ROWS = 256   # one arange per row in the graph
+
+
+@only_when(lambda x, p=2: _static(x.shape[0]) and x.shape[0] <= MAX_PDIST_ROWS)
+def _pdist_forward(x, p=2):
+    """The distances of rows i < j, in row-major order (eager's direct kernel): the flattened
+    distance matrix read at i·n + j for j > i, one arange per row."""
+    n = x.shape[0]
+    picks = A.cat.default([A.arange.start_step(i * n + i + 1, (i + 1) * n, 1, dtype=torch.int64) for i in range(n - 1)]
+                          or [A.full.default([0], 0, dtype=torch.int64)])
+    return A.index_select.default(A.reshape.default(_pairwise_distances(x, x, p), [-1]), 0, picks)
+
+
+def _frexp(x):
+    """frexp: x = mantissa · 2^exponent with |mantissa| in [1/2, 1), from log2 in float64 and
+    one correction step either way (log2 may round across a power of two); (x, 0) for ±0, ±inf
+    and NaN, as eager. torch's own decomposition reaches prims.frexp."""
+    wide = A._to_copy.default(x, dtype=torch.float64)
+    magnitude = A.abs.default(wide)
+    exponent = A.add.Scalar(A.floor.default(A.log2.default(magnitude)), 1)
+    mantissa = A.div.Tensor(wide, A.pow.Scalar(2.0, exponent))
+    high = A.ge.Scalar(A.abs.default(mantissa), 1.0)
+    low = A.lt.Scalar(A.abs.default(mantissa), 0.5)
+    mantissa = A.where.self(high, A.mul.Scalar(mantissa, 0.5), A.where.self(low, A.mul.Scalar(mantissa, 2.0), mantissa))
+    exponent = A.add.Tensor(exponent, A.sub.Tensor(A._to_copy.default(high, dtype=torch.float64),
+                                                   A._to_copy.default(low, dtype=torch.float64)))
+    # x itself in Where's second branch: ONNX Runtime's Where loses a -0.0 picked from its first
+    ordinary = A.logical_and.default(A.ne.Scalar(wide, 0), A.isfinite.default(wide))
+    mantissa = A.where.self(ordinary, mantissa, wide)
+    exponent = A.where.self(ordinary, exponent, A.zeros_like.default(exponent))
+    return A._to_copy.default(mantissa, dtype=x.dtype), A._to_copy.default(exponent, dtype=torch.int32)
+
 DECOMPOSITIONS = {
     A.squeeze.dims: _squeeze_dims,
     A.fmax.default: _ignoring_nan(A.maximum.default),
@@ -758,7 +887,6 @@ DECOMPOSITIONS = {
     A.avg_pool2d.default: _avg_pool_with_divisor(2),
     A.avg_pool3d.default: _avg_pool_with_divisor(3),
     A.einsum.default: _einsum_by_broadcasting,
-    A.cross_entropy_loss.default: _cross_entropy_with_probabilities,
     A.addmm.default: _addmm_over_nothing,
     A.adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
     A._adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
@@ -775,4 +903,11 @@ DECOMPOSITIONS = {
     A.special_modified_bessel_i1.default: _bessel_i(1, scaled=False),
     A.special_spherical_bessel_j0.default: _spherical_bessel_j0,
     A.index_reduce.default: _index_reduce,
+    A.empty_permuted.default: _empty_permuted,
+    A.put.default: _put,
+    A.nonzero_static.default: _nonzero_static,
+    A.cross_entropy_loss.default: _cross_entropy,
+    A._cdist_forward.default: _cdist_forward,
+    A._pdist_forward.default: _pdist_forward,
+    A.frexp.Tensor: _frexp,
 }
