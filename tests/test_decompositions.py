@@ -383,6 +383,12 @@ def test_adaptive_pools_with_symbolic_sizes_stay_in_pytorch():
     torch.testing.assert_close(cm(x), pool(x))
 
 
+def _check_special_points(op, points):
+    """One compile per function: the given points, then ±inf and NaN made inside the cluster."""
+    (p, c), make = _from_finite(torch.cat([points, torch.tensor([INF, -INF, NAN])]))
+    _check(lambda p, c: op(make(p, c)), p, c, summed=True)
+
+
 _GAMMA_POINTS = torch.tensor([0.0, -0.0, -1.0, -2.0, -2.5, -0.5, 1.0, 2.0, 0.5, 1e-30, -1e-30, 1e-45, 3.7, 40.0,
                               171.5, 1e10, -1e10, -1e10 - 0.5, -123.25, 3e38, 0.9999, 1.0001, 2.0001, -3.9999])
 
@@ -393,10 +399,7 @@ def test_lgamma_and_digamma_on_poles_and_extremes(name):
     tiny and huge magnitudes, near the roots of lgamma (1, 2), inf/NaN made inside the cluster;
     float64 inside, float32 out."""
     op = getattr(torch, name)
-    _check(lambda x: op(x), _GAMMA_POINTS, summed=True)
-    (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
-    _check(lambda p, c: op(make(p, c)), p, c, summed=True)
-    _check(lambda x: op(x), torch.randn(256) * 20, summed=True)
+    _check_special_points(op, torch.cat([_GAMMA_POINTS, torch.randn(256) * 20]))
     _check(lambda x: op(x.to(torch.int64)), torch.tensor([1.0, 2.0, 7.0, 30.0]), summed=True)   # int in, float out
 
 
@@ -421,10 +424,7 @@ def test_bessel_functions_across_the_crossover_and_overflow(name):
     "i0", "special_i0e", "special_i1", "special_i1e", "special_modified_bessel_i0",
     "special_modified_bessel_i1", "special_spherical_bessel_j0"."""
     op = torch.special.i0 if name == "i0" else getattr(torch.special, name.split(".")[1])
-    _check(lambda x: op(x), _BESSEL_POINTS, summed=True)
-    _check(lambda x: op(x), torch.randn(256) * 30, summed=True)
-    (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
-    _check(lambda p, c: op(make(p, c)), p, c, summed=True)
+    _check_special_points(op, torch.cat([_BESSEL_POINTS, torch.randn(256) * 30]))
 
 
 @pytest.mark.parametrize("reduce", ["prod", "amax", "amin"])
@@ -495,3 +495,22 @@ def test_frexp_on_special_values():
     _check(lambda x: torch.frexp(x), torch.randn(256) * 1e3)
     (p, c), make = _from_finite(torch.tensor([INF, -INF, NAN, 2.0]))
     _check(lambda p, c: torch.frexp(make(p, c)), p, c)
+
+
+@pytest.mark.parametrize("name", ["erfinv", "special.ndtri", "special.erfcx", "special.log_ndtr"])
+def test_error_function_family_over_its_whole_range(name):
+    """Both sides of every split (|x| = 2.5 for the series / fraction, |y| = 0.9 for erfinv's
+    tails), the far tails (erfcx(1e10), log_ndtr(-1e10), ndtri(1e-30), erfinv(1 - 6e-8)), the
+    domain's ends and outside (±inf, NaN), NaN / ±inf made inside the cluster; random points.
+    erfcx and log_ndtr had been refused (torchlib's formulas overflow: erfcx(randn * 9) off by
+    0.13, log_ndtr(-9) = -inf); aten "special_erfcx", "special_log_ndtr", "special_ndtri"."""
+    op = torch.erfinv if name == "erfinv" else getattr(torch.special, name.split(".")[1])
+    points = {
+        "erfinv": [0.0, 0.3, -0.5, 0.8999, 0.9, 0.9001, -0.99, 0.9999999, -0.9999999, 1.0, -1.0, 1.5, 1e-30],
+        "special.ndtri": [0.0, 1e-45, 1e-30, 1e-8, 0.04999, 0.05, 0.05001, 0.5, 0.95, 0.96, 1 - 6e-8, 1.0, 2.0, -1.0],
+        "special.erfcx": [-30.0, -10.0, -2.51, -2.5, -2.49, 0.0, 1.0, 2.49, 2.5, 2.51, 9.0, 100.0, 1e10, 3e38],
+        "special.log_ndtr": [-1e10, -40.0, -3.6, -3.5, -1.0, 0.0, 1.0, 3.5, 3.6, 10.0, 40.0, 3e38],
+    }[name]
+    spread = torch.rand(256) * 2 - 1 if name == "erfinv" else torch.rand(256) if name == "special.ndtri" \
+        else torch.randn(256) * 10
+    _check_special_points(op, torch.cat([torch.tensor(points), spread]))
