@@ -319,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=int, default=120, help="seconds per op")
     p.add_argument("--only", nargs="*", help="op names (default: every float32 op in op_db)")
     p.add_argument("--backend", default="onnxruntime", help="the engine to sweep (the expectation is onnxruntime's)")
+    p.add_argument("--samples", type=int, default=SAMPLES_PER_OP, help="samples per op (fewer for a slow engine's sweep)")
     p.add_argument("--expected", action="store_true", help=f"write {EXPECTED.name} from --out, print the numbers")
     args = p.parse_args(argv)
     os.environ.setdefault("QLOWER_CACHE_DIR", "off")
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
             t = time.time()
             signal.alarm(args.timeout)
             try:
-                outcome, samples = run_op(ops[name], backend=args.backend)
+                outcome, samples = run_op(ops[name], args.samples, backend=args.backend)
             except _Timeout:
                 outcome, samples = f"error: timeout after {args.timeout} s", []
             finally:

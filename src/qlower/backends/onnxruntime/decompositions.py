@@ -14,6 +14,13 @@ rejects the translation (pad with mode="circular"). Each keeps
 eager's semantics where values are special: NaN (fmax/fmin ignore it, searchsorted orders it
 last), infinities (hypot(inf, nan) = inf), signed zeros and NaN signs (copysign reads the sign
 bit); tests/test_decompositions.py compares each with eager on those values.
+
+Some entries apply to some calls of an op only (`only_when`): the others keep the op as
+torchlib translates it, without the exporter's re-trace. Where ONNX Runtime's Where would pick
+a -0.0 from its first branch (it returns +0.0 then, measured), the value goes in the second.
+Special functions are evaluated in float64 (`_in_float64`) from series, continued fractions
+and Newton steps of our own, their constants split in two float32 halves (`_split`: torch.onnx
+writes Python floats as float32 constants, also on float64 tensors).
 """
 from __future__ import annotations
 
