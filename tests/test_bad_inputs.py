@@ -291,6 +291,11 @@ def test_float_model_with_nan_or_inf_input_answers_as_eager(backend, kind):
     m = _FloatOp(kind)
     x = torch.randn(1, 1, 2, 4)
     cm = qlower.compile(m, (x,), backend=backend)
+    if backend == "openvino" and kind == "sort":   # refused: OpenVINO's TopK scrambled sorts (docs/openvino.md)
+        assert [list(c.ops) for c in cm.report().fallbacks] == [["sort"]]
+        bad = torch.tensor([[[[float("nan"), 1.0, 2.0, 3.0], [float("inf"), -float("inf"), 0.5, -2.0]]]])
+        assert torch.equal(cm(bad).nan_to_num(0.0), m(bad).nan_to_num(0.0))
+        return
     assert not cm.report().fallbacks
     bad = torch.tensor([[[[float("nan"), 1.0, 2.0, 3.0], [float("inf"), -float("inf"), 0.5, -2.0]]]])
     want, got = m(bad), cm(bad)

@@ -366,7 +366,7 @@ def test_float_op_variants_not_emitted_run_in_pytorch():
 
 
 def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
-    """torch.onnx decomposes matrix_norm('nuc') into _linalg_svd and lgamma into prims.lgamma,
+    """torch.onnx decomposes matrix_norm('nuc') into _linalg_svd and zeta into prims.zeta,
     neither of which torchlib translates: the capability sees that (decomposing the one op on
     meta tensors) and refuses just those nodes, instead of accepting them and losing the whole
     cluster when its translation fails. Near miss: gelu and std, which decompose or translate
@@ -379,16 +379,17 @@ def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
         def forward(self, x):
             h = self.a(x)
             nuc = torch.linalg.matrix_norm(h, ord="nuc")
-            return torch.nn.functional.gelu(self.b(h)) + torch.lgamma(h.abs() + 1) + nuc + h.std()
+            return torch.nn.functional.gelu(self.b(h)) + torch.special.zeta(h.abs() + 2, 1.5) + nuc + h.std()
 
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(4, 8)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     report = cm.report()
     refused = sorted(c.reason for c in report.clusters if c.backend == "pytorch")
-    assert refused == ["aten::lgamma: torch.onnx decomposes it into prims.lgamma.default, which it cannot translate",
-                       "aten::linalg_matrix_norm.str_ord: torch.onnx decomposes it into aten._linalg_svd.default, "
-                       "which it cannot translate"], refused
+    assert refused == ["aten::linalg_matrix_norm.str_ord: torch.onnx decomposes it into aten._linalg_svd.default, "
+                       "which it cannot translate",
+                       "aten::special_zeta.other_scalar: torch.onnx decomposes it into prims.zeta.default, which it cannot translate"], \
+        refused
     assert not [c for c in report.clusters if c.backend == "onnxruntime" and c.status != "compiled"]
     assert sum(c.nodes for c in report.compiled) >= 5
     assert torch.allclose(cm(x), model(x), atol=1e-5)

@@ -171,7 +171,8 @@ class IreeBackend:
         and products into their input) into a neutral tensor (IREE lost repeated indices)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
                 DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes(), AccumulatingScatters()]
+                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes(),
+                AccumulatingScatters()]
 
     def compile(self, gm: GraphModule) -> Executable:
         notes = []

@@ -542,7 +542,8 @@ def _first_max_or_last_nan(v, dim: int):
         nan = A.isnan.default(v)
         v = A.where.self(nan, A.full.default([], -math.inf, dtype=v.dtype), v)
     best = A.amax.default(v, [dim], True)
-    first = A.amin.default(A.where.self(A.eq.Tensor(v, best), pos, A.full.default([], n, dtype=torch.int64)), [dim], True)
+    past_the_end = A.full.default([], n, dtype=torch.int64)
+    first = A.amin.default(A.where.self(A.eq.Tensor(v, best), pos, past_the_end), [dim], True)
     if not v.dtype.is_floating_point:
         return first
     last_nan = A.amax.default(A.where.self(nan, pos, A.full.default([], -1, dtype=torch.int64)), [dim], True)
@@ -813,7 +814,8 @@ def _cross_entropy_of_one_sample(x, target, weight=None, reduction=1, ignore_ind
     kept = A.ne.Scalar(target, ignore_index)
     t = A.reshape.default(A.where.self(kept, target, A.zeros_like.default(target)), [1])
     logp = A.reshape.default(A.index_select.default(A._log_softmax.default(x, 0, False), 0, t), [])
-    w = A.full.default([], 1.0, dtype=x.dtype) if weight is None else A.reshape.default(A.index_select.default(weight, 0, t), [])
+    w = A.full.default([], 1.0, dtype=x.dtype) if weight is None \
+        else A.reshape.default(A.index_select.default(weight, 0, t), [])
     w = A.where.self(kept, w, A.zeros_like.default(w))
     loss = A.neg.default(A.mul.Tensor(logp, w))
     return A.div.Tensor(loss, w) if reduction == 1 else loss
