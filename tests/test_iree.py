@@ -1995,3 +1995,41 @@ def test_ops_measured_wrong_on_iree_run_in_pytorch(case):
     cm = qlower.compile(Fn(fn), (x,), backend="iree")
     assert any(op in (c.reason or "") and "answers wrongly" in c.reason for c in cm.report().fallbacks), str(cm.report())
     torch.testing.assert_close(cm(x), fn(x))
+
+
+class _ErfcBetweenLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.b(torch.special.erfc(torch.relu(self.a(x))) * 2)
+
+
+def test_an_op_iree_compile_names_leaves_its_cluster(caplog):
+    """iree-compile fails on erfc ("failed to legalize operation 'torch.operator' ... name =
+    "torch.aten.special_erfc""): the whole 5-node cluster used to run in PyTorch. The error names
+    the op; its node is refused and the graph compiled again: two IREE clusters around it, no
+    warning about the retried round, eager's values."""
+    torch.manual_seed(0)
+    model, x = _ErfcBetweenLinears().eval(), torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="qlower.iree"):
+        cm = qlower.compile(model, (x,), backend="iree")
+    report = cm.report()
+    assert len(report.compiled) == 2 and [list(c.ops) for c in report.fallbacks] == [["special_erfc"]], str(report)
+    assert "iree-compile fails on it" in report.fallbacks[0].reason
+    assert not [r for r in caplog.records if "fell back" in r.getMessage()]
+    torch.testing.assert_close(cm(x), model(x))
+
+
+def test_a_compile_failure_naming_no_op_refuses_nothing():
+    """Near miss: "failed to legalize operation 'torch.constant.int'" names no ATen op; the
+    cluster falls back whole, as before."""
+    from qlower.backends.iree.backend import _named_by_failure, _Pending
+    from qlower.report import ClusterInfo
+    gm = torch.export.export(_ErfcBetweenLinears(), (torch.randn(2, 4),)).module()
+    info = ClusterInfo(0, "iree", 5, {}, "fallback", "torch compile failed")
+    failed = _Pending(None, gm, info, "torch", [], error="error: failed to legalize operation 'torch.constant.int'")
+    assert _named_by_failure(failed) == {}
+    failed.error = "error: failed to legalize operation 'torch.operator' <{name = \"torch.aten.special_erfc\"}>"
+    assert list(_named_by_failure(failed)) == ["special_erfc"]

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import operator
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value, mutated_attributes
+from ...fx import constant_value, copy_graph_module, mutated_attributes
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...report import ClusterInfo
@@ -175,9 +176,26 @@ class IreeBackend:
                 AccumulatingScatters()]
 
     def compile(self, gm: GraphModule) -> Executable:
+        """Cluster, emit and compile; a cluster iree-compile fails on, where the error names the
+        ATen op it could not legalize, is compiled again without that op's nodes (they run in
+        PyTorch; the rest of the cluster stays on IREE), at most `_ISOLATION_ROUNDS` times.
+        Each round starts from a copy of the legalized graph (clustering rewrites it)."""
+        refused: dict[str, str] = {}
+        for _ in range(_ISOLATION_ROUNDS):
+            executable, rejected = self._compile_refusing(copy_graph_module(gm), refused)
+            if not rejected or rejected.keys() <= refused.keys():
+                break
+            refused.update(rejected)
+        for info in executable.clusters:   # the final round's (an earlier round's failure was retried)
+            if info.backend == self.name and info.status == "fallback":
+                log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
+        return executable
+
+    def _compile_refusing(self, gm: GraphModule, refused: dict[str, str]) -> tuple[Executable, dict[str, str]]:
+        """One round of `compile`: (the executable, nodes a failed cluster's error names)."""
         notes = []
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
-        fused, kinds, capability = self._fuse(gm)
+        fused, kinds, capability = self._fuse(gm, refused)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
         pending = [self._emit_cluster(fused, call, i, kinds[str(call.target)], mutated) for i, call in enumerate(calls)]
@@ -202,13 +220,14 @@ class IreeBackend:
         def on_nonfinite(handler) -> None:
             for cluster in checked:
                 cluster.on_nonfinite = handler
-        return Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
-                          needs_no_grad=direct is None,
-                          engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks) for c in checked)),
-                          on_nonfinite=on_nonfinite)
+        executable = Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
+                                needs_no_grad=direct is None,
+                                engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks) for c in checked)),
+                                on_nonfinite=on_nonfinite)
+        return executable, {name: why for p in pending for name, why in _named_by_failure(p).items()}
 
     # ------------------------------------------------------------------ clustering
-    def _fuse(self, gm: GraphModule) -> tuple[GraphModule, dict[str, str], Capability]:
+    def _fuse(self, gm: GraphModule, refused: dict[str, str]) -> tuple[GraphModule, dict[str, str], Capability]:
         """Clusters of supported nodes, fused into call_module nodes. A cluster with any integer
         op is a "tosa" module (its float ops become private functions in it); an all-float
         cluster is a "torch" module for IREE's own torch input pipeline; a float op a TOSA module
@@ -216,7 +235,7 @@ class IreeBackend:
         (`not_in_a_float_module`), is refused and the graph clustered again.
         Returns (graph, submodule name -> kind, the capability with those refusals)."""
         one_user_per_size(gm)
-        refused: dict[str, str] = {}
+        refused = dict(refused)
         while True:   # a float op a TOSA module cannot import leaves it: cluster again without it
             clusters = sizes_with_their_users(picks_with_their_producer(
                 cluster_graph(gm.graph, self.capability.refusing(refused), self.options.min_cluster_size).clusters))
@@ -326,7 +345,7 @@ class IreeBackend:
     @staticmethod
     def _failed(p: "_Pending", exc: Exception) -> None:
         p.info.status, p.info.reason = "fallback", f"{p.kind} compile failed: {_first_line(exc)}"
-        log.warning("cluster #%d fell back to PyTorch: %s", p.info.id, p.info.reason)
+        p.error = str(exc)
 
     def _install(self, fused: GraphModule, p: "_Pending") -> None:
         """Replace the fused submodule by its runner (or its constant value), which sums the
@@ -363,6 +382,26 @@ class _Pending:
     function: object = None
     compiled: object = None   # compiler.CompiledVmfb
     retry_note: str | None = None   # compiled only on the retry without data tiling
+    error: str | None = None        # why emission or iree-compile failed
+
+
+# iree-compile names the op it cannot legalize: "failed to legalize operation 'torch.aten.erfc'"
+# or, for a `torch.operator`, `<{name = "torch.aten.addmv"}>` (measured over the OpInfo sweep:
+# most compile failures name one). A failure naming nothing (a 'torch.constant.int' it could not
+# legalize) still takes its cluster to PyTorch.
+_NAMED_OP = re.compile(r"torch\.aten\.(\w+)")
+_ISOLATION_ROUNDS = 4
+
+
+def _named_by_failure(p: "_Pending") -> dict[str, str]:
+    """The cluster's nodes whose ATen op its iree-compile error names (node name -> reason)."""
+    if p.error is None or p.info.status != "fallback":
+        return {}
+    named = {f"aten::{op}" for op in _NAMED_OP.findall(p.error)}
+    reason = f"iree-compile fails on it: {_first_line(Exception(p.error))[:200]}"
+    return {n.name: reason for n in p.sub.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "_schema", None) is not None
+            and n.target._schema.name in named}
 
 
 def _first_line(exc: Exception) -> str:
