@@ -830,3 +830,43 @@ def test_ops_measured_wrong_in_openvino_run_in_pytorch(case):
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w)
+
+
+class _GridSampleBetweenLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        image = torch.relu(self.a(x)).reshape(1, 1, 2, 4)
+        sampled = torch.nn.functional.grid_sample(image, torch.zeros(1, 2, 2, 2), mode="bicubic", align_corners=True)
+        return self.b(sampled.reshape(1, 4) * 2)
+
+
+def test_a_node_the_cpu_plugin_rejects_runs_alone_in_pytorch(caplog):
+    """The plugin's ONNX frontend rejects this GridSample ("While validating ONNX node
+    '<Node(GridSample): node_grid_sampler>'"): the whole cluster used to run in PyTorch. The
+    error names the node; the ATen op behind it is refused and the graph clustered again: two
+    OpenVINO clusters around it, no warning about the retried round, eager's values."""
+    import logging
+    torch.manual_seed(0)
+    model, x = _GridSampleBetweenLinears().eval(), torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING):
+        cm = qlower.compile(model, (x,), backend="openvino")
+    report = cm.report()
+    assert len(report.compiled) == 2 and [list(c.ops) for c in report.fallbacks] == [["grid_sampler"]], str(report)
+    assert "OpenVINO's CPU plugin rejects its translation" in report.fallbacks[0].reason
+    assert not [r for r in caplog.records if "fell back" in r.getMessage()]
+    torch.testing.assert_close(cm(x), model(x))
+
+
+def test_a_rejection_naming_no_node_of_the_cluster_refuses_nothing():
+    """Near miss: the op types OpenVINO names belong to no node torch.onnx maps back to a node
+    of the cluster (hstack's SequenceMap sits in a function body of its decomposition): the
+    cluster falls back whole, as before."""
+    from qlower.backends.openvino.backend import rejected_nodes
+    model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(), torch.randn(2, 4)
+    sub = torch.export.export(model, (x,)).module()
+    onnx_bytes = qlower.compile(model, (x,), backend="onnxruntime").report().clusters[0].onnx
+    assert rejected_nodes(RuntimeError("No conversion rule found for operations: SequenceMap-23, util::SequenceAt"),
+                          onnx_bytes, sub) == {}

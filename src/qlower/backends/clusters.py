@@ -239,3 +239,12 @@ def as_scalars(result, kinds: tuple, single: bool):
     items = (result,) if single else result
     items = tuple(kind(t.item()) if kind is not None else t for t, kind in zip(items, kinds))
     return items[0] if single else items
+
+
+def graph_copy(gm: GraphModule) -> GraphModule:
+    """A GraphModule with its own copy of gm's graph, sharing gm's tensors and submodules
+    (clustering rewrites the graph it is given)."""
+    import copy
+    from ..fx import torch_deprecation_silenced
+    with torch_deprecation_silenced():
+        return GraphModule(gm, copy.deepcopy(gm.graph))

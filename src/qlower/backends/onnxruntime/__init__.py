@@ -19,7 +19,7 @@ from torch.fx import GraphModule
 from ...report import ClusterInfo
 from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import (as_scalars, compile_each_cluster, float_inputs, fuse_clusters, install_constant,
+from ..clusters import (as_scalars, graph_copy, compile_each_cluster, float_inputs, fuse_clusters, install_constant,
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
@@ -31,7 +31,7 @@ from .four_d_attention import FourDAttention
 from .fuse_per_token import FusePerTokenLinear
 from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
-from .translate import translate_cluster
+from .translate import fx_nodes_of, target_text, translate_cluster
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -129,14 +129,14 @@ def _rejected_nodes(exc: BaseException, model_bytes: bytes | None, sub: GraphMod
         if m is not None:
             name, op_type = (m.group(1), m.group(2)) if m.group(2) else (m.group(4), m.group(3))
             why = f"ONNX Runtime rejects its translation: {error.splitlines()[0][:160]}"
-            return {n: why for n in _fx_nodes_of(model_bytes, name, op_type, sub)}
+            return {n: why for n in fx_nodes_of(model_bytes, name, op_type, sub)}
         return {}
     chain = exc
     while chain is not None:
         m = _TRANSLATING.search(str(chain))
         if m is not None:
             why = f"torch.onnx fails to translate it: {_innermost(exc)[:160]}"
-            return {n.name: why for n in sub.graph.nodes if n.op == "call_function" and _target_text(n.target) == m.group(1)}
+            return {n.name: why for n in sub.graph.nodes if n.op == "call_function" and target_text(n.target) == m.group(1)}
         chain = chain.__cause__
     return {}
 
@@ -145,21 +145,6 @@ def _innermost(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
-def _fx_nodes_of(model_bytes: bytes, name: str, op_type: str, sub: GraphModule) -> list[str]:
-    """The cluster's FX nodes calling the ATen op the ONNX node `name` was translated from
-    (torch.onnx's `pkg.torch.onnx.fx_node` metadata); ONNX Runtime names none for some: then
-    every node of type `op_type`."""
-    import onnx
-    graph = onnx.load_from_string(model_bytes).graph
-    nodes = [n for n in graph.node if n.name == name] if name else []
-    nodes = nodes or [n for n in graph.node if n.op_type == op_type]
-    targets = set()
-    for node in nodes:
-        fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
-        targets.update(re.findall(r"target=([\w.]+)", fx_node)[:1])
-    return [n.name for n in sub.graph.nodes if n.op == "call_function" and _target_text(n.target) in targets]
 
 
 def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
@@ -172,7 +157,7 @@ def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> 
         return {}
     op_type, name = m.group(1), m.group(3)
     why = f"ONNX Runtime has no CPU kernel for {op_type} (opset {m.group(2)}) at these types"
-    found = {n: why for n in _fx_nodes_of(model_bytes, name, op_type, sub)}
+    found = {n: why for n in fx_nodes_of(model_bytes, name, op_type, sub)}
     calls = [n for n in sub.graph.nodes if n.op == "call_function"]
     # a node inside an op's own function body (Gelu's Erf) names no FX node: the kernels ONNX
     # Runtime lacks are for float64 / float16 / int16, so those nodes leave the cluster
@@ -185,20 +170,6 @@ def _touches_a_partly_covered_dtype(node) -> bool:
     """The node reads or makes a tensor of a dtype ONNX Runtime's CPU kernels cover only in part."""
     vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
     return any(isinstance(v, torch.Tensor) and v.dtype in PARTLY_COVERED_DTYPES for v in vals)
-
-
-def _target_text(target) -> str:
-    """How torch.onnx's fx_node metadata writes a call's target (torch.ops.aten.conv2d.default)."""
-    return f"torch.ops.{target}" if isinstance(target, torch._ops.OpOverload) else str(target)
-
-
-def _graph_copy(gm: GraphModule) -> GraphModule:
-    """A GraphModule with its own copy of gm's graph, sharing gm's tensors and submodules
-    (clustering rewrites the graph it is given)."""
-    import copy
-    from ...fx import torch_deprecation_silenced
-    with torch_deprecation_silenced():
-        return GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _as_numpy(t: torch.Tensor):
@@ -409,7 +380,7 @@ class OnnxRuntimeBackend:
         PyTorch rather than its whole cluster."""
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
-        pristine = _graph_copy(gm)
+        pristine = graph_copy(gm)
         names = {n.name for n in gm.graph.nodes}
         refused: dict[str, str] = {}
         while True:
@@ -421,7 +392,7 @@ class OnnxRuntimeBackend:
             if not more or len(refused) >= _MAX_KERNEL_REFUSALS:
                 break
             refused.update(more)
-            gm = _graph_copy(pristine)
+            gm = graph_copy(pristine)
         for info in infos:
             if info.status == "fallback":
                 log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 
 import onnx
 import torch
@@ -381,3 +382,24 @@ def _flatten_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(kept)
     return model
+
+
+def fx_nodes_of(model_bytes: bytes, name: str, op_type: str, sub: GraphModule) -> list[str]:
+    """The cluster's FX nodes calling the ATen op the ONNX node `name` was translated from
+    (torch.onnx's `pkg.torch.onnx.fx_node` metadata); where an engine names no node (or one
+    inside a function body), those of every node of type `op_type`. Used by onnxruntime and
+    openvino to refuse what their engine rejected."""
+    import onnx
+    graph = onnx.load_from_string(model_bytes).graph
+    nodes = [n for n in graph.node if n.name == name] if name else []
+    nodes = nodes or [n for n in graph.node if n.op_type == op_type]
+    targets = set()
+    for node in nodes:
+        fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        targets.update(re.findall(r"target=([\w.]+)", fx_node)[:1])
+    return [n.name for n in sub.graph.nodes if n.op == "call_function" and target_text(n.target) in targets]
+
+
+def target_text(target) -> str:
+    """How torch.onnx's fx_node metadata writes a call's target (torch.ops.aten.conv2d.default)."""
+    return f"torch.ops.{target}" if isinstance(target, torch._ops.OpOverload) else str(target)

@@ -17,8 +17,10 @@ Numerics, two profiles (OvOptions.numerics):
   report says so, with how many GEMM layers run in int8."""
 from __future__ import annotations
 
-import hashlib
 import dataclasses
+import functools
+import hashlib
+import re
 from dataclasses import dataclass
 
 import torch
@@ -31,12 +33,13 @@ from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
-from ..clusters import (compile_each_cluster, float_inputs, fuse_clusters, install_constant, pytorch_infos, scalar_kinds,
+from ..clusters import (compile_each_cluster, graph_copy, float_inputs, fuse_clusters, install_constant, pytorch_infos, scalar_kinds,
                         split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
 from .split_accumulation import SplitAccumulation
+from ..onnxruntime.translate import fx_nodes_of
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
 _SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
@@ -161,11 +164,27 @@ class OpenVinoBackend:
         return compiled
 
     def compile(self, gm: GraphModule) -> Executable:
+        """Cluster, translate, compile per cluster. A cluster the CPU plugin refuses where its
+        error names the ONNX node (or op type) it could not take is compiled again without the
+        ATen op behind it (`rejected_nodes`): that op alone runs in PyTorch."""
         from .runner import core
         core()   # BackendError with the install hint when openvino is missing
         notes = []
-        fused, clustering = fuse_clusters(gm, self.capability, self.options.min_cluster_size)
-        infos = compile_each_cluster(fused, self._compile_cluster)
+        pristine, refused = graph_copy(gm), {}
+        names = {n.name for n in gm.graph.nodes}
+        for _ in range(_ISOLATION_ROUNDS):
+            rejected: dict[str, str] = {}
+            compile_one = functools.partial(self._compile_cluster, rejected=rejected)
+            fused, clustering = fuse_clusters(gm, self.capability.refusing(refused), self.options.min_cluster_size)
+            infos = compile_each_cluster(fused, compile_one)
+            more = {name: why for name, why in rejected.items() if name in names and name not in refused}
+            if not more:
+                break
+            refused.update(more)
+            gm = graph_copy(pristine)
+        for info in infos:   # the final round's (an earlier round's failure was retried)
+            if info.status == "fallback":
+                log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
@@ -189,7 +208,8 @@ class OpenVinoBackend:
             notes.append(f"engine-native numerics (not canonical): {NATIVE_DEVIATION}")
         return notes
 
-    def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str]) -> ClusterInfo:
+    def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str],
+                         rejected: dict[str, str] | None = None) -> ClusterInfo:
         sub: GraphModule = getattr(fused, call.target)
         inputs = split_inputs(fused, call, mutated)
         constants = inputs.constants
@@ -205,6 +225,7 @@ class OpenVinoBackend:
         dtypes = [o.meta["val"].dtype if isinstance(o.meta.get("val"), torch.Tensor)
                   else _SCALAR_DTYPE[scalar_kinds(sub)[k]] for k, o in enumerate(outs)]
         checks = float_inputs(fused, inputs.runtime_args)
+        model_bytes = None
         try:
             model_bytes = translate(sub, constants, exact=not self.options.native)
             info.onnx = model_bytes
@@ -214,10 +235,35 @@ class OpenVinoBackend:
             feed = feed_positions(model_bytes, compiled)
         except Exception as exc:  # translate or compile failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {error_summary(exc)}"
-            log.warning("cluster #%d fell back to PyTorch: %s", index, info.reason)
-            compiled, feed = None, None
+            compiled, feed = None, None   # (the warning: compile(), once the clusters are final)
+            if rejected is not None and model_bytes is not None:
+                rejected.update(rejected_nodes(exc, model_bytes, sub))
         range_check = RangeCheck(sub, inputs.by_position)
         setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info,
                                               feed, checks, range_check if range_check.needed else None))
         call.args = tuple(inputs.runtime_args)
         return info
+
+
+# The CPU plugin's ONNX frontend names what it cannot take: "While validating ONNX node
+# '<Node(GridSample): node_grid_sampler_2d>'", or only op types: "No conversion rule found for
+# operations: SequenceMap-23, util::SequenceAt" (measured over the OpInfo sweep, nineteenth
+# session: 29 cluster failures, most of them naming one).
+_VALIDATING = re.compile(r"While validating ONNX node '<Node\((\w+)\): ([^>]*)>'")
+_NO_RULE = re.compile(r"No conversion rule found for operations: ([^\n]*?)(?: To facilitate|$)")
+_ISOLATION_ROUNDS = 4
+
+
+def rejected_nodes(exc: BaseException, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
+    """FX node name -> reason, for the nodes behind the ONNX node (or op types) a failed
+    OpenVINO compile names."""
+    error = str(exc)
+    why = f"OpenVINO's CPU plugin rejects its translation: {error_summary(exc, 160)}"
+    m = _VALIDATING.search(error)
+    if m is not None:
+        return {n: why for n in fx_nodes_of(model_bytes, m.group(2), m.group(1), sub)}
+    m = _NO_RULE.search(error)
+    if m is None:
+        return {}
+    op_types = {t.strip().rsplit("-", 1)[0] for t in m.group(1).split(",") if "::" not in t}
+    return {n: why for op_type in op_types for n in fx_nodes_of(model_bytes, "", op_type, sub)}
