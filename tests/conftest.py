@@ -100,3 +100,10 @@ class Fn(torch.nn.Module):
 
     def forward(self, *xs):
         return self.fn(*xs)
+
+
+def pipeline_without_empty_folding() -> list:
+    """The default pipeline less FoldEmptyTensors: what an engine gets when an empty tensor
+    reaches it (its own empty-tensor refusals, kept and tested)."""
+    from qlower.passes import FoldEmptyTensors, default_pipeline
+    return [p for p in default_pipeline() if not isinstance(p, FoldEmptyTensors)]

@@ -10,7 +10,7 @@ import qlower
 from qlower.errors import (ArtifactError, CaptureError, InputError, NonFiniteInputError, NonFiniteInputWarning,
                            QuantizeError)
 
-from conftest import calib
+from conftest import calib, pipeline_without_empty_folding
 
 
 class Net(torch.nn.Module):
@@ -542,9 +542,8 @@ def test_empty_tensors_give_eagers_result_on_every_backend(case, backend, fold):
     if backend == "openvino":
         pytest.importorskip("openvino")
     torch.manual_seed(0)
-    from qlower.passes import FoldEmptyTensors, default_pipeline
     model, x = _EmptyNet(case).eval(), torch.randn(_EMPTY_BATCH[case][1])
-    passes = None if fold else [p for p in default_pipeline() if not isinstance(p, FoldEmptyTensors)]
+    passes = None if fold else pipeline_without_empty_folding()
     cm = qlower.compile(model, (x,), backend=backend, passes=passes)
     with torch.no_grad():
         want, got = model(x), cm(x)

@@ -1915,7 +1915,7 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     """IREE gives 0 for the variance of nothing, eager NaN (a silent wrong answer until the
     eighteenth session). FoldEmptyTensors computes it at compile time; without that pass the
     node is refused. Near miss: a non-empty input compiles."""
-    from qlower.passes import FoldEmptyTensors, default_pipeline
+    from conftest import pipeline_without_empty_folding
 
     class Var(torch.nn.Module):
         def forward(self, x):
@@ -1923,8 +1923,7 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     x = torch.randn(2, 3, 0)
     cm = qlower.compile(Var(), (x,), backend="iree")
     assert torch.isnan(cm(x)).all() and cm(x).shape == (2, 3) and not cm.report().fallbacks
-    unfolded = [p for p in default_pipeline() if not isinstance(p, FoldEmptyTensors)]
-    cm = qlower.compile(Var(), (x,), backend="iree", passes=unfolded)
+    cm = qlower.compile(Var(), (x,), backend="iree", passes=pipeline_without_empty_folding())
     assert torch.isnan(cm(x)).all() and cm(x).shape == (2, 3)
     assert any("an empty tensor" in (c.reason or "") for c in cm.report().fallbacks)
     y = torch.randn(2, 3, 4)

@@ -7,7 +7,7 @@ import torch
 
 import qlower
 
-from conftest import Fn, calib
+from conftest import Fn, calib, pipeline_without_empty_folding
 
 
 def both(model, shape, dynamic_shapes=None, **kw):
@@ -772,11 +772,6 @@ _EMPTY_CASES = {
 }
 
 
-def _without_empty_folding(passes):
-    from qlower.passes import FoldEmptyTensors
-    return [p for p in passes if not isinstance(p, FoldEmptyTensors)]
-
-
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "engine"])
 @pytest.mark.parametrize("shape", [(0, 5, 3), (2, 3, 0), (2, 0, 3)])
 @pytest.mark.parametrize("case", sorted(_EMPTY_CASES))
@@ -787,10 +782,9 @@ def test_empty_tensors_give_eagers_shapes_and_values(case, shape, fold):
     now matches eager: FoldEmptyTensors computes such nodes at compile time; without that pass
     (`engine`: what reaches ONNX Runtime when an empty tensor meets a non-empty one) axes are
     written non-negative and the rest is refused where an input is empty."""
-    from qlower.passes import default_pipeline
     fn, x = _EMPTY_CASES[case], torch.randn(shape)
     want = fn(x)
-    passes = None if fold else _without_empty_folding(default_pipeline())
+    passes = None if fold else pipeline_without_empty_folding()
     cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime", passes=passes)
     for _ in range(2):   # uninitialized memory differs from run to run
         got = cm(x)
@@ -850,9 +844,8 @@ def test_a_node_torch_onnx_fails_to_translate_runs_alone_in_pytorch():
     the FX node, which alone runs in PyTorch (the cluster around it used to fall back whole).
     FoldEmptyTensors computes such a cat at compile time; it is left out here so the engine
     path (any translation error that names its node) stays tested."""
-    from qlower.passes import default_pipeline
     model, args = _EmptyCatInTheMiddle(), (torch.randn(3, 4), torch.randn(0), torch.randn(0))
-    cm = qlower.compile(model, args, backend="onnxruntime", passes=_without_empty_folding(default_pipeline()))
+    cm = qlower.compile(model, args, backend="onnxruntime", passes=pipeline_without_empty_folding())
     report = cm.report()
     assert [list(c.ops) for c in report.fallbacks] == [["cat"]], str(report)
     assert "torch.onnx fails to translate it" in report.fallbacks[0].reason

@@ -295,11 +295,15 @@ def _scatter_add_of_a_scalar(x, dim, index, src):
     return A.reshape.default(A.scatter_add.default(one(x), 0, one(index), one(src)), [])
 
 
+def _from_the_end(index, x):
+    """Flat indices into x with negative ones counted from the end (take, put)."""
+    return A.where.self(A.lt.Scalar(index, 0), A.add.Scalar(index, x.numel()), index)
+
+
 def _take(x, index):
     """take: a gather from the flattened input, negative indices counted from the end. torch's
     own decomposition guards on the index values (data-dependent: it failed to compile)."""
-    wrapped = A.where.self(A.lt.Scalar(index, 0), A.add.Scalar(index, x.numel()), index)
-    picked = A.index_select.default(A.reshape.default(x, [-1]), 0, A.reshape.default(wrapped, [-1]))
+    picked = A.index_select.default(A.reshape.default(x, [-1]), 0, _from_the_end(A.reshape.default(index, [-1]), x))
     return A.reshape.default(picked, list(index.shape))
 
 
@@ -599,8 +603,7 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
 
 def _put(x, index, source, accumulate=False):
     """put: index_put on the flattened input, negative indices counted from the end."""
-    flat = A.reshape.default(index, [-1])
-    wrapped = A.where.self(A.lt.Scalar(flat, 0), A.add.Scalar(flat, x.numel()), flat)
+    wrapped = _from_the_end(A.reshape.default(index, [-1]), x)
     out = A.index_put.default(A.reshape.default(x, [-1]), [wrapped], A.reshape.default(source, [-1]), accumulate)
     return A.reshape.default(out, list(x.shape))
 
