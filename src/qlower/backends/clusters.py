@@ -3,6 +3,7 @@ cluster in turn, what replaces a cluster with no runtime inputs, and the report 
 nodes left in PyTorch."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -248,3 +249,29 @@ def graph_copy(gm: GraphModule) -> GraphModule:
     from ..fx import torch_deprecation_silenced
     with torch_deprecation_silenced():
         return GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def compile_isolating_rejected(gm: GraphModule, capability: Capability, min_cluster_size: int, compile_cluster,
+                               log, max_refused: int = 64):
+    """Cluster gm and compile each cluster with `compile_cluster(fused, call, index, mutated,
+    rejected=...)`, which adds to `rejected` (FX node name -> reason) the nodes its engine's
+    error names. Those are refused and the graph clustered again from a copy, until no failure
+    names a new node (or `max_refused` nodes are refused; the clusters left failing then fall
+    back whole). Only the final round's fallbacks are logged. (onnxruntime and openvino: the
+    engine names an ONNX node, mapped back by `translate.fx_nodes_of`.)
+    Returns (fused graph, clustering, infos)."""
+    pristine, refused = graph_copy(gm), {}
+    names = {n.name for n in gm.graph.nodes}
+    while True:
+        rejected: dict[str, str] = {}
+        fused, clustering = fuse_clusters(gm, capability.refusing(refused), min_cluster_size)
+        infos = compile_each_cluster(fused, functools.partial(compile_cluster, rejected=rejected))
+        more = {name: why for name, why in rejected.items() if name in names and name not in refused}
+        if not more or len(refused) >= max_refused:
+            break
+        refused.update(more)
+        gm = graph_copy(pristine)
+    for info in infos:   # the final round's (an earlier round's failure was retried)
+        if info.status == "fallback":
+            log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
+    return fused, clustering, infos

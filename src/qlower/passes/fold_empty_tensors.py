@@ -91,9 +91,9 @@ class FoldEmptyTensors(Pass):
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
         for node in list(gm.graph.nodes):
-            if not _pure(node) or not all(_static(v) for v in _outputs(node)):
-                continue
             outputs = _outputs(node)
+            if not _pure(node) or not all(_static(v) for v in outputs):
+                continue
             if all(isinstance(v, torch.Tensor) for v in outputs) and all(is_statically_empty(v) for v in outputs):
                 result = [_empty_like_value(v) for v in outputs]
                 result = result if isinstance(node.meta["val"], (tuple, list)) else result[0]

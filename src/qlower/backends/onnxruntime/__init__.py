@@ -19,7 +19,7 @@ from torch.fx import GraphModule
 from ...report import ClusterInfo
 from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
-from ..clusters import (as_scalars, graph_copy, compile_each_cluster, float_inputs, fuse_clusters, install_constant,
+from ..clusters import (as_scalars, compile_isolating_rejected, float_inputs, install_constant,
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
@@ -380,22 +380,9 @@ class OnnxRuntimeBackend:
         PyTorch rather than its whole cluster."""
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         gm.graph.eliminate_dead_code()   # an unused node must not become an output-less cluster
-        pristine = graph_copy(gm)
-        names = {n.name for n in gm.graph.nodes}
-        refused: dict[str, str] = {}
-        while True:
-            no_kernel: dict[str, str] = {}
-            compile_one = functools.partial(self._compile_cluster, check_finite=check_finite, no_kernel=no_kernel)
-            fused, clustering = fuse_clusters(gm, self.capability.refusing(refused), self.options.min_cluster_size)
-            infos = compile_each_cluster(fused, compile_one)
-            more = {name: why for name, why in no_kernel.items() if name in names and name not in refused}
-            if not more or len(refused) >= _MAX_KERNEL_REFUSALS:
-                break
-            refused.update(more)
-            gm = graph_copy(pristine)
-        for info in infos:
-            if info.status == "fallback":
-                log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
+        compile_one = functools.partial(self._compile_cluster, check_finite=check_finite)
+        fused, clustering, infos = compile_isolating_rejected(gm, self.capability, self.options.min_cluster_size,
+                                                              compile_one, log, _MAX_KERNEL_REFUSALS)
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
@@ -429,9 +416,9 @@ class OnnxRuntimeBackend:
         return model_bytes, runtime_inputs, "rebuilt" if status == "corrupt" else "miss"
 
     def _compile_cluster(self, fused: GraphModule, call, index: int, mutated: set[str], *,
-                         check_finite: bool = False, no_kernel: dict | None = None) -> ClusterInfo:
+                         check_finite: bool = False, rejected: dict | None = None) -> ClusterInfo:
         """One cluster's session (or its fallback); a session refused for want of a kernel adds
-        the FX nodes behind that ONNX node to `no_kernel` (name -> reason)."""
+        the FX nodes behind that ONNX node to `rejected` (name -> reason)."""
         sub: GraphModule = getattr(fused, call.target)
         inputs = split_inputs(fused, call, mutated)
         constants = inputs.constants
@@ -454,8 +441,8 @@ class OnnxRuntimeBackend:
         except Exception as exc:  # emit or session creation failed: this cluster runs in PyTorch
             info.status, info.reason = "fallback", f"compile failed: {str(exc).splitlines()[0][:200]}"
             session, input_names = None, []   # (the warning: compile(), once the clusters are final)
-            if no_kernel is not None:
-                no_kernel.update(_rejected_nodes(exc, model_bytes, sub))
+            if rejected is not None:
+                rejected.update(_rejected_nodes(exc, model_bytes, sub))
         setattr(fused, call.target, OrtCluster(sub, session, input_names, inputs.by_position, inputs.arity,
                                                single, info, checks))
         call.args = tuple(inputs.runtime_args)

@@ -18,7 +18,6 @@ Numerics, two profiles (OvOptions.numerics):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
-from ..clusters import (compile_each_cluster, graph_copy, float_inputs, fuse_clusters, install_constant, pytorch_infos, scalar_kinds,
+from ..clusters import (compile_isolating_rejected, float_inputs, install_constant, pytorch_infos, scalar_kinds,
                         split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
@@ -166,25 +165,13 @@ class OpenVinoBackend:
     def compile(self, gm: GraphModule) -> Executable:
         """Cluster, translate, compile per cluster. A cluster the CPU plugin refuses where its
         error names the ONNX node (or op type) it could not take is compiled again without the
-        ATen op behind it (`rejected_nodes`): that op alone runs in PyTorch."""
+        ATen op behind it (`rejected_nodes`): that op alone runs in PyTorch
+        (`clusters.compile_isolating_rejected`, shared with onnxruntime)."""
         from .runner import core
         core()   # BackendError with the install hint when openvino is missing
         notes = []
-        pristine, refused = graph_copy(gm), {}
-        names = {n.name for n in gm.graph.nodes}
-        for _ in range(_ISOLATION_ROUNDS):
-            rejected: dict[str, str] = {}
-            compile_one = functools.partial(self._compile_cluster, rejected=rejected)
-            fused, clustering = fuse_clusters(gm, self.capability.refusing(refused), self.options.min_cluster_size)
-            infos = compile_each_cluster(fused, compile_one)
-            more = {name: why for name, why in rejected.items() if name in names and name not in refused}
-            if not more:
-                break
-            refused.update(more)
-            gm = graph_copy(pristine)
-        for info in infos:   # the final round's (an earlier round's failure was retried)
-            if info.status == "fallback":
-                log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
+        fused, clustering, infos = compile_isolating_rejected(gm, self.capability, self.options.min_cluster_size,
+                                                              self._compile_cluster, log)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos += pytorch_infos(clustering.unsupported, fused, len(infos))
@@ -251,7 +238,6 @@ class OpenVinoBackend:
 # session: 29 cluster failures, most of them naming one).
 _VALIDATING = re.compile(r"While validating ONNX node '<Node\((\w+)\): ([^>]*)>'")
 _NO_RULE = re.compile(r"No conversion rule found for operations: ([^\n]*?)(?: To facilitate|$)")
-_ISOLATION_ROUNDS = 4
 
 
 def rejected_nodes(exc: BaseException, model_bytes: bytes, sub: GraphModule) -> dict[str, str]:
