@@ -579,9 +579,9 @@ def _adaptive_max_pool(nd: int):
     return decomposition
 
 
-@only_when(lambda n, x: n == 0)
-def _polygamma_zero(n, x):
-    return special_functions.digamma(x)
+def _polygamma(n, x):
+    """ψ⁽ⁿ⁾: digamma for n = 0, the Hurwitz zeta function above (special_functions)."""
+    return special_functions.digamma(x) if n == 0 else special_functions.polygamma(n, x)
 
 
 @only_when(lambda x, dim, index, source, reduce, *, include_self=True: reduce in ("prod", "amax", "amin"))
@@ -763,7 +763,18 @@ DECOMPOSITIONS = {
     A.adaptive_max_pool3d.default: _adaptive_max_pool(3),
     A.lgamma.default: special_functions.lgamma,
     A.digamma.default: special_functions.digamma,
-    A.polygamma.default: _polygamma_zero,
+    A.polygamma.default: _polygamma,
+    A.special_zeta.default: special_functions.zeta,
+    A.special_zeta.self_scalar: special_functions.zeta,
+    A.special_zeta.other_scalar: special_functions.zeta,
+    A.special_bessel_j0.default: special_functions.bessel_j0,
+    A.special_bessel_j1.default: special_functions.bessel_j1,
+    A.special_bessel_y0.default: special_functions.bessel_y0,
+    A.special_bessel_y1.default: special_functions.bessel_y1,
+    A.special_modified_bessel_k0.default: special_functions.bessel_k(0, scaled=False),
+    A.special_modified_bessel_k1.default: special_functions.bessel_k(1, scaled=False),
+    A.special_scaled_modified_bessel_k0.default: special_functions.bessel_k(0, scaled=True),
+    A.special_scaled_modified_bessel_k1.default: special_functions.bessel_k(1, scaled=True),
     A.i0.default: special_functions.bessel_i(0, scaled=False),
     A.special_i0e.default: special_functions.bessel_i(0, scaled=True),
     A.special_i1.default: special_functions.bessel_i(1, scaled=False),

@@ -339,3 +339,338 @@ def ndtri(p):
         A._to_copy.default(upper, dtype=p.dtype), 2.0), 1))
     x = A.where.self(A.lt.Scalar(z, 1 - _ERFINV_TAIL), tail, middle)
     return _domain_edges(p, 0.0, 1.0, x, -math.inf, math.inf)
+
+
+# The Hurwitz zeta function ζ(s, q) = Σ_k (q + k)^-s, the way eager sums it (in float64 for
+# float32 inputs): ten terms directly, then the Euler–Maclaurin tail at w = q + 10 >= 10 with
+# twelve Bernoulli terms (relative error below 1e-16 for the orders polygamma asks, measured
+# against mpmath). Where the direct terms have already converged (large s) the tail is left
+# out, as eager's early exit does: its rising factorials would overflow there.
+_ZETA_DIRECT = 10
+_BERNOULLI_OVER_FACTORIAL = tuple(b / math.factorial(2 * j) for j, b in enumerate(
+    (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617 / 510, 43867 / 798,
+     -174611 / 330, 854513 / 138, -236364091 / 2730), start=1))
+
+
+def _zeta_of_positive(s, q):
+    """ζ(s, q) for s > 1, q > 0 (float64)."""
+    direct = A.zeros_like.default(A.add.Tensor(s, q))
+    term = direct
+    for k in range(_ZETA_DIRECT):
+        term = A.pow.Tensor_Tensor(A.add.Scalar(q, k), A.neg.default(s))
+        direct = A.add.Tensor(direct, term)
+    w = A.add.Scalar(q, _ZETA_DIRECT)
+    power = A.pow.Tensor_Tensor(w, A.neg.default(s))   # w^-s
+    tail = A.add.Tensor(A.div.Tensor(A.mul.Tensor(power, w), A.sub.Scalar(s, 1)), A.mul.Scalar(power, 0.5))
+    rising = A.div.Tensor(A.mul.Tensor(power, s), w)   # s·w^(-s-1), then (s)_(2j-1)·w^(-s-2j+1)
+    inverse_square = A.reciprocal.default(A.mul.Tensor(w, w))
+    for j, c in enumerate(_BERNOULLI_OVER_FACTORIAL):
+        tail = A.add.Tensor(tail, _times(rising, c))
+        grow = A.mul.Tensor(A.add.Scalar(s, 2 * j + 1), A.add.Scalar(s, 2 * j + 2))
+        rising = A.mul.Tensor(rising, A.mul.Tensor(grow, inverse_square))
+    converged = A.lt.Tensor(A.abs.default(term), A.mul.Scalar(A.abs.default(direct), 1e-17))
+    return A.where.self(converged, direct, A.add.Tensor(direct, tail))
+
+
+def _is_integer(x):
+    return A.eq.Tensor(x, A.floor.default(x))
+
+
+def _hurwitz_zeta(s, q):
+    """ζ(s, q) with eager's (Cephes') domain, float64: inf at s = 1 and at q = 0, -1, -2, ...;
+    NaN for s < 1, for a negative non-integer q with a non-integer s, and at q = +inf. A
+    negative q (integer s) by the reflection of its negative terms, f = q - floor(q) in (0, 1):
+      ζ(s, q) = [f^-s + (-1)^s (1 - f)^-s] + ζ(s, 1 + f) + (-1)^s [ζ(s, 2 - f) - ζ(s, 1 - q)],
+    every evaluation at a positive argument (eager sums from q up, one term a step), the two
+    largest terms side by side so that they cancel exactly where eager's do (f = 1/2, odd s)."""
+    s, q = A.add.Tensor(s, A.zeros_like.default(q)), A.add.Tensor(q, A.zeros_like.default(s))
+    negative = A.lt.Scalar(q, 0)
+    one = A.ones_like.default(q)
+    f = A.sub.Tensor(q, A.floor.default(q))
+    f = A.where.self(A.logical_and.default(negative, A.gt.Scalar(f, 0)), f, A.full_like.default(q, 0.5))
+    sign = A.rsub.Scalar(A.mul.Scalar(A.sub.Tensor(s, A.mul.Scalar(A.floor.default(A.mul.Scalar(s, 0.5)), 2.0)), 2.0), 1)
+    minus_s = A.neg.default(s)
+    leading = A.add.Tensor(A.pow.Tensor_Tensor(f, minus_s), A.mul.Tensor(sign, A.pow.Tensor_Tensor(A.rsub.Scalar(f, 1), minus_s)))
+    far = _zeta_of_positive(s, A.where.self(negative, A.rsub.Scalar(q, 1), one))
+    rest = A.mul.Tensor(sign, A.sub.Tensor(_zeta_of_positive(s, A.rsub.Scalar(f, 2)), far))
+    reflected = A.add.Tensor(leading, A.add.Tensor(_zeta_of_positive(s, A.add.Scalar(f, 1)), rest))
+    y = A.where.self(negative, reflected, _zeta_of_positive(s, A.where.self(negative, one, q)))
+    return _zeta_domain(s, q, y)
+
+
+def _zeta_domain(s, q, y):
+    """Eager's values where ζ(s, q) has a pole or is not defined (see _hurwitz_zeta)."""
+    nan, inf = A.full_like.default(y, math.nan), A.full_like.default(y, math.inf)
+    y = A.where.self(A.isinf.default(s), _zeta_of_infinite_order(q), y)
+    y = A.where.self(A.logical_and.default(A.lt.Scalar(q, 0), A.logical_not.default(_is_integer(s))), nan, y)
+    y = A.where.self(A.eq.Scalar(q, math.inf), nan, y)
+    y = A.where.self(A.logical_and.default(A.le.Scalar(q, 0), _is_integer(q)), inf, y)
+    y = A.where.self(A.lt.Scalar(s, 1), nan, y)
+    return A.where.self(A.eq.Scalar(s, 1), inf, y)
+
+
+def _zeta_of_infinite_order(q):
+    """ζ(+inf, q) as eager's summation ends: 1 at q = 1, inf where some |q + k| < 1 (0 < q < 1, or
+    q negative), NaN beyond 1 (every term 0, the tail 0·inf)."""
+    inf = A.full_like.default(q, math.inf)
+    y = A.where.self(A.eq.Scalar(q, 1), A.ones_like.default(q), A.full_like.default(q, math.nan))
+    return A.where.self(A.lt.Scalar(q, 1), inf, y)
+
+
+def _float_result(*xs):
+    """The result dtype of an elementwise float function of xs (integers promote to float32)."""
+    dtype = xs[0].dtype if len(xs) == 1 else torch.result_type(*xs)
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def _wide(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x if x.dtype is torch.float64 else A._to_copy.default(x, dtype=torch.float64)
+
+
+def zeta(x, q):
+    """special.zeta(x, q): the Hurwitz zeta function in float64, eager's domain (above). torch's
+    own decomposition reaches prims.zeta, which torchlib does not translate."""
+    dtype = _float_result(x, q)
+    like = x if isinstance(x, torch.Tensor) else q
+    s = _wide(x) if isinstance(x, torch.Tensor) else _filled(A._to_copy.default(like, dtype=torch.float64), x)
+    q = _wide(q) if isinstance(q, torch.Tensor) else _filled(s, q)
+    y = _hurwitz_zeta(s, q)
+    return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+
+
+def _cotangent_derivative(n: int) -> tuple[float, ...]:
+    """Coefficients (in powers of c = cot(πx)) of dⁿ/dxⁿ cot(πx): d/dx c = -π(1 + c²)."""
+    p = [0.0, 1.0]
+    for _ in range(n):
+        d = [k * p[k] for k in range(1, len(p))] + [0.0, 0.0]   # p'(c), then times -π(1 + c²)
+        p = [-math.pi * (d[k] + (d[k - 2] if k >= 2 else 0.0)) for k in range(len(d))]
+    return tuple(p)
+
+
+def _polygamma_of_positive(n: int, x):
+    """ψ⁽ⁿ⁾(x) = (-1)^(n+1) n! ζ(n + 1, x) for x > 0 (float64)."""
+    return _times(_zeta_of_positive(A.full_like.default(x, float(n + 1)), x), (-1) ** (n + 1) * math.factorial(n))
+
+
+def polygamma(n: int, x):
+    """ψ⁽ⁿ⁾(x) for n >= 1 in float64: ζ(n + 1, x) for x > 0, below it the reflection
+    ψ⁽ⁿ⁾(x) = (-1)ⁿ ψ⁽ⁿ⁾(1 - x) - π dⁿ/dxⁿ cot(πx) (exact where the terms cancel, x far below 0);
+    ±inf at 0 and the negative integers, NaN at -inf for n = 1 and at +inf for n >= 2 (eager's
+    trigamma and zeta). Eager's own trigamma (n = 1) reflects in float32 (sinf(π_f·x)), which
+    gives large finite values at the negative integers (1.3e15 at -1) and loses digits for large
+    negative x (3 % at -1e6 + 1/2); here the poles are inf and the reflection exact
+    (docs/coverage.md). torch's own decomposition reaches prims.zeta."""
+    dtype = _float_result(x)
+    x = _wide(x)
+    reflected = A.lt.Scalar(x, 0)
+    body = _polygamma_of_positive(n, A.where.self(reflected, A.rsub.Scalar(x, 1), A.where.self(
+        A.eq.Scalar(x, 0), A.ones_like.default(x), x)))
+    f = _fraction(x)   # cot(πf) as sin(π(1/2 - |f|)) / sin(πf): 0 exactly at the half-integers
+    c = A.div.Tensor(A.sin.default(_times(A.rsub.Scalar(A.abs.default(f), 0.5), math.pi)),
+                     A.sin.default(_times(f, math.pi)))
+    derivative = A.zeros_like.default(c)
+    for coefficient in reversed(_cotangent_derivative(n)):
+        derivative = _plus_times(A.mul.Tensor(derivative, c), A.ones_like.default(c), coefficient)
+    mirror = A.sub.Tensor(A.mul.Scalar(body, (-1) ** n), _times(derivative, math.pi))
+    y = A.where.self(reflected, mirror, body)
+    pole = A.full_like.default(y, math.inf if n % 2 else -math.inf)
+    y = A.where.self(_is_pole(x), pole, y)
+    if n == 1:   # trigamma: 0 at +inf (its series), NaN at -inf (sin(-inf))
+        y = A.where.self(A.eq.Scalar(x, math.inf), A.zeros_like.default(y), y)
+        y = A.where.self(A.eq.Scalar(x, -math.inf), A.full_like.default(y, math.nan), y)
+    else:    # zeta: NaN at +inf (0·inf in its tail), a pole at -inf
+        y = A.where.self(A.eq.Scalar(x, math.inf), A.full_like.default(y, math.nan), y)
+        y = A.where.self(A.eq.Scalar(x, -math.inf), pole, y)
+    return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+
+
+def _plus_times(x, unit, c: float):
+    """x + c·unit to float64 precision (see _split)."""
+    return A.add.Tensor(x, _times(unit, c)) if c else x
+
+
+# Bessel functions J0, J1, Y0, Y1 of real x: power series below |x| = 20, Hankel's asymptotic
+# expansion above it (42 series terms, whose largest is 7.6e6 at x = 20: ~1e-9 absolute; 20
+# expansion terms, the 20th ~4e-16 relative at x = 20; measured against mpmath). The modified
+# K0, K1: series up to x = 2, the trapezoidal rule on e^x·K_ν(x) = ∫ e^(-x(cosh t - 1))
+# cosh(νt) dt up to 20 (exponentially convergent: 41 nodes, h = 0.1), the asymptotic
+# expansion beyond.
+_HANKEL_CROSSOVER, _BESSEL_J_TERMS, _HANKEL_TERMS = 20.0, 42, 20
+_K_SERIES_END, _K_NODES, _K_STEP = 2.0, 41, 0.1
+_EULER_GAMMA = 0.5772156649015329
+
+
+def _hankel_series(x, order: int):
+    """(P, Q) of Hankel's expansion for J/Y of this order at x >= 20 (float64)."""
+    mu = 4.0 * order * order
+    inverse = A.reciprocal.default(x)
+    p, q = A.ones_like.default(x), A.zeros_like.default(x)
+    power, coefficient = A.ones_like.default(x), 1.0
+    for k in range(1, _HANKEL_TERMS):
+        coefficient *= (mu - (2 * k - 1) ** 2) / (8 * k)
+        power = A.mul.Tensor(power, inverse)
+        sign = 1.0 if (k // 2) % 2 == 0 else -1.0
+        if k % 2:
+            q = A.add.Tensor(q, _times(power, sign * coefficient))
+        else:
+            p = A.add.Tensor(p, _times(power, sign * coefficient))
+    return p, q
+
+
+def _hankel(x, order: int, second_kind: bool):
+    """J or Y of order 0/1 for x >= 20: √(2/(πx)) (P cos χ - Q sin χ) (J) or (P sin χ + Q cos χ)
+    (Y), χ = x - (2·order + 1)π/4, with cos χ and sin χ from sin x and cos x of the exact x."""
+    p, q = _hankel_series(x, order)
+    s, c = A.sin.default(x), A.cos.default(x)
+    if order == 0:   # χ = x - π/4
+        cos_chi, sin_chi = A.add.Tensor(c, s), A.sub.Tensor(s, c)
+    else:            # χ = x - 3π/4
+        cos_chi, sin_chi = A.sub.Tensor(s, c), A.neg.default(A.add.Tensor(s, c))
+    if second_kind:
+        value = A.add.Tensor(A.mul.Tensor(p, sin_chi), A.mul.Tensor(q, cos_chi))
+    else:
+        value = A.sub.Tensor(A.mul.Tensor(p, cos_chi), A.mul.Tensor(q, sin_chi))
+    # √(2/(πx)) · (1/√2) from cos χ = (c ± s)/√2
+    return A.mul.Tensor(value, A.rsqrt.default(_times(x, math.pi)))
+
+
+def _bessel_j_series(x, order: int):
+    """J0(x), or J1(x)/x, from Σ (-1)^k (x/2)^(2k) / (k! (k+order)! 2^order) (float64)."""
+    q = A.mul.Scalar(A.mul.Tensor(x, x), -0.25)
+    term = A.ones_like.default(x) if order == 0 else A.full_like.default(x, 0.5)
+    total = term
+    for k in range(1, _BESSEL_J_TERMS):
+        term = A.div.Scalar(A.mul.Tensor(term, q), k * (k + order))
+        total = A.add.Tensor(total, term)
+    return total
+
+
+def _harmonic(k: int) -> float:
+    return math.fsum(1.0 / j for j in range(1, k + 1))
+
+
+def _bessel_y_series(x, order: int, j):
+    """Y0 / Y1 below the crossover from their series (x > 0, float64); j is J_order(x)."""
+    log_half = A.log.default(A.mul.Scalar(x, 0.5))
+    q = A.mul.Scalar(A.mul.Tensor(x, x), -0.25)
+    if order == 0:   # (2/π) [(log(x/2) + γ) J0 + Σ_{k>=1} (-1)^(k+1) H_k (x²/4)^k / (k!)²]
+        power, total = A.ones_like.default(x), A.zeros_like.default(x)
+        for k in range(1, _BESSEL_J_TERMS):
+            power = A.div.Scalar(A.mul.Tensor(power, q), k * k)
+            total = A.sub.Tensor(total, _times(power, _harmonic(k)))
+        value = A.add.Tensor(A.mul.Tensor(_plus(log_half, _EULER_GAMMA), j), total)
+        return _times(value, 2 / math.pi)
+    # -2/(πx) + (2/π) log(x/2) J1 - (1/π) Σ_{k>=0} (-1)^k (H_k + H_{k+1} - 2γ) (x/2)^(2k+1) / (k!(k+1)!)
+    power, total = A.mul.Scalar(x, 0.5), A.zeros_like.default(x)
+    for k in range(_BESSEL_J_TERMS):
+        if k:
+            power = A.div.Scalar(A.mul.Tensor(power, q), k * (k + 1))
+        total = A.add.Tensor(total, _times(power, _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA))
+    value = A.sub.Tensor(A.mul.Scalar(A.mul.Tensor(log_half, j), 2.0), total)
+    return A.sub.Tensor(_times(value, 1 / math.pi), _times(A.reciprocal.default(x), 2 / math.pi))
+
+
+def _bessel_jy(order: int, second_kind: bool):
+    def decomposition(x):
+        """Bessel function of the first (J) or second (Y) kind, float64 inside: series below
+        |x| = 20, Hankel's expansion above. J1 is odd (J1(-0.0) = -0.0); Y is NaN below 0 and
+        -inf at ±0; all are NaN at ±inf, as eager. torch's own decompositions reach
+        prims.bessel_j0 / j1 (Y has none)."""
+        dtype = _float_result(x)
+        wide = _wide(x)
+        ax = A.abs.default(wide)
+        far = A.gt.Scalar(ax, _HANKEL_CROSSOVER)
+        near_x = A.where.self(far, A.ones_like.default(wide), wide if order == 1 and not second_kind else ax)
+        far_x = A.where.self(far, ax, A.full_like.default(ax, _HANKEL_CROSSOVER + 1))
+        j = _bessel_j_series(near_x, order)
+        if order == 1:
+            j = A.mul.Tensor(j, near_x)   # J1(x) = x · (J1(x)/x): odd, and -0.0 at -0.0
+        near = _bessel_y_series(near_x, order, j) if second_kind else j
+        hankel = _hankel(far_x, order, second_kind)
+        if order == 1 and not second_kind:
+            hankel = A.where.self(A.lt.Scalar(wide, 0), A.neg.default(hankel), hankel)
+        y = A.where.self(far, hankel, near)
+        if second_kind:
+            y = A.where.self(A.eq.Scalar(wide, 0), A.full_like.default(y, -math.inf), y)
+            y = A.where.self(A.lt.Scalar(wide, 0), A.full_like.default(y, math.nan), y)
+        y = A.where.self(A.isinf.default(wide), A.full_like.default(y, math.nan), y)
+        return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+    return decomposition
+
+
+bessel_j0, bessel_j1 = _bessel_jy(0, second_kind=False), _bessel_jy(1, second_kind=False)
+bessel_y0, bessel_y1 = _bessel_jy(0, second_kind=True), _bessel_jy(1, second_kind=True)
+
+
+def _bessel_k_series(x, order: int):
+    """K0 / K1 for 0 < x <= 2 from their series (float64), with I0 / I1 from _bessel_i_scaled."""
+    log_half = A.log.default(A.mul.Scalar(x, 0.5))
+    i = A.mul.Tensor(_bessel_i_scaled(x, order), A.exp.default(x))
+    q = A.mul.Scalar(A.mul.Tensor(x, x), 0.25)
+    power, total = A.ones_like.default(x), A.zeros_like.default(x)
+    if order == 0:   # -(log(x/2) + γ) I0 + Σ_{k>=1} H_k (x²/4)^k / (k!)²
+        for k in range(1, _BESSEL_J_TERMS):
+            power = A.div.Scalar(A.mul.Tensor(power, q), k * k)
+            total = A.add.Tensor(total, _times(power, _harmonic(k)))
+        return A.sub.Tensor(total, A.mul.Tensor(_plus(log_half, _EULER_GAMMA), i))
+    # 1/x + log(x/2) I1 - (x/4) Σ_{k>=0} (H_k + H_{k+1} - 2γ) (x²/4)^k / (k!(k+1)!)
+    for k in range(_BESSEL_J_TERMS):
+        if k:
+            power = A.div.Scalar(A.mul.Tensor(power, q), k * (k + 1))
+        total = A.add.Tensor(total, _times(power, _harmonic(k) + _harmonic(k + 1) - 2 * _EULER_GAMMA))
+    return A.sub.Tensor(A.add.Tensor(A.reciprocal.default(x), A.mul.Tensor(log_half, i)),
+                        A.mul.Tensor(A.mul.Scalar(x, 0.25), total))
+
+
+def _bessel_k_trapezoid(x, order: int):
+    """e^x K_order(x) for 2 <= x <= 20: the trapezoidal rule on ∫_0^∞ e^(-x(cosh t - 1)) cosh(νt) dt
+    (float64); the nodes reach t = 4, where the integrand is below e^-50."""
+    t = A.mul.Scalar(A.arange.start(0, _K_NODES, dtype=torch.float64, device=x.device), _K_STEP)
+    e = A.exp.default(t)
+    cosh_minus_one = A.sub.Scalar(A.mul.Scalar(A.add.Tensor(e, A.reciprocal.default(e)), 0.5), 1)
+    integrand = A.exp.default(A.neg.default(A.mul.Tensor(A.unsqueeze.default(x, -1), cosh_minus_one)))
+    if order == 1:
+        integrand = A.mul.Tensor(integrand, A.add.Scalar(cosh_minus_one, 1))
+    total = A.sum.dim_IntList(integrand, [-1])
+    return A.mul.Scalar(A.sub.Scalar(total, 0.5), _K_STEP)   # the node at t = 0 (value 1) weighs 1/2
+
+
+def _bessel_k_asymptotic(x, order: int):
+    """e^x K_order(x) for x >= 20: √(π/(2x)) Σ_k a_k(ν) / x^k (float64)."""
+    mu = 4.0 * order * order
+    inverse = A.reciprocal.default(x)
+    total, power, coefficient = A.ones_like.default(x), A.ones_like.default(x), 1.0
+    for k in range(1, _HANKEL_TERMS):
+        coefficient *= (mu - (2 * k - 1) ** 2) / (8 * k)
+        power = A.mul.Tensor(power, inverse)
+        total = A.add.Tensor(total, _times(power, coefficient))
+    return A.mul.Tensor(total, A.rsqrt.default(_times(x, 2 / math.pi)))
+
+
+def bessel_k(order: int, scaled: bool):
+    def decomposition(x):
+        """Modified Bessel function of the second kind, K0 or K1 (or e^x times it), float64
+        inside: series up to 2, the trapezoidal rule to 20, the asymptotic expansion beyond; inf
+        at ±0, NaN below 0 and at -inf, 0 at +inf, as eager. torch has no decomposition of it."""
+        dtype = _float_result(x)
+        wide = _wide(x)
+        positive = A.where.self(A.gt.Scalar(wide, 0), wide, A.ones_like.default(wide))
+        small = A.le.Scalar(positive, _K_SERIES_END)
+        large = A.gt.Scalar(positive, _HANKEL_CROSSOVER)
+        middle_x = A.clamp.default(positive, _K_SERIES_END, _HANKEL_CROSSOVER)
+        series = _bessel_k_series(A.where.self(small, positive, A.ones_like.default(positive)), order)
+        scaled_value = A.where.self(large, _bessel_k_asymptotic(A.where.self(large, positive, A.full_like.default(
+            positive, _HANKEL_CROSSOVER)), order), _bessel_k_trapezoid(middle_x, order))
+        exp_x = A.exp.default(positive)
+        if scaled:
+            y = A.where.self(small, A.mul.Tensor(series, exp_x), scaled_value)
+        else:
+            y = A.where.self(small, series, A.mul.Tensor(scaled_value, A.exp.default(A.neg.default(positive))))
+        y = A.where.self(A.eq.Scalar(wide, 0), A.full_like.default(y, math.inf), y)
+        y = A.where.self(A.eq.Scalar(wide, math.inf), A.zeros_like.default(y), y)
+        y = A.where.self(A.lt.Scalar(wide, 0), A.full_like.default(y, math.nan), y)
+        y = A.where.self(A.isnan.default(wide), wide, y)
+        return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+    return decomposition
