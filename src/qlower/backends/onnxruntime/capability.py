@@ -225,6 +225,9 @@ def translatable(node: Node) -> str | None:
     if not (target in _translator().exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"
     missing = _untranslatable_in_decomposition(node)
+    if missing == "aten._linalg_check_errors.default":
+        return ("raises in eager on a singular or not positive-definite input, which an ONNX graph "
+                "cannot (its _ex form, which returns `info` instead, runs in ONNX Runtime)")
     if missing is not None:
         return f"torch.onnx decomposes it into {missing}, which it cannot translate"
     return _dtypes_ok(node)

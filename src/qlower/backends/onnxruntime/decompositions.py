@@ -24,35 +24,17 @@ of our own.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from . import special_functions
+from . import linear_algebra, special_functions
+from .conditional import applies_to, only_when, static as _static
 
 A = torch.ops.aten
 # Quadratic decompositions (cumulative max/min/product compare every pair along the dim) stop here:
 # 1024² float32 is 4 MiB per row of the other dims; longer dims stay in PyTorch, with their reason.
 MAX_PAIRWISE = 1024
-
-
-def only_when(applies):
-    """A decomposition for the calls `applies(*args, **kwargs)` picks; the op's other calls return
-    NotImplemented, which keeps the op itself (torchlib translates those), and cost no re-trace
-    (`translate._needs_decomposition` asks `decomposes`)."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def decomposition(*args, **kwargs):
-            return fn(*args, **kwargs) if applies(*args, **kwargs) else NotImplemented
-        decomposition.applies = applies
-        return decomposition
-    return wrap
-
-
-def applies_to(decomposition):
-    """The predicate of an `only_when` decomposition (None: it always applies)."""
-    return getattr(decomposition, "applies", None)
 
 
 def decomposes(node) -> bool:
@@ -67,10 +49,6 @@ def decomposes(node) -> bool:
         return bool(applies(*args, **kwargs))
     except Exception:   # a symbolic size it cannot decide on: let the exporter's re-trace decide
         return True
-
-
-def _static(*sizes) -> bool:
-    return all(isinstance(s, int) for s in sizes)
 
 
 def _squeeze_dims(x, dims):
@@ -794,4 +772,5 @@ DECOMPOSITIONS = {
     A.special_log_ndtr.default: special_functions.log_ndtr,
     A.erfinv.default: special_functions.erfinv,
     A.special_ndtri.default: special_functions.ndtri,
+    **linear_algebra.DECOMPOSITIONS,
 }
