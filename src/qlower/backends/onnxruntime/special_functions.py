@@ -391,10 +391,12 @@ def _hurwitz_zeta(s, q):
     sign = A.rsub.Scalar(A.mul.Scalar(A.sub.Tensor(s, A.mul.Scalar(A.floor.default(A.mul.Scalar(s, 0.5)), 2.0)), 2.0), 1)
     minus_s = A.neg.default(s)
     leading = A.add.Tensor(A.pow.Tensor_Tensor(f, minus_s), A.mul.Tensor(sign, A.pow.Tensor_Tensor(A.rsub.Scalar(f, 1), minus_s)))
-    far = _zeta_of_positive(s, A.where.self(negative, A.rsub.Scalar(q, 1), one))
-    rest = A.mul.Tensor(sign, A.sub.Tensor(_zeta_of_positive(s, A.rsub.Scalar(f, 2)), far))
-    reflected = A.add.Tensor(leading, A.add.Tensor(_zeta_of_positive(s, A.add.Scalar(f, 1)), rest))
-    y = A.where.self(negative, reflected, _zeta_of_positive(s, A.where.self(negative, one, q)))
+    # the four evaluations as one (stacked): a quarter of the graph
+    arguments = [A.where.self(negative, one, q), A.add.Scalar(f, 1), A.rsub.Scalar(f, 2),
+                 A.where.self(negative, A.rsub.Scalar(q, 1), one)]
+    plain, first, second, far = A.unbind.int(_zeta_of_positive(A.stack.default([s] * 4), A.stack.default(arguments)))
+    reflected = A.add.Tensor(leading, A.add.Tensor(first, A.mul.Tensor(sign, A.sub.Tensor(second, far))))
+    y = A.where.self(negative, reflected, plain)
     return _zeta_domain(s, q, y)
 
 
