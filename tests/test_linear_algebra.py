@@ -174,3 +174,45 @@ def test_every_linear_algebra_decomposition_is_tested_here():
     for op in DECOMPOSITIONS:
         name = op._schema.name.removeprefix("aten::").removeprefix("_").removeprefix("linalg_")
         assert name in source, name
+
+
+def test_eigenvalues_singular_values_and_what_is_built_on_them():
+    """Jacobi in float64 (odd sizes, padded; a batch; small, as the unrolled graph grows as n²): eigvalsh of either triangle, svdvals of
+    tall and wide matrices, matrix_rank (default and given tolerances, hermitian), cond (2),
+    the spectral and nuclear norms over other dims, keepdim."""
+    a = torch.randn(2, 3, 3)
+    low_rank = torch.randn(2, 3, 1) @ torch.randn(2, 1, 3)
+
+    def fn(a, low, tall):   # the rank-deficient cases with a tolerance: eager's default depends on the dtype
+        return (torch.linalg.eigvalsh(a, UPLO="U"), torch.linalg.svdvals(tall), torch.ops.aten._linalg_eigh(a, "L", False)[0],
+                torch.ops.aten._linalg_svd(tall, compute_uv=False)[1], torch.linalg.matrix_rank(a),
+                torch.linalg.matrix_rank(low, rtol=1e-4), torch.linalg.matrix_rank(low + low.mT, hermitian=True, rtol=1e-4),
+                torch.linalg.matrix_rank(a, atol=1.0, rtol=0.1), torch.linalg.cond(a),
+                torch.linalg.matrix_norm(tall, 2, dim=(0, -1)), torch.linalg.matrix_norm(a, "nuc", keepdim=True),
+                torch.linalg.matrix_norm(a, -2), torch.linalg.matrix_norm(a, "fro"))
+    _check(fn, a, low_rank, torch.randn(2, 4, 2))
+
+
+def test_pseudo_inverses_by_rank():
+    """pinv is unique whatever the eigenvectors' signs: full rank, rank-deficient (rank 1 of 3,
+    with a tolerance: eager's default one depends on the dtype, and the reference runs in
+    float64), a tolerance that drops everything (rtol = 1), hermitian, pinverse."""
+    a = torch.randn(2, 3, 2)
+    low_rank = torch.randn(3, 1) @ torch.randn(1, 3)
+    symmetric = low_rank + low_rank.mT
+
+    def fn(a, low, sym):
+        return (torch.linalg.pinv(a), torch.linalg.pinv(a.mT), torch.linalg.pinv(low, rtol=1e-4),
+                torch.linalg.pinv(low, rtol=1.0), torch.linalg.pinv(sym, hermitian=True, atol=1e-3), torch.pinverse(a))
+    _check(fn, a, low_rank, symmetric)
+
+
+def test_matrix_exp_in_float64_and_float32_stays_in_pytorch():
+    """float64: scaling and squaring, equal to eager to float64 rounding (a large norm, a rotation,
+    zero); float32 stays in PyTorch (eager's own float32 error exceeds float32 tolerance there)."""
+    x = torch.stack([torch.randn(3, 3) * 4, torch.tensor([[0.0, 30.0, 0.0], [-30.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+                     torch.zeros(3, 3)]).double()
+    cm = _compiled(lambda x: torch.linalg.matrix_exp(x), x)
+    torch.testing.assert_close(cm(x), torch.linalg.matrix_exp(x), rtol=1e-10, atol=1e-10)
+    cm = qlower.compile(Fn(lambda x: torch.linalg.matrix_exp(x) * 2), (x.float(),), backend="onnxruntime")
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["linalg_matrix_exp"]]

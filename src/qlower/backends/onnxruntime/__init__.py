@@ -56,9 +56,13 @@ class OrtOptions:
     # whose CPU kernel is ~8x slower than the LayerNormalization + Add it replaces (ORT 1.31, 1
     # thread, AMD EPYC Zen 4: 0.26 vs 0.03 ms per MiniLM-s128 layer norm; the whole model 14% faster
     # without it, fp32 7%, ORT's own dynamic int8 model 14%). Float ops only; no integer op changes.
+    # MatMulScaleFusion folds a Mul/Div by a constant into FusedMatMul's alpha, a float32
+    # attribute: a float64 (x @ x) / 7 came out 4.5e-8 relative off (float32's precision, where
+    # float64 gives 1e-16; found by the float64 matrix exponential, twentieth session), and a
+    # float32 one rounds as x·(1/7) instead of eager's division.
     disabled_optimizers: tuple[str, ...] = ("QDQSelectorActionTransformer", "QDQPropagationTransformer",
                                             "EnsureUniqueDQForNodeUnit", "MatMulIntegerToFloatFusion",
-                                            "SkipLayerNormFusion")
+                                            "SkipLayerNormFusion", "MatMulScaleFusion")
     min_cluster_size: int = 1
 
 

@@ -16,7 +16,7 @@ from ...fx import full_args, target_schema_name
 from ...partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
-from .decompositions import DECOMPOSITIONS, decomposes
+from .decompositions import DECOMPOSITIONS, applies_to, decomposes
 
 def _divisor_override(node: Node) -> str | None:
     """with divisor_override and a symbolic channel or spatial size"""
@@ -222,15 +222,25 @@ def translatable(node: Node) -> str | None:
         return gap(node)
     if _torchlib().is_registered(target) and target not in DECOMPOSITIONS:
         return _dtypes_ok(node)
+    if _ours_applies(node):   # written in translatable ops (tests/test_decompositions.py): no re-trace
+        return _dtypes_ok(node)
     if not (target in _translator().exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"
     missing = _untranslatable_in_decomposition(node)
     if missing == "aten._linalg_check_errors.default":
         return ("raises in eager on a singular or not positive-definite input, which an ONNX graph "
                 "cannot (its _ex form, which returns `info` instead, runs in ONNX Runtime)")
+    if missing == str(target):
+        return "no translation for this call of it (qlower's decomposition covers other sizes or arguments)"
     if missing is not None:
         return f"torch.onnx decomposes it into {missing}, which it cannot translate"
     return _dtypes_ok(node)
+
+
+def _ours_applies(node: Node) -> bool:
+    """One of qlower's decompositions (decompositions.py) certainly takes this call."""
+    decomposition = DECOMPOSITIONS.get(node.target)
+    return decomposition is not None and (applies_to(decomposition) is None or decomposes(node, undecided=False))
 
 
 def _untranslatable_in_decomposition(node: Node) -> str | None:

@@ -37,8 +37,9 @@ A = torch.ops.aten
 MAX_PAIRWISE = 1024
 
 
-def decomposes(node) -> bool:
-    """Whether a conditional decomposition takes this FX node's call (read from its meta values)."""
+def decomposes(node, *, undecided: bool = True) -> bool:
+    """Whether a conditional decomposition takes this FX node's call (read from its meta values);
+    `undecided` where its predicate cannot tell (a symbolic size): the exporter's re-trace decides."""
     applies = applies_to(DECOMPOSITIONS.get(node.target))
     if applies is None:
         return False
@@ -47,8 +48,8 @@ def decomposes(node) -> bool:
     kwargs = torch.fx.node.map_arg(node.kwargs, value)
     try:
         return bool(applies(*args, **kwargs))
-    except Exception:   # a symbolic size it cannot decide on: let the exporter's re-trace decide
-        return True
+    except Exception:
+        return undecided
 
 
 def _squeeze_dims(x, dims):

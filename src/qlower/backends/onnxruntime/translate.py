@@ -112,7 +112,6 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
     """The ONNX model of a cluster: graph inputs are its runtime placeholders in order, graph
     outputs its outputs in order; constants are initializers."""
     import onnx_ir as ir
-    import onnxscript
     with _quiet(), torch.no_grad(), torch_deprecation_silenced():
         ep = _capture(sub, constants)
 
@@ -125,23 +124,40 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
             _add_called_functions(model)
             _declare_opset(model)
             return model
-        model = translated()
-        try:
-            onnxscript.optimizer.optimize_ir(model, inline=False)
-        except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
-            # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
-            # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
-            # found by the onnxruntime fuzz run, twelfth session). The failed pass may have left
-            # the model half-rewritten: translate again and run the optimizer's passes but its
-            # rewrite rules.
-            model = translated()
-            _optimize_without_rewrite_rules(model)
+        model = _optimized(translated)
     _register_folded_constants(model)
     _nonnegative_axes(model)
     _outputs_from_nodes(model)
     _outputs_in_declared_dtypes(model, sub)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
+
+
+# onnxscript's pattern rewriter matches every rule at every node (measured: 46 s of a 76 s
+# compile on an unrolled 5x5 Jacobi eigensolver, ~10k nodes); ONNX Runtime's own graph
+# optimizer fuses at session creation anyway, so graphs beyond this size skip the rewrite rules.
+REWRITE_NODE_LIMIT = 3000
+
+
+def _optimized(translated):
+    """The translated model through onnxscript's optimizer (its rewrite rules only below
+    REWRITE_NODE_LIMIT nodes)."""
+    import onnxscript
+    model = translated()
+    if len(model.graph) > REWRITE_NODE_LIMIT:
+        _optimize_without_rewrite_rules(model)
+        return model
+    try:
+        onnxscript.optimizer.optimize_ir(model, inline=False)
+    except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
+        # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
+        # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
+        # found by the onnxruntime fuzz run, twelfth session). The failed pass may have left
+        # the model half-rewritten: translate again and run the optimizer's passes but its
+        # rewrite rules.
+        model = translated()
+        _optimize_without_rewrite_rules(model)
+    return model
 
 
 def _optimize_without_rewrite_rules(model) -> None:
@@ -173,8 +189,22 @@ def exporter_decompositions() -> dict:
     with decompositions.py's entries for ops that table leaves untranslatable. Built once per
     process (~0.15 s; torch.onnx rebuilds it on every export)."""
     from torch.onnx._internal.exporter import _decomp
-    from .decompositions import DECOMPOSITIONS
-    return {**_decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is())), **DECOMPOSITIONS}
+    from .decompositions import DECOMPOSITIONS, applies_to
+    table = _decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is()))
+    for target, ours in DECOMPOSITIONS.items():
+        conditional = applies_to(ours) is not None and target in table
+        table[target] = _falling_back(ours, table[target]) if conditional else ours
+    return table
+
+
+def _falling_back(ours, theirs):
+    """A conditional decomposition of an op torch's table decomposes too: the calls it leaves
+    (NotImplemented) take torch's decomposition, as they would without it."""
+    def decomposition(*args, **kwargs):
+        result = ours(*args, **kwargs)
+        return theirs(*args, **kwargs) if result is NotImplemented else result
+    decomposition.applies = ours.applies
+    return decomposition
 
 
 def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
