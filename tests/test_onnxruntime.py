@@ -868,3 +868,19 @@ def test_the_pieces_of_a_refused_multi_output_op_are_picked_in_pytorch():
     report = cm.report()
     assert len(report.compiled) == 1 and [list(c.ops) for c in report.fallbacks] == [["linalg_qr"]], str(report)
     torch.testing.assert_close(cm(x), model(x))
+
+
+def test_float64_scalars_and_scaled_matmuls_keep_float64_precision():
+    """Two measured losses to float32 precision in float64 models, both fixed: torchlib writes a
+    Python float on a float64 tensor (x * 0.1, x / 0.7, clamp bounds, where's scalar) as a float32
+    value (1.5e-8 relative off; now two float32 halves, ~1e-15), and ONNX Runtime's
+    MatMulScaleFusion folds (x @ x) / 7 into a float32 alpha (4.5e-8 off; disabled)."""
+    x = torch.randn(2, 3, 3, dtype=torch.float64) * 30
+
+    def fn(x):
+        return (x @ x) / 7, (x @ x) * 0.1, x / 0.7 + 1 / 3, x.clamp(0.1, 0.3), torch.where(x > 0, x, 0.3)
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
+    for got, want in zip(cm(x), fn(x)):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
