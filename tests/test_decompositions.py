@@ -576,3 +576,16 @@ def test_error_function_family_over_its_whole_range(name):
     spread = torch.rand(256) * 2 - 1 if name == "erfinv" else torch.rand(256) if name == "special.ndtri" \
         else torch.randn(256) * 10
     _check_special_points(op, torch.cat([torch.tensor(points), spread]))
+
+
+def test_nextafter_across_powers_of_two_subnormals_and_infinities():
+    """Every pair of special values (±0, the least subnormal, the least normal and the value
+    below it, powers of two, the largest finite, ±inf; NaN and inf made inside the cluster)
+    and random magnitudes over 1e±17: bit for bit, -0.0 included (aten "nextafter")."""
+    points = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 3.0, 1e-45, -1e-45, 1.1754944e-38, 1.1754942e-38,
+                           3.4028235e38, -3.4028235e38, 123.456, -7.25, INF, -INF, NAN])
+    (xp, xc), make = _from_finite(points.repeat_interleave(len(points)))
+    (yp, yc), _ = _from_finite(points.repeat(len(points)))
+    _check(lambda xp, xc, yp, yc: torch.nextafter(make(xp, xc), make(yp, yc)), xp, xc, yp, yc)
+    r = torch.randn(512) * torch.exp(torch.randn(512) * 20)
+    _check(lambda a, b: torch.nextafter(a, b), r, torch.randn(512) * 1e10)

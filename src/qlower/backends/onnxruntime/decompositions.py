@@ -574,6 +574,47 @@ def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
     return A.scatter_reduce.two(x, dim, spread, source, reduce, include_self=include_self)
 
 
+_FLOAT_FORMATS = {torch.float32: (23, -126), torch.float64: (52, -1022)}   # mantissa bits, least normal exponent
+
+
+@only_when(lambda x, y: x.dtype in _FLOAT_FORMATS and y.dtype == x.dtype)
+def _nextafter(x, y):
+    """The next representable value after x toward y, from x's exponent (no bit casts in ONNX):
+    the spacing at |x| in [2^e, 2^(e+1)) is 2^(e - p) (p mantissa bits; the subnormal spacing
+    below the least normal exponent), half that just below a power of two; y where x == y, the
+    least subnormal toward y from ±0, the largest finite value from ±inf, NaN from a NaN.
+    Computed in float64 (float32's steps are exact there); torch's own decomposition reaches
+    prims.nextafter, which torchlib does not translate."""
+    mantissa, least = _FLOAT_FORMATS[x.dtype]
+    wide, toward = A._to_copy.default(x, dtype=torch.float64), A._to_copy.default(y, dtype=torch.float64)
+    magnitude = A.abs.default(wide)
+    finite = A.where.self(A.logical_and.default(A.isfinite.default(magnitude), A.gt.Scalar(magnitude, 0)),
+                          magnitude, A.ones_like.default(magnitude))
+    e = A.floor.default(A.log2.default(finite))   # then corrected by one where log2 rounded across
+    e = A.where.self(A.gt.Tensor(A.pow.Scalar(2.0, e), finite), A.sub.Scalar(e, 1), e)
+    e = A.where.self(A.le.Tensor(A.pow.Scalar(2.0, A.add.Scalar(e, 1)), finite), A.add.Scalar(e, 1), e)
+    spacing = A.pow.Scalar(2.0, A.sub.Scalar(A.clamp_min.default(e, least), mantissa))
+    up = A.eq.Tensor(A.gt.Tensor(toward, wide), A.ge.Scalar(wide, 0))   # away from zero
+    at_power = A.logical_and.default(A.eq.Tensor(finite, A.pow.Scalar(2.0, e)), A.gt.Scalar(e, least))
+    step = A.where.self(A.logical_and.default(A.logical_not.default(up), at_power), A.mul.Scalar(spacing, 0.5), spacing)
+    direction = A.where.self(A.gt.Tensor(toward, wide), A.ones_like.default(wide), A.full_like.default(wide, -1.0))
+    result = A.add.Tensor(wide, A.mul.Tensor(direction, step))
+    tiny = A.mul.Tensor(direction, A.full_like.default(wide, 2.0 ** (least - mantissa)))
+    result = A.where.self(A.eq.Scalar(wide, 0), tiny, result)
+    largest = A.mul.Tensor(A.sign.default(wide), A.full_like.default(wide, float(torch.finfo(x.dtype).max)))
+    result = A.where.self(A.isinf.default(wide), largest, result)
+    result = A.where.self(A.eq.Tensor(wide, toward), toward, result)
+    result = A.where.self(A.logical_or.default(A.isnan.default(wide), A.isnan.default(toward)),
+                          A.add.Tensor(wide, toward), result)
+    # A zero's sign is set by multiplying (ONNX Runtime's Where returns +0.0 for a -0.0): y's
+    # where x == y, else x's (-least subnormal toward 0 gives -0.0).
+    negative = lambda t: A.logical_or.default(A.lt.Scalar(t, 0), A.lt.Scalar(A.reciprocal.default(t), 0))
+    unit = lambda t: A.where.self(negative(t), A.full_like.default(t, -1.0), A.ones_like.default(t))
+    zero_sign = A.where.self(A.eq.Tensor(wide, toward), unit(toward), unit(wide))
+    sign = A.where.self(A.gt.Scalar(A.abs.default(result), 0), A.sign.default(result), zero_sign)
+    return A._to_copy.default(A.mul.Tensor(A.abs.default(result), sign), dtype=x.dtype)
+
+
 def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
     """Uninitialized memory of that size: zeros are one such value (the layout is a stride
     order, which an ONNX tensor does not have)."""
@@ -763,6 +804,7 @@ DECOMPOSITIONS = {
     A.special_spherical_bessel_j0.default: special_functions.spherical_bessel_j0,
     A.index_reduce.default: _index_reduce,
     A.empty_permuted.default: _empty_permuted,
+    A.nextafter.default: _nextafter,
     A.put.default: _put,
     A.nonzero_static.default: _nonzero_static,
     A.cross_entropy_loss.default: _cross_entropy,
