@@ -498,13 +498,17 @@ def test_index_reduce(reduce, include_self):
     _check(lambda x, s: x[0, 0].index_reduce(0, torch.tensor([1, 1]), s[0, :2, 0], reduce), x, source)
 
 
-def test_index_reduce_mean_stays_in_pytorch():
-    """Near miss: the mean would reach ONNX Runtime's own (wrong) scatter mean."""
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce_mean_as_a_sum_over_a_count(include_self):
+    """Repeated indices, slots nothing lands in (kept as they are), the element itself counted
+    where include_self; an integer mean (eager floor-divides) stays in PyTorch."""
     x, source = torch.randn(5, 4), torch.randn(5, 6)
-    fn = lambda x, s: x.index_reduce(1, torch.tensor([0, 3, 0, 1, 3, 3]), s, "mean")   # noqa: E731
-    cm = qlower.compile(Fn(fn), (x, source), backend="onnxruntime")
-    assert [list(c.ops) for c in cm.report().fallbacks] == [["index_reduce"]]
-    torch.testing.assert_close(cm(x, source), fn(x, source))
+    fn = lambda x, s: x.index_reduce(1, torch.tensor([0, 3, 0, 1, 3, 3]), s, "mean", include_self=include_self)  # noqa: E731
+    _check(fn, x, source, summed=True)
+    ints = lambda x, s: (x * 10).long().index_reduce(1, torch.tensor([0, 3, 0]), (s[:, :3] * 10).long(), "mean")  # noqa: E731
+    cm = qlower.compile(Fn(ints), (x, source), backend="onnxruntime")
+    assert "index_reduce" in str(cm.report().fallbacks)
+    assert torch.equal(cm(x, source), ints(x, source))
 
 
 def test_empty_permuted_and_put():

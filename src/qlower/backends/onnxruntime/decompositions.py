@@ -563,15 +563,28 @@ def _polygamma(n, x):
     return special_functions.digamma(x) if n == 0 else special_functions.polygamma(n, x)
 
 
-@only_when(lambda x, dim, index, source, reduce, *, include_self=True: reduce in ("prod", "amax", "amin"))
+@only_when(lambda x, dim, index, source, reduce, *, include_self=True:
+           reduce in ("prod", "amax", "amin") or (reduce == "mean" and x.dtype.is_floating_point))
 def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """index_reduce is scatter_reduce with the index spread along `dim` over the source's other
-    dims. "mean" is left out: scatter_reduce's mean, written out by AccumulatingScatters before
-    translation, would reach ONNX Runtime here as its own (wrong) mean."""
+    dims; "mean" is index_add's sum over index_add's count (plus the element itself where
+    include_self; the element unchanged where nothing lands), not scatter_reduce's mean, which
+    reached ONNX Runtime as its own (wrong) one. Integer means (eager floor-divides) stay in PyTorch."""
+    if reduce == "mean":
+        return _index_mean(x, dim, index, source, include_self)
     dim = dim % max(source.dim(), 1)
     shape = [index.shape[0] if d == dim else 1 for d in range(source.dim())]
     spread = A.expand.default(A.reshape.default(index, shape), list(source.shape))
     return A.scatter_reduce.two(x, dim, spread, source, reduce, include_self=include_self)
+
+
+def _index_mean(x, dim, index, source, include_self: bool):
+    count = A.index_add.default(A.zeros_like.default(x), dim, index, A.ones_like.default(source))
+    total = A.index_add.default(x if include_self else A.zeros_like.default(x), dim, index, source)
+    if include_self:
+        return A.div.Tensor(total, A.add.Scalar(count, 1))
+    landed = A.gt.Scalar(count, 0)
+    return A.where.self(landed, A.div.Tensor(total, A.where.self(landed, count, A.ones_like.default(count))), x)
 
 
 _FLOAT_FORMATS = {torch.float32: (23, -126), torch.float64: (52, -1022)}   # mantissa bits, least normal exponent
