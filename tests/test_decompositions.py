@@ -593,3 +593,14 @@ def test_nextafter_across_powers_of_two_subnormals_and_infinities():
     _check(lambda xp, xc, yp, yc: torch.nextafter(make(xp, xc), make(yp, yc)), xp, xc, yp, yc)
     r = torch.randn(512) * torch.exp(torch.randn(512) * 20)
     _check(lambda a, b: torch.nextafter(a, b), r, torch.randn(512) * 1e10)
+
+
+def test_airy_ai_across_its_three_regions():
+    """Both sides of -10 (series / oscillating expansion) and of 2.1 (series / K_(1/3)), the far
+    oscillating tail (to -1e3: eager's float32 phase is lost beyond ~1e4) and the decaying one
+    (underflow), ±0, ±inf and NaN made inside the cluster (NaN at ±inf, as eager); reference:
+    eager in float64 (aten "special_airy_ai")."""
+    points = torch.tensor([0.0, -0.0, -1e3, -100.0, -20.0, -10.01, -10.0, -9.99, -5.0, -1.0, 1.0, 2.09, 2.1, 2.11,
+                           5.0, 9.6, 9.7, 15.0, 50.0, 200.0])
+    op = torch.special.airy_ai
+    _check_special_points(op, torch.cat([points, torch.randn(256) * 6]), reference=_in_float64(op))

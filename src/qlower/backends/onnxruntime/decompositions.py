@@ -800,6 +800,7 @@ DECOMPOSITIONS = {
     A.special_zeta.default: special_functions.zeta,
     A.special_zeta.self_scalar: special_functions.zeta,
     A.special_zeta.other_scalar: special_functions.zeta,
+    A.special_airy_ai.default: special_functions.airy_ai,
     A.special_bessel_j0.default: special_functions.bessel_j0,
     A.special_bessel_j1.default: special_functions.bessel_j1,
     A.special_bessel_y0.default: special_functions.bessel_y0,
