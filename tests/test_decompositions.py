@@ -604,3 +604,27 @@ def test_airy_ai_across_its_three_regions():
                            5.0, 9.6, 9.7, 15.0, 50.0, 200.0])
     op = torch.special.airy_ai
     _check_special_points(op, torch.cat([points, torch.randn(256) * 6]), reference=_in_float64(op))
+
+
+@pytest.mark.parametrize("kind", ["t", "u", "v", "w"])
+def test_chebyshev_polynomials_of_a_tensor_degree(kind):
+    """Degrees below 0, 0, fractional (truncated), and up to 30, x inside [-1, 1], at ±1 (the
+    0/0 of the closed forms), beyond, ±inf and NaN (made inside the cluster; eager's recurrence
+    gives NaN at inf past degree 2); the shifted form; scalar x and scalar n (aten
+    "special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u", "special_chebyshev_polynomial_v",
+    "special_chebyshev_polynomial_w" and "special_shifted_chebyshev_polynomial_t",
+    "special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_v",
+    "special_shifted_chebyshev_polynomial_w"; reference: eager in float64)."""
+    xs = [-9.0, -3.0, -1.5, -1.0, -0.99, -0.5, 0.0, 0.3, 0.999, 1.0, 1.0001, 2.0, 8.97, INF, -INF, NAN]
+    ns = [-3.5, -1.0, 0.0, 0.5, 1.0, 2.0, 3.7, 6.0, 7.0, 9.0, 12.0, 30.0]
+    (xp, xc), make = _from_finite(torch.tensor([x for x in xs for _ in ns]))
+    n = torch.tensor([v for _ in xs for v in ns])
+    op = getattr(torch.special, f"chebyshev_polynomial_{kind}")
+    shifted = getattr(torch.special, f"shifted_chebyshev_polynomial_{kind}")
+
+    def fn(xp, xc, n, half):   # half = (x + 1) / 2 made outside: the same float32 input for the reference
+        x = make(xp, xc)
+        return op(x, n), shifted(half, n), op(x, 3.0), op(0.25, n)
+    half = (torch.tensor([x for x in xs for _ in ns]).nan_to_num(0.0, 9.0, -9.0) + 1) / 2
+    _check(fn, xp, xc, n, half, summed=True, reference=lambda *args: tuple(
+        r.float() for r in fn(*(a.double() if a.is_floating_point() else a for a in args))))

@@ -366,29 +366,30 @@ def test_float_op_variants_not_emitted_run_in_pytorch():
 
 
 def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
-    """torch.onnx decomposes matrix_norm('nuc') into _linalg_svd and zeta into prims.zeta,
-    neither of which torchlib translates: the capability sees that (decomposing the one op on
-    meta tensors) and refuses just those nodes, instead of accepting them and losing the whole
-    cluster when its translation fails. Near miss: gelu and std, which decompose or translate
-    fine, stay in ONNX Runtime."""
+    """torch.onnx decomposes matrix_norm('nuc') into _linalg_svd (qlower's Jacobi covers matrices
+    up to 8 wide; this one is 10 x 10) and igamma into prims.igamma, neither of which torchlib
+    translates: the capability sees that (decomposing the one op on meta tensors) and refuses
+    just those nodes, instead of accepting them and losing the whole cluster when its
+    translation fails. Near miss: gelu and std, which decompose or translate fine, stay in ONNX
+    Runtime."""
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.a, self.b = torch.nn.Linear(8, 10), torch.nn.Linear(10, 10)
 
         def forward(self, x):
             h = self.a(x)
             nuc = torch.linalg.matrix_norm(h, ord="nuc")
-            return torch.nn.functional.gelu(self.b(h)) + torch.special.zeta(h.abs() + 2, 1.5) + nuc + h.std()
+            return torch.nn.functional.gelu(self.b(h)) + torch.special.gammainc(h.abs() + 2, h.abs() + 1) + nuc + h.std()
 
     torch.manual_seed(0)
-    model, x = Net().eval(), torch.randn(4, 8)
+    model, x = Net().eval(), torch.randn(10, 8)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     report = cm.report()
     refused = sorted(c.reason for c in report.clusters if c.backend == "pytorch")
     assert refused == ["aten::linalg_matrix_norm.str_ord: torch.onnx decomposes it into aten._linalg_svd.default, "
                        "which it cannot translate",
-                       "aten::special_zeta.other_scalar: torch.onnx decomposes it into prims.zeta.default, which it cannot translate"], \
+                       "aten::special_gammainc: torch.onnx decomposes it into prims.igamma.default, which it cannot translate"], \
         refused
     assert not [c for c in report.clusters if c.backend == "onnxruntime" and c.status != "compiled"]
     assert sum(c.nodes for c in report.compiled) >= 5
@@ -855,18 +856,18 @@ def test_a_node_torch_onnx_fails_to_translate_runs_alone_in_pytorch():
 
 class _ReadsARefusedTuple(torch.nn.Module):
     def forward(self, x):
-        q, r = torch.linalg.qr(x)   # no translation: runs in PyTorch
-        return (q @ r).relu() + 1
+        values, vectors = torch.linalg.eigh(x)   # eigenvectors: no translation, runs in PyTorch
+        return (vectors * values).relu() + 1
 
 
 def test_the_pieces_of_a_refused_multi_output_op_are_picked_in_pytorch():
-    """The getitems of linalg_qr's (Q, R) used to join the matmul's cluster, which then took the
-    whole tuple as an input and could not be re-captured (OpInfo's pca_lowrank): that cluster fell
-    back. Picks now stay with their producer."""
-    model, x = _ReadsARefusedTuple(), torch.randn(4, 3)
+    """The getitems of a refused op's tuple (linalg_qr's (Q, R), OpInfo's pca_lowrank; here
+    linalg_eigh's) used to join the next cluster, which then took the whole tuple as an input and
+    could not be re-captured: that cluster fell back. Picks now stay with their producer."""
+    model, x = _ReadsARefusedTuple(), torch.randn(4, 4)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     report = cm.report()
-    assert len(report.compiled) == 1 and [list(c.ops) for c in report.fallbacks] == [["linalg_qr"]], str(report)
+    assert len(report.compiled) == 1 and [list(c.ops) for c in report.fallbacks] == [["linalg_eigh"]], str(report)
     torch.testing.assert_close(cm(x), model(x))
 
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 import functools
 
 
-def only_when(applies):
+def only_when(applies, *, otherwise_torch: bool = False):
     """A decomposition for the calls `applies(*args, **kwargs)` picks; the op's other calls return
     NotImplemented, which keeps the op itself (torchlib translates those), and cost no re-trace
-    (`translate._needs_decomposition` asks `decompositions.decomposes`)."""
+    (`translate._needs_decomposition` asks `decompositions.decomposes`). `otherwise_torch`: the
+    other calls take torch's own decomposition of the op instead (a CompositeImplicit op such as
+    linalg.matrix_norm, whose other orders torch decomposes into translatable ops)."""
     def wrap(fn):
         @functools.wraps(fn)
         def decomposition(*args, **kwargs):
             return fn(*args, **kwargs) if applies(*args, **kwargs) else NotImplemented
         decomposition.applies = applies
+        decomposition.otherwise_torch = otherwise_torch
         return decomposition
     return wrap
 

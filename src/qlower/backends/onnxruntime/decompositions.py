@@ -801,6 +801,9 @@ DECOMPOSITIONS = {
     A.special_zeta.self_scalar: special_functions.zeta,
     A.special_zeta.other_scalar: special_functions.zeta,
     A.special_airy_ai.default: special_functions.airy_ai,
+    **{getattr(getattr(A, f"special_{shift}chebyshev_polynomial_{kind}"), overload):
+       special_functions.chebyshev(kind, shifted=bool(shift))
+       for kind in "tuvw" for shift in ("", "shifted_") for overload in ("default", "x_scalar", "n_scalar")},
     A.special_bessel_j0.default: special_functions.bessel_j0,
     A.special_bessel_j1.default: special_functions.bessel_j1,
     A.special_bessel_y0.default: special_functions.bessel_y0,

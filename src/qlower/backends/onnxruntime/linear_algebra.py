@@ -551,27 +551,27 @@ def _rank(a, atol, rtol, hermitian: bool):
     return A.sum.dim_IntList(A._to_copy.default(A.gt.Tensor(magnitude, tolerance), dtype=torch.int64), [-1])
 
 
-@only_when(lambda a, *, atol=None, rtol=None, hermitian=False: _jacobi_sized(a, square=hermitian))
+@only_when(lambda a, *, atol=None, rtol=None, hermitian=False: _jacobi_sized(a, square=hermitian), otherwise_torch=True)
 def _matrix_rank(a, *, atol=None, rtol=None, hermitian=False):
     return _rank(a, atol, rtol, hermitian)
 
 
-@only_when(lambda a, tol, hermitian=False: _jacobi_sized(a, square=hermitian))
+@only_when(lambda a, tol, hermitian=False: _jacobi_sized(a, square=hermitian), otherwise_torch=True)
 def _matrix_rank_tol(a, tol, hermitian=False):
     return _rank(a, tol, 0.0, hermitian)
 
 
-@only_when(lambda a, uplo="L": _jacobi_sized(a, square=True))
+@only_when(lambda a, uplo="L": _jacobi_sized(a, square=True), otherwise_torch=True)
 def _linalg_eigvalsh(a, uplo="L"):
     return _narrow(_eigvalsh(a, uplo), a)
 
 
-@only_when(lambda a, *, driver=None: _jacobi_sized(a))
+@only_when(lambda a, *, driver=None: _jacobi_sized(a), otherwise_torch=True)
 def _linalg_svdvals(a, *, driver=None):
     return _narrow(_singular_values(a), a)
 
 
-@only_when(lambda a, p=None: p in (None, 2, -2) and _jacobi_sized(a, square=True))
+@only_when(lambda a, p=None: p in (None, 2, -2) and _jacobi_sized(a, square=True), otherwise_torch=True)
 def _linalg_cond(a, p=None):
     """κ₂ = σmax/σmin (p = -2: its inverse); inf for a singular matrix, as eager."""
     values = _singular_values(a)
@@ -591,7 +591,7 @@ def _as_matrices(a, dim):
     return A.permute.default(a, rest + [rows, cols])
 
 
-@only_when(_spectral_norm_applies)
+@only_when(_spectral_norm_applies, otherwise_torch=True)
 def _matrix_norm(a, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
     """The norms from singular values: 2 (σmax), -2 (σmin), "nuc" (their sum)."""
     x = a if dtype is None else A._to_copy.default(a, dtype=dtype)

@@ -743,3 +743,109 @@ def airy_ai(x):
     y = A.where.self(below, _airy_oscillating(A.where.self(below, A.neg.default(wide), A.full_like.default(wide, 11.0))), y)
     y = A.where.self(A.isinf.default(wide), A.full_like.default(y, math.nan), y)
     return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+
+
+# Chebyshev polynomials of the four kinds (and their shifted forms, x -> 2x - 1) of a tensor
+# degree n, from their closed forms in float64: with x = cos θ on [-1, 1] and x = ±cosh φ
+# beyond,
+#   T_n = cos nθ,  U_n = sin (n+1)θ / sin θ,  V_n = cos (n+½)θ / cos (θ/2),  W_n = sin (n+½)θ / sin (θ/2),
+# the hyperbolic ones for |x| > 1 (V_n(-x) = (-1)^n W_n(x)), eager's values at x = ±1 and ±inf,
+# 0 below degree 0 (n truncated toward zero, as eager's cast to int64). Eager runs the
+# three-term recurrence up to n (or cos(n·acos x) in float32 past n = 6 inside [-1, 1]): the
+# closed forms give its values without a loop whose length is data.
+def _chebyshev_inside(kind: str, theta, k):
+    if kind == "t":
+        return A.cos.default(A.mul.Tensor(k, theta))
+    if kind == "u":
+        return A.div.Tensor(A.sin.default(A.mul.Tensor(A.add.Scalar(k, 1), theta)), A.sin.default(theta))
+    half = A.mul.Scalar(theta, 0.5)
+    angle = A.mul.Tensor(A.add.Scalar(k, 0.5), theta)
+    if kind == "v":
+        return A.div.Tensor(A.cos.default(angle), A.cos.default(half))
+    return A.div.Tensor(A.sin.default(angle), A.sin.default(half))
+
+
+def _chebyshev_outside(kind: str, phi, k):
+    """The kind's value at x = cosh φ > 1."""
+    cosh = lambda t: A.mul.Scalar(A.add.Tensor(A.exp.default(t), A.exp.default(A.neg.default(t))), 0.5)
+    sinh = lambda t: A.mul.Scalar(A.sub.Tensor(A.exp.default(t), A.exp.default(A.neg.default(t))), 0.5)
+    if kind == "t":
+        return cosh(A.mul.Tensor(k, phi))
+    if kind == "u":
+        return A.div.Tensor(sinh(A.mul.Tensor(A.add.Scalar(k, 1), phi)), sinh(phi))
+    angle, half = A.mul.Tensor(A.add.Scalar(k, 0.5), phi), A.mul.Scalar(phi, 0.5)
+    return A.div.Tensor(cosh(angle), cosh(half)) if kind == "v" else A.div.Tensor(sinh(angle), sinh(half))
+
+
+_ASIN_TERMS = 30   # |s| <= 1/2: the terms shrink by s² <= 1/4, the 30th below 1e-18
+
+
+def _asin_series(s):
+    """asin(s) for |s| <= 1/2: Σ (2k)! / (4^k (k!)² (2k + 1)) s^(2k+1) (float64)."""
+    square = A.mul.Tensor(s, s)
+    term, total = s, s
+    for k in range(1, _ASIN_TERMS):
+        term = A.mul.Tensor(term, A.mul.Scalar(square, (2 * k - 1) ** 2 / ((2 * k) * (2 * k + 1))))
+        total = A.add.Tensor(total, term)
+    return total
+
+
+def _acos(x):
+    """acos on [-1, 1] in float64 (ONNX Runtime has no float64 Acos): π/2 - asin(x) in the middle,
+    2 asin(√((1 - x)/2)) and π - 2 asin(√((1 + x)/2)) toward ±1, where both stay accurate."""
+    half_angle = lambda distance: A.mul.Scalar(_asin_series(A.sqrt.default(A.mul.Scalar(distance, 0.5))), 2.0)
+    near_one = half_angle(A.rsub.Scalar(A.clamp.default(x, 0.5, 1), 1))
+    near_minus_one = A.sub.Tensor(_filled(x, math.pi), half_angle(A.add.Scalar(A.clamp.default(x, -1, -0.5), 1)))
+    middle = A.sub.Tensor(_filled(x, math.pi / 2), _asin_series(A.clamp.default(x, -0.5, 0.5)))
+    return A.where.self(A.gt.Scalar(x, 0.5), near_one, A.where.self(A.lt.Scalar(x, -0.5), near_minus_one, middle))
+
+
+def _chebyshev_wide(kind: str, x, n):
+    """The polynomial of this kind (float64 x and n, broadcast)."""
+    k = A.trunc.default(n)
+    parity = A.rsub.Scalar(A.mul.Scalar(A.sub.Tensor(k, A.mul.Scalar(A.floor.default(A.mul.Scalar(k, 0.5)), 2.0)), 2.0), 1)
+    magnitude = A.abs.default(x)
+    inside = A.le.Scalar(magnitude, 1)
+    theta = _acos(A.clamp.default(x, -1, 1))
+    value_inside = _chebyshev_inside(kind, theta, k)
+    outside_x = A.where.self(inside, A.full_like.default(x, 2.0), magnitude)
+    phi = A.log.default(A.add.Tensor(outside_x, A.sqrt.default(A.sub.Scalar(A.mul.Tensor(outside_x, outside_x), 1))))
+    mirrored = {"t": "t", "u": "u", "v": "w", "w": "v"}[kind]   # P(-x) = (-1)^n Q(x)
+    above = _chebyshev_outside(kind, phi, k)
+    below = A.mul.Tensor(parity, _chebyshev_outside(mirrored, phi, k))
+    y = A.where.self(inside, value_inside, A.where.self(A.gt.Scalar(x, 0), above, below))
+    # at x = ±1 (θ = 0 or π: 0/0 for U, V, W) eager's values
+    one_plus = {"t": 1.0, "u": None, "v": 1.0, "w": None}[kind]
+    at_one = A.ones_like.default(y) if one_plus is not None else A.add.Scalar(A.mul.Scalar(k, 2.0), 1) \
+        if kind == "w" else A.add.Scalar(k, 1)
+    at_minus_one = {"t": parity, "u": A.mul.Tensor(parity, A.add.Scalar(k, 1)),
+                    "v": A.mul.Tensor(parity, A.add.Scalar(A.mul.Scalar(k, 2.0), 1)), "w": parity}[kind]
+    y = A.where.self(A.eq.Scalar(x, 1), at_one, y)
+    y = A.where.self(A.eq.Scalar(x, -1), at_minus_one, y)
+    y = A.where.self(A.eq.Scalar(k, 0), A.ones_like.default(y), y)
+    y = A.where.self(A.isinf.default(x), _chebyshev_at_infinity(x, k), y)
+    return A.where.self(A.lt.Scalar(k, 0), A.zeros_like.default(y), y)
+
+
+def _chebyshev_at_infinity(x, k):
+    """Eager's recurrence at ±inf: 1, x, inf for n = 0, 1, 2, then inf - inf = NaN."""
+    y = A.where.self(A.eq.Scalar(k, 2), A.full_like.default(x, math.inf), A.full_like.default(x, math.nan))
+    y = A.where.self(A.eq.Scalar(k, 1), x, y)
+    return A.where.self(A.eq.Scalar(k, 0), A.ones_like.default(x), y)
+
+
+def chebyshev(kind: str, shifted: bool = False):
+    def decomposition(x, n):
+        """special.(shifted_)chebyshev_polynomial_{t,u,v,w}(x, n) from the closed forms above, in
+        float64. torch has no decomposition of them."""
+        dtype = _float_result(x, n)
+        like = x if isinstance(x, torch.Tensor) else n
+        wide_like = _wide(A._to_copy.default(like, dtype=torch.float64))
+        wx = _wide(x) if isinstance(x, torch.Tensor) else _filled(wide_like, x)
+        wn = _wide(n) if isinstance(n, torch.Tensor) else _filled(wide_like, float(n))
+        wx, wn = A.add.Tensor(wx, A.zeros_like.default(wn)), A.add.Tensor(wn, A.zeros_like.default(wx))
+        if shifted:
+            wx = A.sub.Scalar(A.mul.Scalar(wx, 2.0), 1)
+        y = _chebyshev_wide(kind, wx, wn)
+        return y if dtype is torch.float64 else A._to_copy.default(y, dtype=dtype)
+    return decomposition

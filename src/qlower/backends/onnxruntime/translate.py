@@ -190,17 +190,17 @@ def exporter_decompositions() -> dict:
     with decompositions.py's entries for ops that table leaves untranslatable. Built once per
     process (~0.15 s; torch.onnx rebuilds it on every export)."""
     from torch.onnx._internal.exporter import _decomp
-    from .decompositions import DECOMPOSITIONS, applies_to
+    from .decompositions import DECOMPOSITIONS
     table = _decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is()))
     for target, ours in DECOMPOSITIONS.items():
-        conditional = applies_to(ours) is not None and target in table
-        table[target] = _falling_back(ours, table[target]) if conditional else ours
+        chained = getattr(ours, "otherwise_torch", False) and target in table
+        table[target] = _falling_back(ours, table[target]) if chained else ours
     return table
 
 
 def _falling_back(ours, theirs):
-    """A conditional decomposition of an op torch's table decomposes too: the calls it leaves
-    (NotImplemented) take torch's decomposition, as they would without it."""
+    """A conditional decomposition marked `otherwise_torch`: the calls it leaves (NotImplemented)
+    take torch's decomposition, as they would without it."""
     def decomposition(*args, **kwargs):
         result = ours(*args, **kwargs)
         return theirs(*args, **kwargs) if result is NotImplemented else result
