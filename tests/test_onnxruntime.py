@@ -885,3 +885,18 @@ def test_float64_scalars_and_scaled_matmuls_keep_float64_precision():
     for got, want in zip(cm(x), fn(x)):
         assert got.dtype == torch.float64
         torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_tiny_additive_and_near_one_multiplicative_constants_are_kept():
+    """onnxscript's `x + 0` / `x * 1` rewrite rules match constants within 1e-8 (absolute) and
+    1e-5 (relative): x + 3e-12 and a float64 x * (1 + 1e-9) became x (an integer LayerNorm lost
+    its epsilon that way: tests/test_fuzz.py::test_regression_layer_norm_epsilon_below_1e8_...).
+    qlower runs the rewriter without those rules."""
+    x, w = torch.zeros(4), torch.ones(4, dtype=torch.float64)
+
+    def fn(x, w):
+        return x + 3e-12, w * (1 + 1e-9), x * 1.0 + 0.0
+    cm = qlower.compile(Fn(fn), (x, w), backend="onnxruntime")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
+    for got, want in zip(cm(x, w), fn(x, w)):
+        assert torch.equal(got, want)

@@ -143,13 +143,12 @@ REWRITE_NODE_LIMIT = 3000
 def _optimized(translated):
     """The translated model through onnxscript's optimizer (its rewrite rules only below
     REWRITE_NODE_LIMIT nodes)."""
-    import onnxscript
     model = translated()
     if len(model.graph) > REWRITE_NODE_LIMIT:
         _optimize_without_rewrite_rules(model)
         return model
     try:
-        onnxscript.optimizer.optimize_ir(model, inline=False)
+        _optimize_exactly(model)
     except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
         # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
         # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
@@ -159,6 +158,40 @@ def _optimized(translated):
         model = translated()
         _optimize_without_rewrite_rules(model)
     return model
+
+
+def _exact_rewrite_rules() -> tuple:
+    """onnxscript's default rewrite rules less its arithmetic no-op rules: `x + 0`, `x - 0`,
+    `x * 1`, `x / 1` match a constant within a tolerance, so `x + 3.4e-12` became Identity
+    (measured: qlower's integer LayerNorm lost its variance epsilon and gave NaN on a constant
+    row; found by the onnxruntime fuzz run, twentieth session), and a float64 `x * (1 + 1e-9)`
+    would become x. An exact no-op costs ONNX Runtime one elementwise kernel."""
+    from onnxscript import rewriter
+    from onnxscript.rewriter.rules.common import _no_op
+    keep = {id(_no_op.dropout_zero_rule), id(_no_op.dropout_inference_rule)}
+    inexact = {id(rule) for rule in _no_op.rules.rules} - keep   # (commute() makes new rules: by identity)
+    return tuple(rule for rule in rewriter._DEFAULT_REWRITE_RULES if id(rule) not in inexact)
+
+
+def _optimize_exactly(model) -> None:
+    """`onnxscript.optimizer.optimize_ir(model, inline=False)` (onnxscript 0.7.2's pass list) with
+    `_exact_rewrite_rules`."""
+    import onnx_ir as ir
+    from onnxscript import rewriter
+    from onnxscript.optimizer import _constant_folding
+    common = ir.passes.common
+    ir.passes.Sequential(
+        ir.passes.PassManager([_constant_folding.FoldConstantsPass(
+                                   shape_inference=True,
+                                   input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+                                   output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+                                   should_fold=lambda node: None),
+                               rewriter.RewritePass(_exact_rewrite_rules()), common.RemoveUnusedNodesPass(),
+                               common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass()],
+                              steps=2, early_stop=True),
+        common.RemoveUnusedNodesPass(), common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
+        common.CommonSubexpressionEliminationPass(), common.OutputFixPass(), common.NameFixPass())(model)
 
 
 def _optimize_without_rewrite_rules(model) -> None:
