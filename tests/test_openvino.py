@@ -804,20 +804,39 @@ def test_float_to_int64_cast_is_refused_on_openvino():
     assert any("cannot bound" in (c.reason or "") for c in cm.report().fallbacks)
 
 
+_C, _W = torch.randn(2, 2) * 100, torch.randn(5, 5, 2, 2)
 _WRONG_IN_OPENVINO = {   # (function, input, reason fragment): each compiled and answered wrongly before
     "sort": (lambda x: torch.sort(x), torch.randn(100), "TopK breaks ties"),
     "irfft": (lambda x: torch.fft.irfft(x), torch.randn(5, 10, 4), "DFT"),
     "upsample_aa": (lambda x: torch.nn.functional.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True),
                     torch.randn(1, 2, 8, 8), "antialiased"),
     "randn_like_0d": (lambda x: torch.randn_like(x[0, 0]) * 0 + x[0, 0], torch.randn(2, 3), "0-d random"),
+    "mul_into_padded_conv": (lambda x: torch.nn.functional.conv2d(x * _C, _W, padding=1), torch.randn(2, 5, 2, 2),
+                             "spatially varying constant"),
 }
+
+
+def test_constant_multiplies_openvino_fuses_rightly_stay_in_openvino():
+    """Near misses of mul_into_padded_conv (twentieth session, from an OpenVINO fuzz failure off
+    by 2.4e4): a per-channel constant, no padding, x * x — one cluster, eager's values."""
+    from conftest import Fn
+    per_channel = torch.randn(5, 1, 1) * 100
+    x = torch.randn(2, 5, 2, 2)
+    for fn in (lambda x: torch.nn.functional.conv2d(x * per_channel, _W, padding=1),
+               lambda x: torch.nn.functional.conv2d(x * _C, _W),
+               lambda x: torch.nn.functional.conv2d(x * x, _W, padding=1)):
+        cm = qlower.compile(Fn(fn), (x,), backend="openvino")
+        assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, str(cm.report())
+        torch.testing.assert_close(cm(x), fn(x), rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("case", sorted(_WRONG_IN_OPENVINO))
 def test_ops_measured_wrong_in_openvino_run_in_pytorch(case):
     """Found by sweeping PyTorch's OpInfo samples on openvino (nineteenth session): a sort via
     TopK (ties in no fixed order), inverse real FFTs (last dim lost), antialiased upsampling,
-    0-d random draws (came back 1-d). Refused now, with the reason; eager's answer."""
+    0-d random draws (came back 1-d); by its fuzz run (logged in the nineteenth session, found
+    in the twentieth): a spatially varying constant multiply into a padded convolution. Refused
+    now, with the reason; eager's answer."""
     from conftest import Fn
     fn, x, reason = _WRONG_IN_OPENVINO[case]
     torch.manual_seed(0)
