@@ -507,18 +507,25 @@ _EULER_GAMMA = 0.5772156649015329
 def _hankel_series(x, order: int):
     """(P, Q) of Hankel's expansion for J/Y of this order at x >= 20 (float64)."""
     mu = 4.0 * order * order
-    inverse = A.reciprocal.default(x)
-    p, q = A.ones_like.default(x), A.zeros_like.default(x)
-    power, coefficient = A.ones_like.default(x), 1.0
+    coefficients, a = [], 1.0
     for k in range(1, _HANKEL_TERMS):
-        coefficient *= (mu - (2 * k - 1) ** 2) / (8 * k)
-        power = A.mul.Tensor(power, inverse)
-        sign = 1.0 if (k // 2) % 2 == 0 else -1.0
+        a *= (mu - (2 * k - 1) ** 2) / (8 * k)
+        coefficients.append(a)
+    return _oscillating_halves(A.reciprocal.default(x), coefficients)
+
+
+def _oscillating_halves(t, coefficients):
+    """(1 - c2 t² + c4 t⁴ - ..., c1 t - c3 t³ + ...) for coefficients c1, c2, ...: the two halves
+    of an oscillating asymptotic expansion (Hankel's P and Q, Airy's) in float64."""
+    even, odd, power = A.ones_like.default(t), A.zeros_like.default(t), A.ones_like.default(t)
+    for k, c in enumerate(coefficients, start=1):
+        power = A.mul.Tensor(power, t)
+        term = _times(power, c if (k // 2) % 2 == 0 else -c)
         if k % 2:
-            q = A.add.Tensor(q, _times(power, sign * coefficient))
+            odd = A.add.Tensor(odd, term)
         else:
-            p = A.add.Tensor(p, _times(power, sign * coefficient))
-    return p, q
+            even = A.add.Tensor(even, term)
+    return even, odd
 
 
 def _hankel(x, order: int, second_kind: bool):
@@ -714,17 +721,11 @@ def _airy_decaying(x):
 def _airy_oscillating(z):
     """Ai(-z) for z > 10 (float64)."""
     zeta = A.mul.Scalar(A.pow.Tensor_Scalar(z, 1.5), 2 / 3)
-    inverse = A.reciprocal.default(zeta)
-    even, odd = A.ones_like.default(z), A.zeros_like.default(z)
-    power, u = A.ones_like.default(z), 1.0
+    coefficients, u = [], 1.0
     for k in range(1, _AIRY_ASYMPTOTIC_TERMS):
         u *= (6 * k - 5) * (6 * k - 3) * (6 * k - 1) / ((2 * k - 1) * 216 * k)
-        power = A.mul.Tensor(power, inverse)
-        sign = 1.0 if (k // 2) % 2 == 0 else -1.0
-        if k % 2:
-            odd = A.add.Tensor(odd, _times(power, sign * u))
-        else:
-            even = A.add.Tensor(even, _times(power, sign * u))
+        coefficients.append(u)
+    even, odd = _oscillating_halves(A.reciprocal.default(zeta), coefficients)
     s, c = A.sin.default(zeta), A.cos.default(zeta)   # cos(ζ - π/4) = (c + s)/√2, sin(ζ - π/4) = (s - c)/√2
     value = A.add.Tensor(A.mul.Tensor(A.add.Tensor(c, s), even), A.mul.Tensor(A.sub.Tensor(s, c), odd))
     return A.div.Tensor(_times(value, 1 / math.sqrt(2 * math.pi)), A.pow.Tensor_Scalar(z, 0.25))
