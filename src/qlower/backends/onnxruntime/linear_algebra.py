@@ -145,7 +145,6 @@ def _order_from_pivots(pivots, m: int):
 
 def _lu_solve(lu, order, b, adjoint: bool):
     """x with A·x = b (or Aᵀ·x = b) from A's packed LU and row order (float64)."""
-    n = lu.shape[-1]
     if not adjoint:
         rows = A.expand.default(A.unsqueeze.default(order, -1), list(order.shape) + [b.shape[-1]])
         permuted = A.gather.default(A.add.Tensor(b, A.zeros_like.default(A.slice.Tensor(lu, -1, 0, 1))), -2, rows)
@@ -155,7 +154,6 @@ def _lu_solve(lu, order, b, adjoint: bool):
     y = _solve_triangular(_transpose(lu), z, lower=False, unit=True)  # Lᵀ y = z
     inverse = A.argsort.default(order, -1)                           # x = P y: x[order[i]] = y[i]
     rows = A.expand.default(A.unsqueeze.default(inverse, -1), list(inverse.shape) + [b.shape[-1]])
-    del n
     return A.gather.default(y, -2, rows)
 
 
