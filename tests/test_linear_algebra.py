@@ -49,7 +49,9 @@ def _check(fn, *xs, skip=()):
             assert torch.equal(g, w), (i, g, w)
 
 
-SHAPES = [(3, 3), (2, 4, 3), (2, 3, 4)]   # square, tall, wide; a batch
+# square, tall, wide; a batch. The default suite runs the batched tall one (each case is an
+# unrolled graph of ~1-3k ONNX nodes, ~5 s to compile); `-m slow` runs all three.
+SHAPES = [pytest.param((3, 3), marks=pytest.mark.slow), (2, 4, 3), pytest.param((2, 3, 4), marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -73,7 +75,7 @@ def test_lu_of_singular_matrices_reports_info_and_keeps_going():
     _check(lambda a: torch.linalg.lu_factor_ex(a), a)
 
 
-@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("left", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_solves_through_lu(left):
     a = torch.randn(2, 4, 4) + 3 * torch.eye(4)
     b = torch.randn(2, 4, 2) if left else torch.randn(2, 2, 4)
@@ -177,34 +179,56 @@ def test_every_linear_algebra_decomposition_is_tested_here():
 
 
 def test_eigenvalues_singular_values_and_what_is_built_on_them():
-    """Jacobi in float64 (odd sizes, padded; a batch; small, as the unrolled graph grows as n²): eigvalsh of either triangle, svdvals of
-    tall and wide matrices, matrix_rank (default and given tolerances, hermitian), cond (2),
-    the spectral and nuclear norms over other dims, keepdim."""
+    """Jacobi in float64 (odd sizes, padded; a batch; small, as the unrolled graph grows as n²):
+    eigvalsh of the upper triangle, svdvals of a tall matrix, matrix_rank with a tolerance (the
+    rank-deficient case: eager's default tolerance depends on the dtype, and the reference runs
+    in float64), cond (2), the nuclear norm with keepdim. The rest in the slow variant below."""
     a = torch.randn(2, 3, 3)
     low_rank = torch.randn(2, 3, 1) @ torch.randn(2, 1, 3)
 
-    def fn(a, low, tall):   # the rank-deficient cases with a tolerance: eager's default depends on the dtype
-        return (torch.linalg.eigvalsh(a, UPLO="U"), torch.linalg.svdvals(tall), torch.ops.aten._linalg_eigh(a, "L", False)[0],
+    def fn(a, low, tall):
+        return (torch.linalg.eigvalsh(a, UPLO="U"), torch.linalg.svdvals(tall), torch.linalg.matrix_rank(low, rtol=1e-4),
+                torch.linalg.cond(a), torch.linalg.matrix_norm(a, "nuc", keepdim=True))
+    _check(fn, a, low_rank, torch.randn(2, 4, 2))
+
+
+@pytest.mark.slow
+def test_eigenvalues_and_singular_values_every_entry_point():
+    """The aten entry points one by one (_linalg_eigh and _linalg_svd called directly, the
+    lower triangle), matrix_rank's default, hermitian and atol/rtol tolerances, the spectral norm
+    over other dims, -2, and "fro" (torch's own decomposition: `otherwise_torch`)."""
+    a = torch.randn(2, 3, 3)
+    low_rank = torch.randn(2, 3, 1) @ torch.randn(2, 1, 3)
+
+    def fn(a, low, tall):
+        return (torch.linalg.eigvalsh(a), torch.ops.aten._linalg_eigh(a, "L", False)[0],
                 torch.ops.aten._linalg_svd(tall, compute_uv=False)[1], torch.linalg.matrix_rank(a),
-                torch.linalg.matrix_rank(low, rtol=1e-4), torch.linalg.matrix_rank(low + low.mT, hermitian=True, rtol=1e-4),
-                torch.linalg.matrix_rank(a, atol=1.0, rtol=0.1), torch.linalg.cond(a),
-                torch.linalg.matrix_norm(tall, 2, dim=(0, -1)), torch.linalg.matrix_norm(a, "nuc", keepdim=True),
-                torch.linalg.matrix_norm(a, -2), torch.linalg.matrix_norm(a, "fro"))
+                torch.linalg.matrix_rank(low + low.mT, hermitian=True, rtol=1e-4),
+                torch.linalg.matrix_rank(a, atol=1.0, rtol=0.1), torch.linalg.cond(a, -2),
+                torch.linalg.matrix_norm(tall, 2, dim=(0, -1)), torch.linalg.matrix_norm(a, -2),
+                torch.linalg.matrix_norm(a, "fro"))
     _check(fn, a, low_rank, torch.randn(2, 4, 2))
 
 
 def test_pseudo_inverses_by_rank():
     """pinv is unique whatever the eigenvectors' signs: full rank, rank-deficient (rank 1 of 3,
     with a tolerance: eager's default one depends on the dtype, and the reference runs in
-    float64), a tolerance that drops everything (rtol = 1), hermitian, pinverse."""
+    float64), hermitian; wide matrices, rtol = 1 (drops everything) and pinverse in the slow
+    variant."""
     a = torch.randn(2, 3, 2)
     low_rank = torch.randn(3, 1) @ torch.randn(1, 3)
     symmetric = low_rank + low_rank.mT
 
     def fn(a, low, sym):
-        return (torch.linalg.pinv(a), torch.linalg.pinv(a.mT), torch.linalg.pinv(low, rtol=1e-4),
-                torch.linalg.pinv(low, rtol=1.0), torch.linalg.pinv(sym, hermitian=True, atol=1e-3), torch.pinverse(a))
+        return torch.linalg.pinv(a), torch.linalg.pinv(low, rtol=1e-4), torch.linalg.pinv(sym, hermitian=True, atol=1e-3)
     _check(fn, a, low_rank, symmetric)
+
+
+@pytest.mark.slow
+def test_pseudo_inverses_of_wide_matrices_with_every_tolerance():
+    a = torch.randn(2, 3, 2)
+    low_rank = torch.randn(3, 1) @ torch.randn(1, 3)
+    _check(lambda a, low: (torch.linalg.pinv(a.mT), torch.linalg.pinv(low, rtol=1.0), torch.pinverse(a)), a, low_rank)
 
 
 def test_matrix_exp_in_float64_and_float32_stays_in_pytorch():
