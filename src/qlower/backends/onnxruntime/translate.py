@@ -145,10 +145,10 @@ def _optimized(translated):
     REWRITE_NODE_LIMIT nodes)."""
     model = translated()
     if len(model.graph) > REWRITE_NODE_LIMIT:
-        _optimize_without_rewrite_rules(model)
+        _optimize(model)
         return model
     try:
-        _optimize_exactly(model)
+        _optimize(model, _exact_rewrite_rules())
     except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
         # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
         # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
@@ -156,7 +156,7 @@ def _optimized(translated):
         # the model half-rewritten: translate again and run the optimizer's passes but its
         # rewrite rules.
         model = translated()
-        _optimize_without_rewrite_rules(model)
+        _optimize(model)
     return model
 
 
@@ -173,38 +173,24 @@ def _exact_rewrite_rules() -> tuple:
     return tuple(rule for rule in rewriter._DEFAULT_REWRITE_RULES if id(rule) not in inexact)
 
 
-def _optimize_exactly(model) -> None:
-    """`onnxscript.optimizer.optimize_ir(model, inline=False)` (onnxscript 0.7.2's pass list) with
-    `_exact_rewrite_rules`."""
+def _optimize(model, rewrite_rules: tuple = ()) -> None:
+    """onnxscript 0.7.2's `optimizer.optimize_ir(model, inline=False)` pass list — constant folding,
+    pattern rewrites (`rewrite_rules`; none: the rewriter is skipped), dead code, constants lifted
+    to initializers and deduplicated, common subexpressions, names fixed — with qlower's rules."""
     import onnx_ir as ir
     from onnxscript import rewriter
     from onnxscript.optimizer import _constant_folding
     common = ir.passes.common
+    fold = _constant_folding.FoldConstantsPass(
+        shape_inference=True, input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT, should_fold=lambda node: None)
+    rewrite = [rewriter.RewritePass(rewrite_rules)] if rewrite_rules else []
     ir.passes.Sequential(
-        ir.passes.PassManager([_constant_folding.FoldConstantsPass(
-                                   shape_inference=True,
-                                   input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-                                   output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-                                   should_fold=lambda node: None),
-                               rewriter.RewritePass(_exact_rewrite_rules()), common.RemoveUnusedNodesPass(),
-                               common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass()],
-                              steps=2, early_stop=True),
+        ir.passes.PassManager([fold, *rewrite, common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(),
+                               common.RemoveUnusedOpsetsPass()], steps=2, early_stop=True),
         common.RemoveUnusedNodesPass(), common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
         common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
         common.CommonSubexpressionEliminationPass(), common.OutputFixPass(), common.NameFixPass())(model)
-
-
-def _optimize_without_rewrite_rules(model) -> None:
-    """`onnxscript.optimizer.optimize_ir(model, inline=False)` minus its pattern rewrite rules:
-    constant folding, dead code, constants lifted to initializers and deduplicated, names fixed."""
-    import onnx_ir as ir
-    import onnxscript
-    common = ir.passes.common
-    onnxscript.optimizer.fold_constants(model)
-    ir.passes.Sequential(common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(),
-                         common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
-                         common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
-                         common.OutputFixPass(), common.NameFixPass())(model)
 
 
 @functools.lru_cache(maxsize=1)
