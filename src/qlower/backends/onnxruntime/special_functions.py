@@ -816,9 +816,8 @@ def _chebyshev_wide(kind: str, x, n):
     below = A.mul.Tensor(parity, _chebyshev_outside(mirrored, phi, k))
     y = A.where.self(inside, value_inside, A.where.self(A.gt.Scalar(x, 0), above, below))
     # at x = ±1 (θ = 0 or π: 0/0 for U, V, W) eager's values
-    one_plus = {"t": 1.0, "u": None, "v": 1.0, "w": None}[kind]
-    at_one = A.ones_like.default(y) if one_plus is not None else A.add.Scalar(A.mul.Scalar(k, 2.0), 1) \
-        if kind == "w" else A.add.Scalar(k, 1)
+    at_one = {"t": lambda: A.ones_like.default(y), "u": lambda: A.add.Scalar(k, 1),
+              "v": lambda: A.ones_like.default(y), "w": lambda: A.add.Scalar(A.mul.Scalar(k, 2.0), 1)}[kind]()
     at_minus_one = {"t": parity, "u": A.mul.Tensor(parity, A.add.Scalar(k, 1)),
                     "v": A.mul.Tensor(parity, A.add.Scalar(A.mul.Scalar(k, 2.0), 1)), "w": parity}[kind]
     y = A.where.self(A.eq.Scalar(x, 1), at_one, y)
