@@ -690,9 +690,13 @@ def _compare_int8(ref_cm, got_cm, xs, what: str, sensitivity=None, overflow=None
             norm_r = float(mag.norm()) + 1e-30
             # float kernels may flip a later rounding: allow SQNR >= 20 dB, or a few quanta (of
             # the largest scale, or of what one flipped quantum of a float island costs at the output)
-            q = max(max(scales) if scales else 0.0, _quantum_flip_gain(ref_cm, x))
-            allowed = 4 * q + 1e-5 * float(mag.max()) + 1e-6 + 20 * sens   # 20x: as _float_tol
-            if float(diff.norm()) > 0.1 * norm_r and float(diff.max()) > allowed:
+            q = max(scales) if scales else 0.0
+            rest = 1e-5 * float(mag.max()) + 1e-6 + 20 * sens   # 20x: as _float_tol
+            far = float(diff.norm()) > 0.1 * norm_r and float(diff.max()) > 4 * q + rest
+            if far:   # (the flip gain costs a run per island and direction: only where needed)
+                q = max(q, _quantum_flip_gain(ref_cm, x))
+                far = float(diff.max()) > 4 * q + rest
+            if far:
                 raise FuzzFailure(f"{what}: int8 far from reference: max diff {float(diff.max()):.3g}, "
                                   f"|diff|/|ref| {float(diff.norm()) / norm_r:.3g}, largest scale {q:.3g}")
         nan_r, nan_g = torch.isnan(r), torch.isnan(g)
@@ -743,14 +747,16 @@ def check_program(prog: Program, backends: tuple[str, ...]):
             special = ~(torch.isfinite(o) & torch.isfinite(e32) & torch.isfinite(e64))
             same = (o == e32) | (o.double() == e64) | (torch.isnan(o) & (torch.isnan(e32) | torch.isnan(e64)
                                                                           | torch.isnan(em)))
-            # eager overflowed where the exact (float64) value is finite: an engine's non-finite
-            # result there overflowed too, in another order (eager's NaN from inf - inf against
-            # IREE's inf: test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager)
-            same |= ~torch.isfinite(o) & ~torch.isfinite(e32) & torch.isfinite(e64)
-            # ... or the engine did not overflow and gives the exact value (a size-1 layer_norm of
-            # an overflowing matmul: eager inf - inf = NaN, ONNX Runtime the bias, float64 the
-            # bias: test_regression_fp32_eager_overflow_engine_exact)
-            same |= torch.isfinite(o) & ~torch.isfinite(e32) & torch.isfinite(e64) & (d <= 1e-4 * e64.abs() + 1e-5)
+            # eager overflowed where the exact (float64) value is finite: float32 has no answer
+            # there to compare with. An engine overflows too, in another order (eager's NaN from
+            # inf - inf against IREE's inf: test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager),
+            # or avoids it (a size-1 layer_norm: ONNX Runtime gives the exact bias,
+            # test_regression_fp32_eager_overflow_engine_exact), or gives its own finite overflowed
+            # value (a LayerNorm of rows near 1e22: the variance overflows, ONNX Runtime's
+            # 1/sqrt(inf) = 0 leaves the bias where float64 normalizes,
+            # test_regression_fp32_layer_norm_variance_beyond_float32): like the int8 check,
+            # these elements are not compared; every other element is.
+            same |= ~torch.isfinite(e32) & torch.isfinite(e64)
             bad = ((d > tol) & ~special) | (special & ~same)
             if bool(bad.any()):
                 raise FuzzFailure(f"fp32 {b}: {int(bad.sum())}/{o.numel()} elements beyond tolerance "
@@ -1491,3 +1497,19 @@ def test_regression_float_island_tie_amplified_by_a_later_multiply():
     relu = Program(in_shape=(2, 6), ops=(Op("linear", (0,), (4, True)), Op("relu", (1,))), seed=1)
     ep = qlower.quantize(relu.module(), (relu.sample(0),), [(relu.sample(10),)], config=relu.config())
     assert _quantum_flip_gain(qlower.compile(ep, (relu.sample(0),), backend="reference"), relu.sample(100)) == 0.0
+
+
+def test_regression_fp32_layer_norm_variance_beyond_float32():
+    """x (x c)ᵀ of huge inputs (rows near 1e22) into a LayerNorm: the variance (~1e44) is beyond
+    float32, eager returns NaN, float64 normalizes, and ONNX Runtime returns its own finite
+    overflowed value (1/sqrt(inf) = 0 leaves the bias): float32 has no answer there, so the
+    oracle does not compare those elements (logged by the seventeenth session's onnxruntime fuzz
+    run, left open until the twenty-first)."""
+    prog = Program(in_shape=(2, 1, 4), ops=(Op("matmul_b", (0, 0), ()), Op("mul_c", (0,), ()), Op("matmul_b", (0, 1), ()),
+                                           Op("layer_norm", (3,), ()), Op("matmul_w", (4,), (6,))),
+                   dynamic=True, weights="normal", inputs="huge", seed=1269, act="uint8", per_channel=True, weight_bits=8)
+    x = prog.sample(100)
+    with torch.no_grad():
+        e32, e64 = prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
+    assert torch.isnan(e32).all() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
+    _check(prog, ("onnxruntime",))
