@@ -26,6 +26,7 @@ from ...shapes import dynamic_spec, example_inputs
 from .flatten_rows import flatten_rows
 from .lowering import translation_table
 from .lowering.onnx_ops import OPSET, bound_constants
+from .opset_changes import upgrade_opset_18_nodes
 
 
 class TranslateError(Exception):
@@ -320,12 +321,14 @@ def _add_called_functions(model) -> None:
 
 def _declare_opset(model) -> None:
     """Import the standard domain at OPSET. torchlib emits opset-18 ops, whose semantics are
-    unchanged up to 23 (later opsets only add types and attributes); qlower's block ops need 23.
+    unchanged up to 23 (later opsets only add types and attributes) except DFT's and GridSample's
+    (`opset_changes`); qlower's block ops need 23.
     torch.onnx's own version conversion is not used: it inlines every function first, and block
     ops must stay one node."""
     model.opset_imports[""] = OPSET
     for function in model.functions.values():
         function.opset_imports[""] = OPSET
+    upgrade_opset_18_nodes(model)   # the two ops whose opset-18 form is invalid at 20+
 
 
 def _register_folded_constants(model) -> None:
