@@ -2,7 +2,6 @@
 GridSample's mode names): contract and numerics on ONNX Runtime."""
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 import pytest
 import torch
