@@ -1328,15 +1328,17 @@ def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
-def test_regression_iree_clamp_to_a_single_value_after_a_requantize():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_regression_iree_clamp_to_a_single_value_after_a_requantize(dynamic):
     """A ReLU of a uint8 value whose zero point is 255 is clamp(q, 255, 255) after the conv's
     requantize; IREE 3.13 computed tosa.clamp with min == max after a tosa.rescale wrongly (all
     14 outputs off by one quantum of 0.0623 downstream), silently; found by the IREE fuzz run
-    (tenth session). Such a clamp is now emitted as the constant it is."""
+    (tenth session). Such a clamp is now emitted as the constant it is; with a dynamic batch that
+    would be a linalg.fill, which IREE sums wrongly (twenty-first session), so it runs in PyTorch."""
     _check(Program(in_shape=(2, 4, 4, 9), ops=(Op("gap", (0,), (False,)), Op("conv", (0,), (1, 2, 1, 2, 1, 1, True)),
                                                Op("relu", (2,)), Op("attention", (3, 2), (False, None)), Op("relu", (2,)),
                                                Op("matmul_w", (5,), (1,))),
-                   inputs="tiny", seed=0, per_channel=False), ("iree",))
+                   dynamic=dynamic, inputs="tiny", seed=0, per_channel=False), ("iree",))
 
 
 _CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM = Program(
@@ -1513,3 +1515,16 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
         e32, e64 = prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
     assert torch.isnan(e32).all() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
     _check(prog, ("onnxruntime",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):
+    """x * 0 -> conv (weights quantized to 0) -> x * -2 (a table: every code maps to one value)
+    -> matmul: IREE 3.13 computed the tosa.matmul after a tosa.table whose entries are all equal
+    wrongly (every output 20 quanta off the reference; with one entry changed it was right).
+    Found by the IREE fuzz run (twenty-first session); such a table is now emitted as its splat."""
+    _check(Program(in_shape=(2, 6, 4, 6), ops=(Op("mul_s", (0,), (0.0,)), Op("conv", (1,), (3, 1, 1, 0, 1, 1, False)),
+                                               Op("mul_s", (2,), (-2.0,)), Op("matmul_w", (3,), (3,))),
+                   dynamic=dynamic, weights="tiny", seed=0, act="uint8", per_channel=False, weight_bits=8),
+           ("iree",))

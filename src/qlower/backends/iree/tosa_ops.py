@@ -663,14 +663,25 @@ def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
     return b.transpose(Val(out, x.dtype, [n, oh, ow, c], x.offset), [0, 3, 1, 2])
 
 
+# IREE 3.13 sums a linalg.fill wrongly: tosa.reduce_sum of a fill of 5 over 6 elements gives 5,
+# and a tosa.matmul whose operand is a fill gets a wrong zero-point correction (its row sum is
+# the fill value). A static splat is an arith.constant, which IREE folds right (measured); a
+# splat of a dynamic shape can only be a fill, so an op that makes one runs in PyTorch.
+_FILL_REFUSAL = ("one value everywhere on a dynamic shape: IREE 3.13 sums such a tensor (a linalg.fill) "
+                 "wrongly, so it runs in PyTorch")
+
+
 def _table_check(node: Node) -> str | None:
-    """int8/uint8 codes, a constant table of int8/uint8 entries"""
+    """int8/uint8 codes, a constant table of int8/uint8 entries; on a dynamic shape, not all one
+    value (_FILL_REFUSAL)"""
     q_n, table_n = full_args(node)[:2]
     table = _const(node, table_n)
     if q_n.meta["val"].dtype not in _QUANT_DTYPES:
         return "lookup of non-8-bit codes is not lowered"
     if table is None or table.dtype not in _QUANT_DTYPES:
         return "the table must be an int8/uint8 constant"
+    if bool((table == table.flatten()[0]).all()) and DYN in dims(q_n.meta["val"].shape):
+        return f"a table of {_FILL_REFUSAL}"
     return None
 
 
@@ -678,11 +689,16 @@ def _table_check(node: Node) -> str | None:
 def emit_table(em: TosaEmitter, node: Node) -> Val:
     """tosa.table (i8 -> i8, entry `stored + 128`): the stored code plus 128 is q - dtype_min for
     uint8 (stored q - 128) and int8 (stored q) alike, so the table's entries go in as they are,
-    each stored with the output's offset."""
+    each stored with the output's offset. A table of one value everywhere (x * 0, a clamp to one
+    code) is that value's constant splat: IREE 3.13 turns a tosa.table whose entries are all equal
+    into a linalg.fill, which it sums wrongly (_FILL_REFUSAL; a matmul after it was 20 quanta off
+    everywhere), found by the IREE fuzz run, twenty-first session."""
     q_n, table_n = full_args(node)[:2]
     q, table = em.value(q_n), em.constant(table_n)
     out_offset = offset_of(table.dtype)
     entries = (table.to(torch.int32) - out_offset).to(torch.int8).contiguous().numpy()
+    if (entries == entries[0]).all():
+        return Val(em.b.splat(q.shape, torch.int8, int(entries[0]), like=q.value), table.dtype, q.shape, out_offset)
     out = em.b.tosa.table(em.b.ttype(q.shape, torch.int8), q.value, em.b.const(entries))
     return Val(out, table.dtype, q.shape, out_offset)
 
@@ -827,13 +843,29 @@ def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
 
 def _integer_clamp_check(node: Node) -> str | None:
     """int8/uint8 input, Python-number bounds (a ReLU on quantized values that the lowering pass
-    could not fold into a requantize, e.g. because the value has another user)"""
+    could not fold into a requantize, e.g. because the value has another user); on a dynamic
+    shape, not a clamp to one value (_FILL_REFUSAL)"""
     args = full_args(node)
     if args[0].meta["val"].dtype not in _QUANT_DTYPES or node.meta["val"].dtype != args[0].meta["val"].dtype:
         return "clamp of a non-8-bit tensor (or with float bounds, which promote it) is not lowered here"
     if not all(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool)) for b in args[1:3]):
         return "clamp with tensor bounds is not lowered"
+    lo, hi = _clamp_bounds(node)
+    if lo >= hi and DYN in dims(node.meta["val"].shape):
+        return f"a clamp to {_FILL_REFUSAL}"
     return None
+
+
+def _clamp_bounds(node: Node) -> tuple[int, int]:
+    """The clamp's bounds on codes: rounded inwards to integers, cut to the dtype's range."""
+    args = full_args(node)
+    lo_nat, hi_nat = numerics.dtype_range(node.meta["val"].dtype)
+    name = node.target._schema.name
+    lo = args[1] if name != "aten::clamp_max" else None
+    hi = args[1] if name == "aten::clamp_max" else args[2] if name == "aten::clamp" else None
+    lo = lo_nat if lo is None else min(max(math.ceil(lo), lo_nat), hi_nat)
+    hi = hi_nat if hi is None else max(min(math.floor(hi), hi_nat), lo_nat)
+    return lo, hi
 
 
 @tosa_lowering("aten::clamp", "aten::clamp_min", "aten::clamp_max", check=_integer_clamp_check, dynamic_dims=True)
@@ -841,14 +873,8 @@ def emit_integer_clamp(em: TosaEmitter, node: Node) -> Val:
     """tosa.clamp on stored values (the offset keeps order): exactly torch's clamp of the 8-bit
     tensor, bounds rounded inwards to integers and cut to the dtype's range; min > max gives
     max everywhere, as in torch."""
-    args = full_args(node)
-    x = em.value(args[0])
-    lo_nat, hi_nat = numerics.dtype_range(node.meta["val"].dtype)
-    name = node.target._schema.name
-    lo = args[1] if name != "aten::clamp_max" else None
-    hi = args[1] if name == "aten::clamp_max" else args[2] if name == "aten::clamp" else None
-    lo = lo_nat if lo is None else min(max(math.ceil(lo), lo_nat), hi_nat)
-    hi = hi_nat if hi is None else max(min(math.floor(hi), hi_nat), lo_nat)
+    x = em.value(full_args(node)[0])
+    lo, hi = _clamp_bounds(node)
     if lo >= hi:   # one value everywhere (a ReLU of a value whose zero point is its top)
         b = em.b
         return Val(b.splat(x.shape, torch.int8, hi - x.offset, like=x.value), x.dtype, x.shape, x.offset)
