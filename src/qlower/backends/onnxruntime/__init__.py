@@ -23,6 +23,7 @@ from ..clusters import (as_scalars, compile_isolating_rejected, float_inputs, in
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
+from .complex_values import as_complex, as_real_pairs, complex_positions
 from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
 from .canonical_aliases import CanonicalAliases
@@ -209,6 +210,7 @@ class OrtCluster(torch.nn.Module):
         self.n_outputs = len(outputs) - (len(self.finite_checks) if session is not None else 0)
         self.output_names = outputs or None
         self.scalar_kinds = scalar_kinds(fallback)
+        self.complex_inputs, self.complex_outputs = complex_positions(fallback, constants)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     @property
@@ -235,7 +237,8 @@ class OrtCluster(torch.nn.Module):
             self._check_finite_in_pytorch(args)
             return self._pytorch(args)
         try:
-            outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, args)}, None)
+            feed = args if not self.complex_inputs else as_real_pairs(args, self.complex_inputs)
+            outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, feed)}, None)
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
@@ -248,6 +251,8 @@ class OrtCluster(torch.nn.Module):
                 return self._nonfinite_call(args, bad)
             outs = outs[:self.n_outputs]
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
+        if self.complex_outputs:
+            result = as_complex(result, self.complex_outputs, self.single_output)
         if self.scalar_kinds is not None:
             result = as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:

@@ -16,6 +16,7 @@ from ...fx import full_args, target_schema_name
 from ...partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
+from .conditional import handles_complex
 from .decompositions import DECOMPOSITIONS, applies_to, decomposes
 
 def _divisor_override(node: Node) -> str | None:
@@ -174,7 +175,7 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
 # says so (backends/onnxruntime/__init__.py, _nodes_without_kernels)
 FULL_KERNEL_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
 PARTLY_COVERED_DTYPES = {torch.float64, torch.float16, torch.int16}
-_SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES
+_SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES | {torch.complex64, torch.complex128}
 
 
 def _translator():
@@ -220,6 +221,8 @@ def translatable(node: Node) -> str | None:
     gap = GAPS.get(target_schema_name(target))
     if gap is not None and gap(node) is not None:
         return gap(node)
+    if _complex_inputs(node) and _complex_refusal(node):
+        return _complex_refusal(node)
     if _torchlib().is_registered(target) and target not in DECOMPOSITIONS:
         return _dtypes_ok(node)
     if _ours_applies(node):   # written in translatable ops (tests/test_decompositions.py): no re-trace
@@ -237,10 +240,31 @@ def translatable(node: Node) -> str | None:
     return _dtypes_ok(node)
 
 
+def _complex_inputs(node: Node) -> bool:
+    return _translator().complex_inputs(node)
+
+
+def _complex_refusal(node: Node) -> str | None:
+    """A call with a complex input that the exporter keeps as it is (an op torchlib translates
+    directly, or one qlower's real-number decompositions leave: `conditional.for_real_tensors`)
+    needs torchlib's complex translation of it; ops torch.onnx decomposes are checked op by op
+    (`_untranslatable_in_decomposition`)."""
+    target = node.target
+    ours = DECOMPOSITIONS.get(target)
+    if ours is not None and handles_complex(ours):
+        return None
+    kept = ours is not None or target in _translator()._translated_as_is()
+    if kept and not _translator().has_complex_translation(target):
+        return "torch.onnx translates it for real tensors only"
+    return None
+
+
 def _ours_applies(node: Node) -> bool:
     """One of qlower's decompositions (decompositions.py) certainly takes this call."""
     decomposition = DECOMPOSITIONS.get(node.target)
-    return decomposition is not None and (applies_to(decomposition) is None or decomposes(node, undecided=False))
+    if decomposition is None or (_complex_inputs(node) and not handles_complex(decomposition)):
+        return False
+    return applies_to(decomposition) is None or decomposes(node, undecided=False)
 
 
 def _untranslatable_in_decomposition(node: Node) -> str | None:
@@ -287,7 +311,8 @@ def _decomposition_gap(key) -> str | None:
     # in-place ops (copy_, squeeze_) are functionalized away by export before translation
     return next((str(n.target) for n in graph.nodes if n.op == "call_function"
                  and isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable
-                 and not _torchlib().is_registered(n.target)), None)
+                 and not (_torchlib().is_registered(n.target)
+                          and (not _complex_inputs(n) or _translator().has_complex_translation(n.target)))), None)
 
 
 def onnxruntime_capability() -> Capability:

@@ -247,6 +247,18 @@ def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     return False
 
 
+def complex_inputs(node) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.dtype.is_complex
+               for v in (a.meta.get("val") for a in node.all_input_nodes))
+
+
+def has_complex_translation(target) -> bool:
+    """torchlib registers complex tensors' translations apart (a complex64 value is a float32
+    pair there); the exporter dispatches a call with a complex input to those only (measured:
+    exp, where, _to_copy, cumsum of a complex tensor have none)."""
+    return any(d.is_complex for d in _registry().get_decomps(target))
+
+
 def _prepared_for_onnx(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """What `torch.onnx.export` does to an ExportedProgram before translating it (decompose with
     its table, explicit type promotion, no assertion nodes), except that the decomposition, a
