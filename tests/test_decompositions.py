@@ -628,3 +628,33 @@ def test_chebyshev_polynomials_of_a_tensor_degree(kind):
     half = (torch.tensor([x for x in xs for _ in ns]).nan_to_num(0.0, 9.0, -9.0) + 1) / 2
     _check(fn, xp, xc, n, half, summed=True, reference=lambda *args: tuple(
         r.float() for r in fn(*(a.double() if a.is_floating_point() else a for a in args))))
+
+
+def test_complex_zero_padding_and_conjugate_as_pairs():
+    """torchlib's constant_pad_nd and _conj_physical are real-only: a complex tensor is padded /
+    conjugated as its (real, imaginary) pairs, bit for bit (inf and NaN parts included)."""
+    (p, c), make = _from_finite(torch.tensor([NAN, 0.0, INF, -INF, 7.0, -0.0]))
+    z = lambda p, c: torch.complex(make(p, c), make(c, p))  # noqa: E731
+    _check(lambda p, c: torch.view_as_real(torch.constant_pad_nd(z(p, c)[None], [1, 2, 0, 1])), p, c)
+    _check(lambda p, c: torch.view_as_real(torch._conj_physical(z(p, c))), p, c)
+
+
+def test_complex_shape_ops_and_products_on_pairs():
+    """torchlib translates these for real tensors only; complex calls run on the (real,
+    imaginary) pairs, bit for bit; real calls keep torchlib's translation."""
+    (p, c), make = _from_finite(torch.tensor([NAN, 0.0, INF, -INF, 7.0, -0.0, 2.5, -3.0, 1.0, 4.0, 0.5, 6.0]))
+    z = lambda p, c: torch.complex(make(p, c), make(c, p)).reshape(3, 4)  # noqa: E731
+    real = lambda w: torch.view_as_real(w.contiguous())  # noqa: E731
+    _check(lambda p, c: real(z(p, c).reshape(2, 6)), p, c)
+    _check(lambda p, c: real(z(p, c)[None].expand(2, 3, 4)), p, c)
+    _check(lambda p, c: real(torch.select(z(p, c), -1, 1)), p, c)
+    _check(lambda p, c: real(torch.unsqueeze(z(p, c), -1)), p, c)
+    _check(lambda p, c: real(torch.flatten(z(p, c)[None], 1, -1)), p, c)
+    _check(lambda p, c: real(z(p, c)[torch.tensor([2, 0])]), p, c)   # aten "index"
+    _check(lambda p, c: tuple(real(t) for t in torch.split(z(p, c), 3, -1)), p, c)
+    _check(lambda p, c: real(torch.ops.aten.alias(z(p, c)) * 1), p, c)
+    _check(lambda p, c: real(z(p, c).detach() * 1), p, c)
+    w = torch.randn(4, 2, dtype=torch.complex64)
+    _check(lambda a: torch.mm(a, w), torch.randn(3, 4, dtype=torch.complex64), summed=True)
+    _check(lambda a: torch.bmm(a, w[None].expand(2, 4, 2)), torch.randn(2, 3, 4, dtype=torch.complex64), summed=True)
+    _check(lambda x: torch.mm(x.reshape(2, 3), x.reshape(3, 2)).unsqueeze(-1), torch.randn(6), summed=True)   # real

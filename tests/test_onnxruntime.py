@@ -900,3 +900,25 @@ def test_tiny_additive_and_near_one_multiplicative_constants_are_kept():
     assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
     for got, want in zip(cm(x, w), fn(x, w)):
         assert torch.equal(got, want)
+
+
+def test_random_ops_stay_in_pytorch_so_manual_seed_reproduces_them():
+    """ONNX Runtime's random ops draw from a generator seeded per session (two processes gave
+    different randn_like after the same torch.manual_seed) and its Bernoulli kernel draws 1 with
+    probability 1 - p: random ops run in PyTorch, whose generator torch.manual_seed sets, while
+    the ops around them stay in ONNX Runtime."""
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return torch.randn_like(x) + x * 2, torch.bernoulli(x.sigmoid()) * 3
+    x = torch.randn(4, 5)
+    cm = qlower.compile(Noisy(), (x,), backend="onnxruntime")
+    refused = [c for c in cm.report().fallbacks]
+    assert refused and all("PyTorch's generator" in c.reason for c in refused), [c.reason for c in refused]
+    assert cm.report().compiled
+    torch.manual_seed(7)
+    first = cm(x)
+    torch.manual_seed(7)
+    want = Noisy()(x)
+    torch.manual_seed(7)
+    assert all(torch.equal(a, b) for a, b in zip(first, cm(x)))
+    assert all(torch.equal(a, b) for a, b in zip(first, want))   # eager's own draws

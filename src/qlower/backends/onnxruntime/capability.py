@@ -218,12 +218,17 @@ def translatable(node: Node) -> str | None:
         return None
     if _creates_data_dependent_size(node):
         return "output size depends on input values (data-dependent shapes stay in PyTorch)"
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        # ONNX Runtime's random ops draw from their own generator, seeded per session (two
+        # processes gave different randn_like after the same torch.manual_seed), and its Bernoulli
+        # kernel draws 1 with probability 1 - p (measured, ORT 1.31, at opset 21)
+        return "a random op: its values come from PyTorch's generator (torch.manual_seed), which ONNX Runtime cannot follow"
     gap = GAPS.get(target_schema_name(target))
     if gap is not None and gap(node) is not None:
         return gap(node)
     if _complex_inputs(node) and _complex_refusal(node):
         return _complex_refusal(node)
-    if _torchlib().is_registered(target) and target not in DECOMPOSITIONS:
+    if _torchlib().is_registered(target) and (target not in DECOMPOSITIONS or _ours_leaves(node)):
         return _dtypes_ok(node)
     if _ours_applies(node):   # written in translatable ops (tests/test_decompositions.py): no re-trace
         return _dtypes_ok(node)
@@ -257,6 +262,18 @@ def _complex_refusal(node: Node) -> str | None:
     if kept and not _translator().has_complex_translation(target):
         return "torch.onnx translates it for real tensors only"
     return None
+
+
+def _ours_leaves(node: Node) -> bool:
+    """A conditional decomposition certainly leaves this call to torchlib's translation of the op
+    (its predicate says no, and the op is not handed to torch's decomposition instead): no
+    re-trace (complex_pairs.py put reshape, select, expand, ... in the table for complex calls)."""
+    decomposition = DECOMPOSITIONS.get(node.target)
+    if applies_to(decomposition) is None or getattr(decomposition, "otherwise_torch", False):
+        return False
+    if _complex_inputs(node) and not handles_complex(decomposition):
+        return False
+    return not decomposes(node, undecided=True)
 
 
 def _ours_applies(node: Node) -> bool:

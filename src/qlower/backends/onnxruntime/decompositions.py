@@ -28,8 +28,8 @@ import math
 
 import torch
 
-from . import linear_algebra, special_functions
-from .conditional import applies_to, for_complex, for_real_tensors, only_when, static as _static
+from . import complex_pairs, linear_algebra, special_functions
+from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
 A = torch.ops.aten
 # Quadratic decompositions (cumulative max/min/product compare every pair along the dim) stop here:
@@ -628,26 +628,6 @@ def _nextafter(x, y):
     return A._to_copy.default(A.mul.Tensor(A.abs.default(result), sign), dtype=x.dtype)
 
 
-@for_complex
-@only_when(lambda x, pad, value=0: x.dtype.is_complex and value == 0)
-def _complex_constant_pad(x, pad, value=0):
-    """Zero padding of a complex tensor (fft2 / fftn with sizes beyond the input's): torchlib's
-    constant_pad_nd has no complex form; its (real, imaginary) pairs are padded instead, the
-    pair dim (last) left alone."""
-    pairs = A.view_as_real.default(x)
-    return A.view_as_complex.default(A.constant_pad_nd.default(pairs, [0, 0, *pad], 0.0))
-
-
-@for_complex
-@only_when(lambda x: x.dtype.is_complex)
-def _complex_conj_physical(x):
-    """The conjugate of a complex tensor (ihfft2 / ihfftn): torchlib translates conj_physical
-    for real tensors only; the imaginary half of each pair is negated."""
-    pairs = A.view_as_real.default(x)
-    real, imaginary = A.select.int(pairs, -1, 0), A.select.int(pairs, -1, 1)
-    return A.view_as_complex.default(A.stack.default([real, A.neg.default(imaginary)], -1))
-
-
 def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
     """Uninitialized memory of that size: zeros are one such value (the layout is a stride
     order, which an ONNX tensor does not have)."""
@@ -841,8 +821,6 @@ DECOMPOSITIONS = {
     A.special_spherical_bessel_j0.default: special_functions.spherical_bessel_j0,
     A.index_reduce.default: _index_reduce,
     A.empty_permuted.default: _empty_permuted,
-    A.constant_pad_nd.default: _complex_constant_pad,
-    A._conj_physical.default: _complex_conj_physical,
     A.nextafter.default: _nextafter,
     A.put.default: _put,
     A.nonzero_static.default: _nonzero_static,
@@ -855,5 +833,6 @@ DECOMPOSITIONS = {
     A.erfinv.default: special_functions.erfinv,
     A.special_ndtri.default: special_functions.ndtri,
     **linear_algebra.DECOMPOSITIONS,
+    **complex_pairs.DECOMPOSITIONS,
 }
 DECOMPOSITIONS = {target: for_real_tensors(fn) for target, fn in DECOMPOSITIONS.items()}
