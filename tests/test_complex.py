@@ -97,3 +97,22 @@ def test_zero_padded_two_dimensional_fft():
     cm, got = _compiled(lambda x: torch.fft.fft2(x, s=(7, 9)), x)
     _no_fallbacks(cm)
     torch.testing.assert_close(got, torch.fft.fft2(x, s=(7, 9)), atol=1e-5, rtol=1e-5)
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("backend, module", [("iree", "iree.compiler"), ("openvino", "openvino")])
+def test_other_engines_refuse_complex_ffts_up_front(backend, module):
+    """The IREE and OpenVINO capabilities refuse a complex FFT with a reason before compiling
+    (IREE's compiler fails on complex tensors; OpenVINO's DFT is not verified), and the answer is
+    eager's."""
+    if not _installed(module):
+        pytest.skip(f"the {backend} extra is not installed")
+    x = torch.randn(3, 16)
+    cm = qlower.compile(_Fn(lambda x: torch.fft.fft(x)), (x,), backend=backend)
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert reasons and not any("fails on it" in r or "compile failed" in r for r in reasons), reasons
+    torch.testing.assert_close(cm(x), torch.fft.fft(x))

@@ -215,6 +215,11 @@ def float_check(node: Node) -> str | None:
     vals = tensor_vals(node)
     if any(t.dtype in (torch.int8, torch.uint8) for t in vals):
         return "reads or produces a quantized integer tensor outside qlower's integer ops"
+    if any(t.dtype.is_complex for t in vals):
+        # measured (twenty-first session): fft / stft / abs of a complex tensor fail in
+        # iree-compile ("failed to legalize operation 'torch.constant...'", "'math.absf' op
+        # operand ... complex"): refused here instead of accepted and then dropped by the compiler
+        return "complex tensors are not lowered by iree-compile's torch input"
     unheld = next((t.dtype for t in vals if t.dtype in _NOT_IN_NUMPY), None)
     if unheld is not None:   # measured: a bfloat16 model's call raised "unsupported ScalarType BFloat16"
         return f"dtype {unheld} has no numpy equivalent to hand to IREE"
