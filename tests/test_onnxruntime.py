@@ -922,3 +922,17 @@ def test_random_ops_stay_in_pytorch_so_manual_seed_reproduces_them():
     torch.manual_seed(7)
     assert all(torch.equal(a, b) for a, b in zip(first, cm(x)))
     assert all(torch.equal(a, b) for a, b in zip(first, want))   # eager's own draws
+
+
+def test_deterministic_calls_of_random_ops_stay_in_onnxruntime():
+    """Dropout in eval mode or with p = 0 and attention with dropout_p = 0 draw nothing (every
+    transformers model in eval mode calls them): they stay in ONNX Runtime. A blanket refusal of
+    the ops tagged random had taken hf-bert to 7 PyTorch pieces (caught before landing)."""
+    class Eval(torch.nn.Module):
+        def forward(self, q):
+            a = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.0)
+            return torch.nn.functional.dropout(a, 0.5, training=False) + torch.nn.functional.dropout(q, 0.0, True)
+    q = torch.randn(1, 2, 4, 8)
+    cm = qlower.compile(Eval(), (q,), backend="onnxruntime")
+    assert not cm.report().fallbacks, [c.reason for c in cm.report().fallbacks]
+    torch.testing.assert_close(cm(q), Eval()(q))

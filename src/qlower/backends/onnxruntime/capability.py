@@ -218,7 +218,7 @@ def translatable(node: Node) -> str | None:
         return None
     if _creates_data_dependent_size(node):
         return "output size depends on input values (data-dependent shapes stay in PyTorch)"
-    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+    if _draws_random_numbers(node):
         # ONNX Runtime's random ops draw from their own generator, seeded per session (two
         # processes gave different randn_like after the same torch.manual_seed), and its Bernoulli
         # kernel draws 1 with probability 1 - p (measured, ORT 1.31, at opset 21)
@@ -243,6 +243,20 @@ def translatable(node: Node) -> str | None:
     if missing is not None:
         return f"torch.onnx decomposes it into {missing}, which it cannot translate"
     return _dtypes_ok(node)
+
+
+def _draws_random_numbers(node: Node) -> bool:
+    """A `nondeterministic_seeded` op that draws in this call: dropout in eval mode or with p = 0,
+    and attention with dropout_p = 0 (every transformers model in eval mode), are deterministic."""
+    target = node.target
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+        return False
+    names = [a.name for a in target._schema.arguments]
+    args = dict(zip(names, full_args(node)))
+    if args.get("train", args.get("training", True)) is False:
+        return False
+    rate = args.get("dropout_p", args.get("p"))
+    return not (isinstance(rate, (int, float)) and rate == 0 and ("dropout_p" in args or "train" in args))
 
 
 def _complex_inputs(node: Node) -> bool:
