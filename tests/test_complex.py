@@ -8,19 +8,11 @@ import pytest
 import torch
 
 import qlower
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
+from conftest import Fn
 
 
 def _compiled(fn, *xs):
-    cm = qlower.compile(_Fn(fn), xs, backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), xs, backend="onnxruntime")
     return cm, cm(*xs)
 
 
@@ -112,7 +104,7 @@ def test_other_engines_refuse_complex_ffts_up_front(backend, module):
     if not _installed(module):
         pytest.skip(f"the {backend} extra is not installed")
     x = torch.randn(3, 16)
-    cm = qlower.compile(_Fn(lambda x: torch.fft.fft(x)), (x,), backend=backend)
+    cm = qlower.compile(Fn(lambda x: torch.fft.fft(x)), (x,), backend=backend)
     reasons = [c.reason for c in cm.report().fallbacks]
     assert reasons and not any("fails on it" in r or "compile failed" in r for r in reasons), reasons
     torch.testing.assert_close(cm(x), torch.fft.fft(x))

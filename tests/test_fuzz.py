@@ -1041,6 +1041,11 @@ class _Shifted:
         return self.cm(x) + self.by
 
 
+def _eager_in_float32_and_float64(prog: Program, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
+
+
 @pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     """int8, dynamic batch: a LayerNorm row holding 2.8e24 -- PyTorch's fp32 layer_norm overflows
@@ -1050,9 +1055,7 @@ def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     prog = Program(in_shape=(2, 1, 5), ops=(Op("linear", (0,), (4, False)), Op("matmul_w", (1,), (2,)),
                                            Op("matmul_a", (2, 2), ()), Op("mul", (3, 3), ()), Op("layer_norm", (4,), ())),
                    dynamic=True, weights="huge", seed=208, act="int8", weight_bits=7)
-    x = prog.sample(0)
-    with torch.no_grad():
-        e32, e64 = prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
+    e32, e64 = _eager_in_float32_and_float64(prog, prog.sample(0))
     assert torch.isnan(e32).any() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
     _check(prog, ("openvino",))
 
@@ -1510,9 +1513,7 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
     prog = Program(in_shape=(2, 1, 4), ops=(Op("matmul_b", (0, 0), ()), Op("mul_c", (0,), ()), Op("matmul_b", (0, 1), ()),
                                            Op("layer_norm", (3,), ()), Op("matmul_w", (4,), (6,))),
                    dynamic=True, weights="normal", inputs="huge", seed=1269, act="uint8", per_channel=True, weight_bits=8)
-    x = prog.sample(100)
-    with torch.no_grad():
-        e32, e64 = prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
+    e32, e64 = _eager_in_float32_and_float64(prog, prog.sample(100))
     assert torch.isnan(e32).all() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
     _check(prog, ("onnxruntime",))
 

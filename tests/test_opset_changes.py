@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import qlower
+from conftest import Fn
 from qlower.backends.onnxruntime.opset_changes import upgrade_opset_18_nodes
 
 
@@ -56,21 +57,12 @@ def test_near_misses_are_left_alone():
         assert [(n.op_type, dict(n.attributes), len(n.inputs)) for n in model.graph] == before
 
 
-class _Fft(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize("fn", [lambda x: torch.fft.irfft(x), lambda x: torch.fft.irfft(x, n=7, dim=0),
                                 lambda x: torch.fft.hfft(x, norm="ortho"), lambda x: torch.fft.irfftn(x)],
                          ids=["irfft", "irfft-n-dim0", "hfft-ortho", "irfftn"])
 def test_real_fft_inverses_run_in_onnxruntime(fn):
     x = torch.randn(4, 6)
-    cm = qlower.compile(_Fft(fn), (x,), backend="onnxruntime")
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
     assert not cm.report().fallbacks
     torch.testing.assert_close(cm(x), fn(x), atol=1e-5, rtol=1e-5)
 
@@ -81,6 +73,6 @@ def test_grid_sample_runs_in_onnxruntime(mode, align_corners):
     gen = torch.Generator().manual_seed(0)
     x, grid = torch.randn(1, 2, 5, 6, generator=gen), torch.rand(1, 4, 3, 2, generator=gen) * 2.4 - 1.2
     fn = lambda x, g: F.grid_sample(x, g, mode=mode, align_corners=align_corners)  # noqa: E731
-    cm = qlower.compile(_Fft(lambda a: fn(a, grid)), (x,), backend="onnxruntime")
+    cm = qlower.compile(Fn(lambda a: fn(a, grid)), (x,), backend="onnxruntime")
     assert not cm.report().fallbacks
     torch.testing.assert_close(cm(x), fn(x, grid), atol=1e-5, rtol=1e-5)
