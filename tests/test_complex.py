@@ -108,3 +108,16 @@ def test_other_engines_refuse_complex_ffts_up_front(backend, module):
     reasons = [c.reason for c in cm.report().fallbacks]
     assert reasons and not any("fails on it" in r or "compile failed" in r for r in reasons), reasons
     torch.testing.assert_close(cm(x), torch.fft.fft(x))
+
+
+def test_iree_refuses_windows_and_real_result_ffts_up_front():
+    """Window functions and irfft / hfft stay `torch.operator` in iree-compile: refused by the
+    capability (not accepted and then dropped by the compiler), the answer eager's."""
+    if not _installed("iree.compiler"):
+        pytest.skip("the iree extra is not installed")
+    fn = lambda x: torch.fft.irfft(x * torch.hann_window(16)) + torch.fft.hfft(x)  # noqa: E731
+    x = torch.randn(3, 16)
+    cm = qlower.compile(Fn(fn), (x,), backend="iree")
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert len(reasons) == 3 and all("not legalized" in r for r in reasons), reasons
+    torch.testing.assert_close(cm(x), fn(x))
