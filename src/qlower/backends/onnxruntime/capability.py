@@ -212,7 +212,7 @@ def _creates_data_dependent_size(node: Node) -> bool:
 
 
 def translatable(node: Node) -> str | None:
-    """translated by torch.onnx (torchlib)"""
+    """translated by torch.onnx (torchlib; a complex call where it has the complex form), not a random draw"""
     target = node.target
     if target is operator.getitem:
         return None
