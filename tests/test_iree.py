@@ -2032,3 +2032,19 @@ def test_a_compile_failure_naming_no_op_refuses_nothing():
     assert _named_by_failure(failed) == {}
     failed.error = "error: failed to legalize operation 'torch.operator' <{name = \"torch.aten.special_erfc\"}>"
     assert list(_named_by_failure(failed)) == ["special_erfc"]
+
+
+@pytest.mark.parametrize("shape, pad", [((1, 1, 400), (32, 32)), ((2, 3, 10), (2, 1)), ((2, 1, 40), (3, 3)),
+                                        ((2, 3, 9, 7), (2, 1, 3, 0))])
+def test_reflection_padding_compiles_at_every_size(shape, pad):
+    """iree-compile 3.13 rejected torch-mlir's reflection padding for (1, 1, 400) by 32 and
+    (2, 3, 10) by (2, 1) (accepted by the capability, then isolated in PyTorch); it now runs as
+    torch's decomposition, with the batch dynamic too."""
+    class Reflect(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.pad(x, pad, mode="reflect") * 2
+    x = torch.randn(*shape)
+    for dynamic in (None, ({0: torch.export.Dim("b", min=1, max=8)},))[:1 if shape[0] == 1 else 2]:
+        cm = qlower.compile(Reflect(), (x,), backend="iree", dynamic_shapes=dynamic)
+        assert not cm.report().fallbacks, [c.reason for c in cm.report().fallbacks]
+        torch.testing.assert_close(cm(x), Reflect()(x), rtol=0, atol=0)

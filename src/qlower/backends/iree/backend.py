@@ -127,6 +127,29 @@ def _decompose_ops_iree_lacks():
     return DecomposeBlockOps(lambda node: False, why="iree 3.13 does not lower it", table=table)
 
 
+def _reflection_pads_decomposed():
+    """Reflection padding as torch's decomposition (index arithmetic and gathers): iree-compile
+    3.13 rejects torch-mlir's lowering of it for some sizes, with data tiling or without
+    ("'linalg.generic' op inferred input/output operand #0 has shape's dimension #1 to be greater
+    than or equal to 32, but found 25": (1, 1, 400) padded by 32, (2, 3, 10) by (2, 1); (2, 1,
+    40) by 3 compiled), which the capability had accepted (twenty-first session); decomposed,
+    every one of those compiles and matches."""
+    from torch._decomp import decomposition_table
+    from ...fx import full_args
+    from ...passes.decompose_block_ops import DecomposeBlockOps
+    aten = torch.ops.aten
+    by_rank = {n: decomposition_table[getattr(aten, f"reflection_pad{n}d").default] for n in (1, 2, 3)}
+
+    def reflect(x, pad, mode="constant", value=None):
+        return by_rank[len(pad) // 2](x, list(pad))
+
+    def kept(node) -> bool:
+        return node.target is aten.pad.default and full_args(node)[2] != "reflect"
+    table = {aten.pad.default: reflect,
+             **{getattr(aten, f"reflection_pad{n}d").default: by_rank[n] for n in (1, 2, 3)}}
+    return DecomposeBlockOps(kept, why="iree-compile mis-sizes torch-mlir's reflection padding", table=table)
+
+
 class IreeBackend:
     name = "iree"
     export_formats = ("mlir", "vmfb")   # qlower.export: the one cluster's module (export.py)
@@ -167,12 +190,14 @@ class IreeBackend:
         `&` / `^` as bitwise_and / bitwise_xor (torch-mlir lowers only those); boolean tensors
         created as int32 != 0 (torch-mlir fails on a boolean splat); rank-3 matmuls as bmm
         (torch-mlir cannot decompose them alone with a dynamic batch); bilinear upsampling,
-        index_copy and diff as torch's decompositions (IREE lowers none), `_unsafe_index` as
+        index_copy and diff as torch's decompositions (IREE lowers none), reflection padding as
+        torch's (iree-compile mis-sizes torch-mlir's for some sizes), `_unsafe_index` as
         `index`, `mT` / `mH` / `adjoint` as `transpose`, accumulating scatters (mean, and sums
         and products into their input) into a neutral tensor (IREE lost repeated indices)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
                 DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_ops_iree_lacks(), UnsafeIndex(), MatrixTransposes(),
+                BatchedMatmuls(), _decompose_ops_iree_lacks(), _reflection_pads_decomposed(), UnsafeIndex(),
+                MatrixTransposes(),
                 AccumulatingScatters()]
 
     def compile(self, gm: GraphModule) -> Executable:
