@@ -91,18 +91,12 @@ def test_zero_padded_two_dimensional_fft():
     torch.testing.assert_close(got, torch.fft.fft2(x, s=(7, 9)), atol=1e-5, rtol=1e-5)
 
 
-def _installed(module: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(module) is not None
-
-
 @pytest.mark.parametrize("backend, module", [("iree", "iree.compiler"), ("openvino", "openvino")])
 def test_other_engines_refuse_complex_ffts_up_front(backend, module):
     """The IREE and OpenVINO capabilities refuse a complex FFT with a reason before compiling
     (IREE's compiler fails on complex tensors; OpenVINO's DFT is not verified), and the answer is
     eager's."""
-    if not _installed(module):
-        pytest.skip(f"the {backend} extra is not installed")
+    pytest.importorskip(module, reason=f"the {backend} extra is not installed (pip install -e .[{backend}])")
     x = torch.randn(3, 16)
     cm = qlower.compile(Fn(lambda x: torch.fft.fft(x)), (x,), backend=backend)
     reasons = [c.reason for c in cm.report().fallbacks]
@@ -113,8 +107,7 @@ def test_other_engines_refuse_complex_ffts_up_front(backend, module):
 def test_iree_refuses_windows_and_real_result_ffts_up_front():
     """Window functions and irfft / hfft stay `torch.operator` in iree-compile: refused by the
     capability (not accepted and then dropped by the compiler), the answer eager's."""
-    if not _installed("iree.compiler"):
-        pytest.skip("the iree extra is not installed")
+    pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
     fn = lambda x: torch.fft.irfft(x * torch.hann_window(16)) + torch.fft.hfft(x)  # noqa: E731
     x = torch.randn(3, 16)
     cm = qlower.compile(Fn(fn), (x,), backend="iree")

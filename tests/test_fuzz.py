@@ -644,10 +644,10 @@ def _quantum_flip_gain(ref_cm, x: torch.Tensor) -> float:
     if not isinstance(base, torch.Tensor) or not base.is_floating_point():
         return 0.0
     gain = 0.0
-    for i in range(len(_island_outputs(gm))):
+    for name in [n.name for n in _island_outputs(gm)]:
         for by in (1, -1):
             shifted = copy.deepcopy(gm)
-            node = _island_outputs(shifted)[i]
+            node = next(n for n in shifted.graph.nodes if n.name == name)
             qmin, qmax = node.args[3], node.args[4]
             with shifted.graph.inserting_after(node):
                 moved = shifted.graph.call_function(_shift_quanta, (node, by, qmin, qmax))

@@ -16,6 +16,7 @@ from ...fx import full_args, target_schema_name
 from ...partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
+from .complex_values import complex_inputs as _complex_inputs
 from .conditional import handles_complex
 from .decompositions import DECOMPOSITIONS, applies_to, decomposes
 
@@ -257,10 +258,6 @@ def _draws_random_numbers(node: Node) -> bool:
         return False
     rate = args.get("dropout_p", args.get("p"))
     return not (isinstance(rate, (int, float)) and rate == 0 and ("dropout_p" in args or "train" in args))
-
-
-def _complex_inputs(node: Node) -> bool:
-    return _translator().complex_inputs(node)
 
 
 def _complex_refusal(node: Node) -> str | None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from .complex_values import is_complex
 from .conditional import for_complex, only_when
 
 A = torch.ops.aten
 
 
 def _complex(x, *args, **kwargs) -> bool:
-    return isinstance(x, torch.Tensor) and x.dtype.is_complex
+    return is_complex(x)
 
 
 def _pairs(z):

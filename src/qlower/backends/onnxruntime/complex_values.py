@@ -9,8 +9,13 @@ import torch
 from torch.fx import GraphModule
 
 
-def _is_complex(value) -> bool:
+def is_complex(value) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype.is_complex
+
+
+def complex_inputs(node) -> bool:
+    """An FX node reading a complex tensor (from its inputs' meta values)."""
+    return any(is_complex(a.meta.get("val")) for a in node.all_input_nodes)
 
 
 def complex_positions(sub: GraphModule, constants: dict[int, torch.Tensor]) -> tuple[frozenset, frozenset]:
@@ -19,8 +24,8 @@ def complex_positions(sub: GraphModule, constants: dict[int, torch.Tensor]) -> t
     runtime = [p for i, p in enumerate(placeholders) if i not in constants]
     out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return (frozenset(i for i, p in enumerate(runtime) if _is_complex(p.meta.get("val"))),
-            frozenset(i for i, o in enumerate(outs) if hasattr(o, "meta") and _is_complex(o.meta.get("val"))))
+    return (frozenset(i for i, p in enumerate(runtime) if is_complex(p.meta.get("val"))),
+            frozenset(i for i, o in enumerate(outs) if hasattr(o, "meta") and is_complex(o.meta.get("val"))))
 
 
 def as_real_pairs(args: tuple, positions: frozenset) -> tuple:

@@ -44,8 +44,8 @@ def handles_complex(decomposition) -> bool:
 
 def _any_complex(args, kwargs) -> bool:
     import torch
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-    return any(isinstance(t, torch.Tensor) and t.dtype.is_complex for t in leaves)
+    from .complex_values import is_complex
+    return any(is_complex(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
 def for_real_tensors(decomposition):

@@ -247,11 +247,6 @@ def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     return False
 
 
-def complex_inputs(node) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.dtype.is_complex
-               for v in (a.meta.get("val") for a in node.all_input_nodes))
-
-
 def has_complex_translation(target) -> bool:
     """torchlib registers complex tensors' translations apart (a complex64 value is a float32
     pair there); the exporter dispatches a call with a complex input to those only (measured:
