@@ -73,6 +73,15 @@ def test_dynamic_batch_runs_at_several_sizes(small_net, tmp_path):
     assert torch.equal(cm2(x), cm(x))
 
 
+def test_dynamic_batch_without_a_maximum(small_net):
+    """`Dim(min=2)` with no max: sympy's oo as the upper bound made the input check raise a raw
+    AttributeError at compile (`int(oo)`); unbounded now, checked only from below."""
+    cm = compiled(small_net, (2, 3, 8, 8), dynamic_shapes={"x": {0: torch.export.Dim("batch", min=2)}})
+    assert cm(torch.randn(40, 3, 8, 8)).shape == (40, 5)
+    with pytest.raises(InputError, match="dim 0"):
+        cm(torch.randn(1, 3, 8, 8))
+
+
 @pytest.mark.parametrize("args,match", [
     ((), "expected 1 input"),
     ((torch.randn(1, 3, 8, 8), torch.randn(1)), "expected 1 input"),

@@ -160,14 +160,71 @@ def test_householder_qr_geqrf_and_ormqr(shape):
 
 
 def test_near_misses_stay_in_pytorch_with_their_reason():
-    """A matrix beyond MAX_UNROLLED; the ops that raise in eager on singular input (an ONNX
-    graph cannot raise); LU without pivoting (eager refuses it on the CPU)."""
+    """A matrix beyond MAX_UNROLLED; an op that raises in eager on singular input, on a symbolic
+    size (its check is moved out only on static shapes: an ONNX graph cannot raise)."""
     big = torch.randn(MAX_UNROLLED + 1, MAX_UNROLLED + 1)
     cm = qlower.compile(Fn(lambda a: torch.linalg.lu_factor_ex(a)[0] * 2), (big,), backend="onnxruntime")
     assert [list(c.ops) for c in cm.report().fallbacks] == [["linalg_lu_factor_ex"]]
-    cm = qlower.compile(Fn(lambda a: torch.linalg.inv(a) * 2), (torch.randn(3, 3),), backend="onnxruntime")
+    batch = torch.export.Dim("batch", min=2)
+    cm = qlower.compile(Fn(lambda a: torch.linalg.inv(a) * 2), (torch.randn(2, 3, 3),), backend="onnxruntime",
+                        dynamic_shapes=(({0: batch},),))
     (fallback,) = cm.report().fallbacks
     assert "raises in eager on a singular" in fallback.reason
+
+
+def _raising(a, b, spd, t):
+    """Every op ErrorChecksOutside rewrites, each reading its own input."""
+    lu, piv = torch.linalg.lu_factor(a)
+    return (torch.linalg.inv(a), torch.linalg.solve(a, b), torch.linalg.cholesky(spd), torch.cholesky(spd, upper=True),
+            lu, piv, torch.linalg.tensorinv(t, ind=1), torch.linalg.tensorsolve(t, b[:, 0].repeat(2)))
+
+
+def _raising_inputs():
+    a = torch.randn(3, 3)
+    spd = a @ a.mT + torch.eye(3)
+    return a, torch.randn(3, 2), spd, torch.randn(6, 2, 3)
+
+
+def test_error_checks_outside_contract():
+    """ErrorChecksOutside: each raising op becomes its `_ex` form + eager's check (positive), the
+    values stay identical, a second run changes nothing (idempotent); a symbolic shape and the
+    `_ex` forms themselves are left alone (near misses)."""
+    from qlower.backends.onnxruntime.error_checks_outside import RAISING, ErrorChecksOutside
+    from qlower.passes import PassContext
+    args = _raising_inputs()
+    gm = torch.export.export(Fn(_raising), args).module()
+    before = gm(*args)
+    raising = lambda: [n for n in gm.graph.nodes if n.target in RAISING]
+    checks = lambda: [n for n in gm.graph.nodes if n.target is torch.ops.aten._linalg_check_errors.default]
+    assert len(raising()) == 7 and not checks()
+    assert ErrorChecksOutside().run(gm, PassContext()) is True
+    assert not raising() and len(checks()) == 7
+    assert ErrorChecksOutside().run(gm, PassContext()) is False
+    for got, want in zip(gm(*args), before):
+        assert torch.equal(got, want)
+    batch = torch.export.Dim("batch", min=2)
+    gm = torch.export.export(Fn(torch.linalg.inv), (torch.randn(2, 3, 3),), dynamic_shapes=(({0: batch},),)).module()
+    assert ErrorChecksOutside().run(gm, PassContext()) is False
+
+
+def test_ops_that_raise_in_eager_run_in_onnxruntime_and_raise_there_too():
+    """One cluster, no fallback, eager's values; on singular / not positive-definite inputs the
+    same error (type and message) as eager, the first op's in program order."""
+    args = _raising_inputs()
+    cm = _compiled(_raising, *args)
+    for got, want in zip(cm(*args), _raising(*(x.double() for x in args))):
+        if want.is_floating_point():
+            torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+        else:
+            assert torch.equal(got, want)
+    bad = [(torch.zeros(3, 3), *args[1:]), (args[0], args[1], -args[2], args[3]),
+           (*args[:3], torch.zeros(6, 2, 3))]
+    for inputs in bad:
+        with pytest.raises(RuntimeError) as eager:
+            _raising(*inputs)
+        with pytest.raises(type(eager.value)) as ours:
+            cm(*inputs)
+        assert str(ours.value) == str(eager.value)
 
 
 def test_every_linear_algebra_decomposition_is_tested_here():

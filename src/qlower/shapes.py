@@ -36,12 +36,25 @@ def _dim_for(d: torch.SymInt, dims: dict, ranges: dict) -> object:
     name = str(expr)
     if name not in dims:
         rng = ranges.get(expr) or d.node.shape_env.var_to_range.get(expr)
-        lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 0
+        lo = (finite_bound(rng.lower) if rng is not None else None) or 0
         lo = min(lo, 1) if expr not in ranges else lo
-        hi = int(rng.upper) if rng is not None and rng.upper.is_finite else None
+        hi = finite_bound(rng.upper) if rng is not None else None
         dims[name] = torch.export.Dim(f"d_{name}", min=lo, max=hi) if hi is not None \
             else torch.export.Dim(f"d_{name}", min=lo)
     return dims[name]
+
+
+def finite_bound(bound) -> int | None:
+    """A range bound as an int; None for an unbounded one. torch's `int_oo` says `is_finite`
+    True and `int()` of it raises, as does sympy's `oo` (AttributeError in sympy 1.14): a
+    `Dim("batch", min=2)` without max raised a raw exception at compile."""
+    from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
+    if isinstance(bound, (IntInfinity, NegativeIntInfinity)) or getattr(bound, "is_finite", True) is False:
+        return None
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
 
 
 def user_input_values(ep: torch.export.ExportedProgram) -> list:

@@ -8,6 +8,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..errors import InputError
+from ..shapes import finite_bound
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,8 @@ def _range_of(dim, range_constraints: dict | None) -> tuple[int, int | None] | N
         vr = getattr(shape_env, "var_to_range", {}).get(expr) if shape_env is not None else None
     if vr is None:
         return None
-    try:
-        lo = int(vr.lower)
-    except (TypeError, ValueError, OverflowError):
-        lo = 0
-    try:
-        hi = int(vr.upper)
-    except (TypeError, ValueError, OverflowError):  # int_oo: unbounded
-        hi = None
-    return max(lo, 0), hi
+    lo, hi = finite_bound(vr.lower), finite_bound(vr.upper)
+    return max(lo or 0, 0), hi
 
 
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, schema_name
+from ...shapes import finite_bound
 
 
 def import_float_cluster(sub: GraphModule):
@@ -61,7 +62,8 @@ def symbol_ranges(graph: torch.fx.Graph) -> dict:
             for symbol in size.node.expr.free_symbols:
                 bounds = env.var_to_range.get(symbol)
                 if bounds is not None and str(symbol) not in found:
-                    upper = int(bounds.upper) if bounds.upper.is_finite else _UNBOUNDED
+                    upper = finite_bound(bounds.upper)
+                    upper = _UNBOUNDED if upper is None else upper
                     found[str(symbol)] = RangeConstraint(0, upper)   # lower: see the docstring
     return found
 

@@ -27,6 +27,7 @@ from .complex_values import as_complex, as_real_pairs, complex_positions
 from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
 from .canonical_aliases import CanonicalAliases
+from .error_checks_outside import ErrorChecksOutside
 from .explicit_reduction_dims import ExplicitReductionDims
 from .four_d_attention import FourDAttention
 from .fuse_per_token import FusePerTokenLinear
@@ -370,8 +371,10 @@ class OnnxRuntimeBackend:
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
         and attention-rank gaps spelled out (and its scatter "mean", which was wrong, as sums into
-        zeros), and fused kernels where they are proven exact."""
+        zeros), linear algebra's error checks moved out of the ops that raise, and fused kernels
+        where they are proven exact."""
         return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
+                ErrorChecksOutside(),
                 AccumulatingScatters(frozenset({"mean"})),
                 FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
 
