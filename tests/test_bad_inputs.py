@@ -166,6 +166,17 @@ def test_dynamic_dim_beyond_its_declared_range_is_an_input_error(backend, tmp_pa
         assert "Dim(min=..., max=...)" in info.value.hint
 
 
+def test_size_one_under_dim_auto_names_the_special_case():
+    """Dim.AUTO starts at 2 (export traces 0 and 1 apart): batch 1 is an InputError whose hint
+    says why and how to include it (it suggested a wider Dim(min, max), which did not explain)."""
+    model, _ = _net()
+    cm = qlower.compile(model, (torch.randn(3, 8),), backend="reference", dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    assert cm(torch.randn(7, 8)).shape == (7, 4)
+    with pytest.raises(InputError, match=r"dynamic dim 0 is 1, outside its declared range \[2, inf\]") as info:
+        cm(torch.randn(1, 8))
+    assert "Dim('name', min=0)" in info.value.hint and "0 and 1" in info.value.hint
+
+
 class _PositionTable(torch.nn.Module):
     """Position embeddings from a 64-entry table, sliced to the input's length (BERT's)."""
 

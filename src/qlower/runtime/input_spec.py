@@ -58,7 +58,13 @@ class InputSpec:
             return f"convert the input with .to(torch.{self.dtype}), or compile with example inputs of that dtype"
         if value.dim() != len(self.shape):
             return "pass inputs of the rank the model was compiled with"
-        if any(b is not None and not _within(b, g) for b, g in zip(self.bounds, value.shape)):
+        outside = [(b, g) for b, g in zip(self.bounds, value.shape) if b is not None and not _within(b, g)]
+        if outside and any(g < 2 and b[0] == 2 for b, g in outside):
+            # Dim.AUTO / Dim.DYNAMIC (and a Dim with min=2): torch.export traces sizes 0 and 1 apart
+            return ("torch.export captures a size declared with Dim.AUTO / Dim.DYNAMIC from 2 (0 and 1 "
+                    "are special cases); recompile with torch.export.Dim('name', min=0) in dynamic_shapes= "
+                    "to include them")
+        if outside:
             return "recompile with a wider torch.export.Dim(min=..., max=...) in dynamic_shapes="
         return "dims that vary must be declared with dynamic_shapes= at compile time"
 
