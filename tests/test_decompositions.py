@@ -658,3 +658,43 @@ def test_complex_shape_ops_and_products_on_pairs():
     _check(lambda a: torch.mm(a, w), torch.randn(3, 4, dtype=torch.complex64), summed=True)
     _check(lambda a: torch.bmm(a, w[None].expand(2, 4, 2)), torch.randn(2, 3, 4, dtype=torch.complex64), summed=True)
     _check(lambda x: torch.mm(x.reshape(2, 3), x.reshape(3, 2)).unsqueeze(-1), torch.randn(6), summed=True)   # real
+
+
+def _order_statistics(p, c, make):
+    """Every order-statistics entry point on one tensor made in the cluster (NaN rows included)."""
+    y = make(p, c)
+    return (torch.median(y, 1), torch.median(y, -1, keepdim=True), torch.nanmedian(y, 1),
+            torch.median(y[1:]), torch.nanmedian(y), torch.nanmedian(y[0, :1] * NAN, 0),
+            torch.kthvalue(y[1:], 2, 1), torch.kthvalue(y, 1, 0, True), torch.median(y[0, 0], 0),
+            torch.mode(torch.round(y[1:]), 1), torch.mode(torch.round(y[1:]).to(torch.int32), 0, True),
+            torch.mode(y[1:] > 0, 1))
+
+
+def test_median_nanmedian_kthvalue_and_mode_equal_eager():
+    """Values and indices where no two candidates tie (a tie's index is eager's nth_element's,
+    documented unspecified): median NaN at a row's first NaN, nanmedian ignoring NaN (an all-NaN
+    row: NaN at index 0), kthvalue, median of everything, a 0-d input; mode, where ties are the
+    point: the smallest most frequent value at its last index, on floats, int32 and bool."""
+    x = torch.randn(4, 7) * 3
+    x[0, 2] = NAN
+    x[2, 5] = NAN
+    x[3, 1] = INF
+    (p, c), make = _from_finite(x)
+    _check(lambda p, c: _order_statistics(p, c, make), p, c)
+
+
+def test_mode_of_a_long_dim_and_kthvalue_near_miss():
+    """mode over 3000 values (OpInfo's sample: linear memory, not pairwise); kthvalue on a
+    symbolic dim is not decomposed (the position needs the size): it runs in PyTorch."""
+    x = torch.randn(2, 3000).mul(4).round()
+    cm = qlower.compile(Fn(lambda x: torch.mode(x, 1)), (x,), backend="onnxruntime")
+    (value, index), want = cm(x), torch.mode(x, 1)
+    assert not cm.report().fallbacks and torch.equal(value, want.values)
+    # eager's index among the mode's 600 positions is its std::sort's; ours is the last
+    assert torch.equal(x.gather(1, index[:, None])[:, 0], value) and torch.equal(index, (x == value[:, None]).int().cumsum(1).argmax(1))
+    x = torch.randn(2, 3000)   # OpInfo's sample: no repeats, the smallest value at its only index
+    _check(lambda x: torch.mode(x, 1), x)
+    batch = torch.export.Dim("n", min=2, max=64)
+    cm = qlower.compile(Fn(lambda x: torch.kthvalue(x, 2, 1)[0] * 2), (torch.randn(3, 4),), backend="onnxruntime",
+                        dynamic_shapes=(({1: batch},),))
+    assert [list(c.ops) for c in cm.report().fallbacks] == [["kthvalue"]]
