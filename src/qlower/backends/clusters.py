@@ -111,13 +111,15 @@ class ConstantCluster(torch.nn.Module):
 
 def pytorch_infos(unsupported: dict[str, str], fused: GraphModule, start: int) -> list[ClusterInfo]:
     """One ClusterInfo per node the capability refused (name -> reason): "state" for the buffer
-    write-backs of FunctionalizeState (PyTorch by design), "fallback" with the reason otherwise."""
-    write_backs = {n.name for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
+    write-backs of FunctionalizeState and the input write-backs of legalization passes (PyTorch
+    by design), "fallback" with the reason otherwise."""
+    write_backs = {n.name: n.args[0].op for n in fused.graph.nodes if n.meta.get(WRITE_BACK)}
     infos = []
     for name, reason in unsupported.items():
         state = name in write_backs
+        what = "input write-back" if write_backs.get(name) == "placeholder" else "module state write-back"
         infos.append(ClusterInfo(start + len(infos), "pytorch", 1, {name: 1}, "state" if state else "fallback",
-                                 "module state write-back" if state else reason))
+                                 what if state else reason))
     return infos
 
 

@@ -26,6 +26,7 @@ from ..input_sums import with_input_sums
 from .complex_values import as_complex, as_real_pairs, complex_positions
 from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
+from .batch_norm_spelled_out import BatchNormSpelledOut
 from .canonical_aliases import CanonicalAliases
 from .error_checks_outside import ErrorChecksOutside
 from .explicit_reduction_dims import ExplicitReductionDims
@@ -371,10 +372,11 @@ class OnnxRuntimeBackend:
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
         and attention-rank gaps spelled out (and its scatter "mean", which was wrong, as sums into
-        zeros), linear algebra's error checks moved out of the ops that raise, and fused kernels
-        where they are proven exact."""
+        zeros), linear algebra's error checks moved out of the ops that raise, batch norm that
+        updates its caller's running statistics spelled out, and fused kernels where they are
+        proven exact."""
         return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
-                ErrorChecksOutside(),
+                ErrorChecksOutside(), BatchNormSpelledOut(),
                 AccumulatingScatters(frozenset({"mean"})),
                 FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
 
