@@ -698,3 +698,20 @@ def test_mode_of_a_long_dim_and_kthvalue_near_miss():
     cm = qlower.compile(Fn(lambda x: torch.kthvalue(x, 2, 1)[0] * 2), (torch.randn(3, 4),), backend="onnxruntime",
                         dynamic_shapes=(({1: batch},),))
     assert [list(c.ops) for c in cm.report().fallbacks] == [["kthvalue"]]
+
+
+def _data_dependent(x, mask):
+    return (torch.nonzero(x > 0), torch.argwhere(x[0] > 0.5), torch.nonzero(x[0, 0] > 0), torch.argwhere(x.sum() > 0),
+            torch.masked_select(x, mask), torch.unique(x.round(), return_inverse=True, return_counts=True),
+            x[x > 1].sum())
+
+
+def test_data_dependent_sizes_run_in_onnxruntime_at_every_count():
+    """Output sizes that depend on the values (ONNX Runtime sizes them at run time): nonzero and
+    argwhere (of a 0-d tensor too: (n, 0), where ONNX's NonZero of a scalar is (1, n)),
+    masked_select with a broadcast mask, unique with its inverse and counts, boolean indexing;
+    one compile, then inputs that select some, none and all."""
+    x, mask = torch.randn(3, 4), torch.tensor([True, False, True, True])
+    cm = _check(_data_dependent, x, mask)
+    for x in (torch.randn(3, 4), -torch.rand(3, 4) - 2, torch.rand(3, 4) + 2):
+        assert _same(cm(x, mask), _data_dependent(x, mask))

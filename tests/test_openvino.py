@@ -895,3 +895,18 @@ def test_a_rejection_naming_no_node_of_the_cluster_refuses_nothing():
     onnx_bytes = qlower.compile(model, (x,), backend="onnxruntime").report().clusters[0].onnx
     assert rejected_nodes(RuntimeError("No conversion rule found for operations: SequenceMap-23, util::SequenceAt"),
                           onnx_bytes, sub) == {}
+
+
+def test_data_dependent_sizes_and_order_statistics_stay_in_pytorch():
+    """What onnxruntime now runs and OpenVINO is not verified on: masked_select (a size from the
+    values) and median / kthvalue / mode (decompositions.py's stable TopK passes, which
+    OpenVINO's TopK scrambles) are refused with their reasons, and the answers are eager's."""
+    from conftest import Fn
+    fn = lambda x, m: (torch.masked_select(x, m), torch.median(x, 1), torch.kthvalue(x, 2, 1), torch.mode(x.round(), 1))
+    x, m = torch.randn(3, 4), torch.tensor([True, False, True, True])
+    cm = qlower.compile(Fn(fn), (x, m), backend="openvino")
+    reasons = {op: c.reason for c in cm.report().fallbacks for op in c.ops}
+    assert "data-dependent" in reasons["masked_select"]
+    assert {"median", "kthvalue", "mode"} <= set(reasons)
+    for got, want in zip(torch.utils._pytree.tree_leaves(cm(x, m)), torch.utils._pytree.tree_leaves(fn(x, m))):
+        assert torch.equal(got, want)

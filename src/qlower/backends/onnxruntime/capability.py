@@ -202,23 +202,11 @@ def _dtypes_ok(node: Node) -> str | None:
     return None
 
 
-def _creates_data_dependent_size(node: Node) -> bool:
-    """The op's output size depends on input values (nonzero, masked_select, unique, ...): export
-    gives it a fresh unbacked symbol. Measured: inside a cluster ONNX's NonZero on a 0-d input
-    came back (1, 1) where eager is (1, 0), and masked_select's size check failed at run time."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    produced = free_unbacked_symbols(node.meta.get("val"))
-    consumed = set().union(*(free_unbacked_symbols(a.meta.get("val")) for a in node.all_input_nodes))
-    return bool(produced - consumed)
-
-
 def translatable(node: Node) -> str | None:
     """translated by torch.onnx (torchlib; a complex call where it has the complex form), not a random draw"""
     target = node.target
     if target is operator.getitem:
         return None
-    if _creates_data_dependent_size(node):
-        return "output size depends on input values (data-dependent shapes stay in PyTorch)"
     if _draws_random_numbers(node):
         # ONNX Runtime's random ops draw from their own generator, seeded per session (two
         # processes gave different randn_like after the same torch.manual_seed), and its Bernoulli
