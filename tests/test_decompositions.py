@@ -715,3 +715,26 @@ def test_data_dependent_sizes_run_in_onnxruntime_at_every_count():
     cm = _check(_data_dependent, x, mask)
     for x in (torch.randn(3, 4), -torch.rand(3, 4) - 2, torch.rand(3, 4) + 2):
         assert _same(cm(x, mask), _data_dependent(x, mask))
+
+
+def _histograms(x, w, edges):
+    return (torch.histc(x, 7), torch.histc(x, 5, -1, 2), torch.histc(x[0, :1], 3),
+            torch.histogram(x, 6), torch.histogram(x, 4, range=(-1.0, 2.0), weight=w, density=True),
+            torch.histogram(x, edges), torch.histogram(x, edges, weight=w, density=True),
+            torch.ops.aten.unique_consecutive(x.round(), True, True), torch.unique_consecutive(x[1].round()))
+
+
+def test_histograms_and_unique_consecutive_equal_eager():
+    """histc over the data's range (one value: widened by 1) and a fixed one, histogram by count
+    (edges torch.linspace's to an ulp, `_histograms` module docstring) and by explicit edges,
+    weights and density; unique_consecutive of floats with its inverse and counts. Counts and
+    indices exact."""
+    x, w = torch.randn(3, 8), torch.rand(3, 8)
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.3, 1.0, 2.5])
+    cm = qlower.compile(Fn(_histograms), (x, w, edges), backend="onnxruntime")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, str(cm.report())
+    for x in (x, torch.randn(3, 8) * 2, torch.full((3, 8), 0.5)):
+        got, want = torch.utils._pytree.tree_leaves(cm(x, w, edges)), torch.utils._pytree.tree_leaves(_histograms(x, w, edges))
+        for g, e in zip(got, want):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)

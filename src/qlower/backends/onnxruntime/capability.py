@@ -73,11 +73,13 @@ def _vecdot_empty(node: Node) -> str | None:
         if any(s is not None and 0 in s for s in shapes) else None
 
 
-# torchlib raises NotImplementedError for the default min == max (the range is the data's).
+# torchlib raises NotImplementedError for the default min == max (the range is the data's);
+# histograms.py computes it where the input is static and not empty.
 def _histc_data_range(node: Node) -> str | None:
+    """with min == max (the data's range) on a symbolic or empty input"""
     args = full_args(node)
-    return "histc with min == max (a data-dependent range) is not translated by torchlib" \
-        if args[2] == args[3] else None
+    return "histc with min == max (a data-dependent range) on a symbolic or empty input is not translated" \
+        if args[2] == args[3] and not decomposes(node) else None
 
 
 # An empty reduction gives -0, eager NaN (measured: std/var/var_mean/std_mean of a (0, 5) input).

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from . import complex_pairs, data_dependent_sizes, linear_algebra, order_statistics, special_functions
+from . import complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics, special_functions
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
 A = torch.ops.aten
@@ -835,6 +835,7 @@ DECOMPOSITIONS = {
     **linear_algebra.DECOMPOSITIONS,
     **order_statistics.DECOMPOSITIONS,
     **data_dependent_sizes.DECOMPOSITIONS,
+    **histograms.DECOMPOSITIONS,
     **complex_pairs.DECOMPOSITIONS,
 }
 DECOMPOSITIONS = {target: for_real_tensors(fn) for target, fn in DECOMPOSITIONS.items()}
