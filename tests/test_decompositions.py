@@ -738,3 +738,19 @@ def test_histograms_and_unique_consecutive_equal_eager():
         for g, e in zip(got, want):
             assert g.shape == e.shape and g.dtype == e.dtype
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
+def _segments(x, lengths, offsets):
+    return [torch.segment_reduce(x, reduce, lengths=lengths, initial=initial)
+            for reduce in ("sum", "mean", "prod", "max", "min") for initial in (None, 1.5)] + \
+        [torch.segment_reduce(x[:, 0], "mean", offsets=offsets), torch.segment_reduce(x, "max", offsets=offsets, initial=0)]
+
+
+def test_segment_reduce_by_lengths_and_offsets():
+    """Every reduction with and without `initial`, empty segments included (the identity, NaN for
+    a mean, or `initial`), by lengths and by offsets; then other lengths at run time."""
+    x, lengths = torch.randn(6, 3), torch.tensor([0, 2, 1, 3])
+    offsets = torch.tensor([0, 0, 2, 3, 6])
+    cm = _check(_segments, x, lengths, offsets, summed=True)
+    lengths, offsets = torch.tensor([3, 0, 0, 3]), torch.tensor([0, 1, 1, 5, 6])
+    torch.testing.assert_close(cm(x, lengths, offsets), _segments(x, lengths, offsets), rtol=1e-5, atol=1e-6, equal_nan=True)

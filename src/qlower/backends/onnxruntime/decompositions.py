@@ -28,7 +28,8 @@ import math
 
 import torch
 
-from . import complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics, special_functions
+from . import (complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics, segments,
+               special_functions)
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
 A = torch.ops.aten
@@ -836,6 +837,7 @@ DECOMPOSITIONS = {
     **order_statistics.DECOMPOSITIONS,
     **data_dependent_sizes.DECOMPOSITIONS,
     **histograms.DECOMPOSITIONS,
+    **segments.DECOMPOSITIONS,
     **complex_pairs.DECOMPOSITIONS,
 }
 DECOMPOSITIONS = {target: for_real_tensors(fn) for target, fn in DECOMPOSITIONS.items()}
