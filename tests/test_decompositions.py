@@ -779,3 +779,11 @@ def test_chunked_linear_cross_entropy():
     cm = _check(losses, x, w, b, cw, target, summed=True)
     graph = cm.report()
     assert graph.fallbacks == []
+
+
+@pytest.mark.parametrize("shape,size,stride,offset", [((3, 3), (2, 2), (1, 2), 1), ((16,), (2, 1, 1, 2), (1, 2, 4, 8), 0),
+                                                      ((2, 3, 4), (3, 2), (4, 7), 2)])
+def test_as_strided_scatter(shape, size, stride, offset):
+    """src written through a strided view of a contiguous input (transposed strides, an offset)."""
+    x, src = torch.randn(shape), torch.randn(size)
+    _check(lambda x, s: torch.as_strided_scatter(x, s, size, stride, offset), x, src)

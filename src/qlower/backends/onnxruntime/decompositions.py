@@ -304,6 +304,28 @@ def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return A.permute.default(A.reshape.default(flat, batch + [rows, cols]), back)
 
 
+def _contiguous_static(x, src, size, stride, storage_offset=None) -> bool:
+    sizes = [*x.shape, *src.shape, *size, *stride]
+    return _static(*sizes) and x.is_contiguous() and list(src.shape) == list(size)
+
+
+@only_when(_contiguous_static)
+def _as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """src written at the storage positions of x.as_strided(size, stride, offset): offset +
+    sum over dims of index * stride, from aranges broadcast against each other, then ScatterElements
+    on the flattened (contiguous) x. torch's own decomposition ends in
+    prims.as_strided_scatter, which torchlib does not translate."""
+    position = A.full.default([1] * len(size), storage_offset or 0, dtype=torch.int64)
+    for d, (extent, step) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = extent
+        position = A.add.Tensor(position, A.reshape.default(A.mul.Scalar(A.arange.default(extent, dtype=torch.int64), step), shape))
+    flat = A.reshape.default(x, [-1])
+    index = A.reshape.default(A.expand.default(position, list(size)), [-1])
+    written = A.scatter.src(flat, 0, index, A.reshape.default(src, [-1]))
+    return A.reshape.default(written, list(x.shape))
+
+
 def _pairwise_dim(x, dim, *args, **kwargs) -> bool:
     """The dim is short enough to compare every pair of its positions (MAX_PAIRWISE)."""
     return x.dim() == 0 or (_static(x.shape[dim % x.dim()]) and x.shape[dim % x.dim()] <= MAX_PAIRWISE)
@@ -861,6 +883,7 @@ DECOMPOSITIONS = {
     A.scatter_add.default: _scatter_add_of_a_scalar,
     A.take.default: _take,
     A.diagonal_scatter.default: _diagonal_scatter,
+    A.as_strided_scatter.default: _as_strided_scatter,
     A.cumprod.default: _cumprod,
     A.cummax.default: _cumulative_extreme(largest=True),
     A.cummin.default: _cumulative_extreme(largest=False),
