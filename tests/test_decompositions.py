@@ -787,3 +787,30 @@ def test_as_strided_scatter(shape, size, stride, offset):
     """src written through a strided view of a contiguous input (transposed strides, an offset)."""
     x, src = torch.randn(shape), torch.randn(size)
     _check(lambda x, s: torch.as_strided_scatter(x, s, size, stride, offset), x, src)
+
+
+_POLYNOMIALS = {"hermite_polynomial_h": (-3, 3), "hermite_polynomial_he": (-3, 3), "laguerre_polynomial_l": (-1, 4),
+                "legendre_polynomial_p": (-1, 1)}
+
+
+def test_orthogonal_polynomials_by_loop_every_degree_and_shape():
+    """Hermite H / He, Laguerre L, Legendre P: eager's recurrences in an ONNX Loop up to the
+    largest degree of the call; each polynomial compiled twice in one process (a while_loop body
+    traced once must not be reused for another polynomial or shape), degrees -1 to 20 with
+    fractional ones (truncated), eager's special points (x = 0 for Laguerre, |x| = 1 for
+    Legendre), a scalar degree; float32 within eager's own rounding (its kernels fuse
+    multiply-adds: rtol 1e-4 where the recurrence cancels)."""
+    decomposed = ("special_hermite_polynomial_h", "special_hermite_polynomial_he", "special_laguerre_polynomial_l",
+                  "special_legendre_polynomial_p")   # their .default (tensor degree) and .n_scalar overloads
+    assert {getattr(torch.ops.aten, a).n_scalar for a in decomposed} <= set(DECOMPOSITIONS)
+    for name, (lo, hi) in _POLYNOMIALS.items():
+        op = getattr(torch.special, name)
+        for shape in ((24,), (3, 8)):
+            x = torch.empty(shape).uniform_(lo, hi)
+            x.view(-1)[:3] = torch.tensor([0.0, 1.0, -1.0])
+            n = torch.randint(-1, 21, shape).float()
+            n.view(-1)[:2] = torch.tensor([2.6, 7.2])
+            cm = qlower.compile(Fn(lambda x, n: (op(x, n), op(x, 5))), (x, n), backend="onnxruntime")
+            assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, (name, str(cm.report()))
+            for g, w in zip(cm(x, n), (op(x, n), op(x, 5))):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=name)

@@ -28,8 +28,8 @@ import math
 
 import torch
 
-from . import (complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics, segments,
-               special_functions)
+from . import (complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics,
+               orthogonal_polynomials, segments, special_functions)
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
 A = torch.ops.aten
@@ -938,6 +938,7 @@ DECOMPOSITIONS = {
     **data_dependent_sizes.DECOMPOSITIONS,
     **histograms.DECOMPOSITIONS,
     **segments.DECOMPOSITIONS,
+    **orthogonal_polynomials.DECOMPOSITIONS,
     **_torch_nn_ops(),
     **complex_pairs.DECOMPOSITIONS,
 }
