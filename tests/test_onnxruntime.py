@@ -980,3 +980,26 @@ def test_batch_norm_spelled_out_contract_and_write_backs():
     bn = torch.nn.BatchNorm1d(2).train()
     gm = torch.export.export(bn, (x,)).module()
     assert BatchNormSpelledOut().run(gm, PassContext()) is False
+
+
+def test_embedding_renorm_spelled_out_contract_and_write_back():
+    """EmbeddingRenormSpelledOut: embedding with max_norm renormalizes the caller's weight in
+    place (positive: one cluster, the renormalized weight as an input write-back, the caller's
+    weight and the lookup as eager's, rows not looked up untouched; idempotent); a renorm of a
+    module parameter (not a graph input) is left (near miss)."""
+    from qlower.backends.onnxruntime.embedding_renorm_spelled_out import EmbeddingRenormSpelledOut
+    from qlower.passes import PassContext
+    fn = lambda w, i: torch.nn.functional.embedding(i, w, max_norm=1.0, norm_type=1.0) * 2
+    w, i = torch.randn(6, 4), torch.tensor([[0, 2], [4, 2]])
+    gm = torch.export.export(Fn(fn), (w.clone(), i)).module()
+    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is True
+    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is False
+    cm = qlower.compile(Fn(fn), (w.clone(), i), backend="onnxruntime")
+    assert [c.status for c in cm.report().clusters] == ["compiled", "state"]
+    ours, eager = w.clone(), w.clone()
+    torch.testing.assert_close(cm(ours, i), fn(eager, i), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours, eager, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(ours, w) and torch.equal(ours[[1, 3, 5]], w[[1, 3, 5]])
+    module = torch.nn.Embedding(6, 4, max_norm=1.0)
+    gm = torch.export.export(module, (i,)).module()
+    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is False

@@ -28,6 +28,7 @@ from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
 from .batch_norm_spelled_out import BatchNormSpelledOut
 from .canonical_aliases import CanonicalAliases
+from .embedding_renorm_spelled_out import EmbeddingRenormSpelledOut
 from .error_checks_outside import ErrorChecksOutside
 from .explicit_reduction_dims import ExplicitReductionDims
 from .four_d_attention import FourDAttention
@@ -373,10 +374,11 @@ class OnnxRuntimeBackend:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
         and attention-rank gaps spelled out (and its scatter "mean", which was wrong, as sums into
         zeros), linear algebra's error checks moved out of the ops that raise, batch norm that
-        updates its caller's running statistics spelled out, and fused kernels where they are
+        updates its caller's running statistics and embedding's max_norm renormalization spelled
+        out, and fused kernels where they are
         proven exact."""
         return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
-                ErrorChecksOutside(), BatchNormSpelledOut(),
+                ErrorChecksOutside(), BatchNormSpelledOut(), EmbeddingRenormSpelledOut(),
                 AccumulatingScatters(frozenset({"mean"})),
                 FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
 
