@@ -795,8 +795,9 @@ _POLYNOMIALS = {"hermite_polynomial_h": (-3, 3), "hermite_polynomial_he": (-3, 3
 
 def test_orthogonal_polynomials_by_loop_every_degree_and_shape():
     """Hermite H / He, Laguerre L, Legendre P: eager's recurrences in an ONNX Loop up to the
-    largest degree of the call; each polynomial compiled twice in one process (a while_loop body
-    traced once must not be reused for another polynomial or shape), degrees -1 to 20 with
+    largest degree of the call; each polynomial compiled at three shapes in one process (dynamo,
+    which traces while_loop, made the sizes of a second shape dynamic: SpecViolationError and
+    the cluster in PyTorch, before loops.py turned that off), degrees -1 to 20 with
     fractional ones (truncated), eager's special points (x = 0 for Laguerre, |x| = 1 for
     Legendre), a scalar degree; float32 within eager's own rounding (its kernels fuse
     multiply-adds: rtol 1e-4 where the recurrence cancels)."""
@@ -805,7 +806,7 @@ def test_orthogonal_polynomials_by_loop_every_degree_and_shape():
     assert {getattr(torch.ops.aten, a).n_scalar for a in decomposed} <= set(DECOMPOSITIONS)
     for name, (lo, hi) in _POLYNOMIALS.items():
         op = getattr(torch.special, name)
-        for shape in ((24,), (3, 8)):
+        for shape in ((24,), (3, 8), (2, 1, 5)):   # other shapes in one process: loops.py
             x = torch.empty(shape).uniform_(lo, hi)
             x.view(-1)[:3] = torch.tensor([0.0, 1.0, -1.0])
             n = torch.randint(-1, 21, shape).float()
@@ -814,3 +815,19 @@ def test_orthogonal_polynomials_by_loop_every_degree_and_shape():
             assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, (name, str(cm.report()))
             for g, w in zip(cm(x, n), (op(x, n), op(x, 5))):
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_incomplete_gamma_by_series_and_continued_fraction():
+    """igamma / igammac (torch.special.gammainc / gammaincc are the same ops): the series where
+    x < a + 1, the continued fraction elsewhere, each a Loop until converged; large a near x
+    (eager's asymptotic branch), and eager's edge values (a or x 0, x = inf made in the cluster,
+    negative: NaN)."""
+    a = torch.cat([torch.rand(40) * 10, torch.rand(16) * 300, torch.tensor([0.0, 0.0, 1.0, 2.0, -1.0, 1.0, 25.0, 150.0])])
+    x = torch.cat([torch.rand(40) * 12, torch.rand(16) * 300, torch.tensor([0.0, 1.0, 0.0, 5.0, 1.0, -1.0, 25.5, 149.0])])
+    to_inf = torch.zeros_like(a)
+    to_inf[-5] = 1.0
+
+    def fn(a, x, to_inf):
+        x = torch.where(to_inf > 0, -torch.log(to_inf - to_inf), x)   # -log(0) = inf
+        return torch.igamma(a, x), torch.igammac(a, x), torch.special.gammaincc(a * 0.5, x)
+    _check(fn, a, x, to_inf, summed=True)

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from . import (complex_pairs, data_dependent_sizes, histograms, linear_algebra, order_statistics,
+from . import (complex_pairs, data_dependent_sizes, histograms, incomplete_gamma, linear_algebra, order_statistics,
                orthogonal_polynomials, segments, special_functions)
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
@@ -939,6 +939,7 @@ DECOMPOSITIONS = {
     **histograms.DECOMPOSITIONS,
     **segments.DECOMPOSITIONS,
     **orthogonal_polynomials.DECOMPOSITIONS,
+    **incomplete_gamma.DECOMPOSITIONS,
     **_torch_nn_ops(),
     **complex_pairs.DECOMPOSITIONS,
 }

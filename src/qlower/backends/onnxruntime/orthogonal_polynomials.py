@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .conditional import only_when
+from .loops import while_loop_of_static_shapes
 
 A = torch.ops.aten
 
@@ -23,10 +24,7 @@ def _float_input(x, n) -> bool:
     return x.dtype.is_floating_point
 
 
-# The loop's functions are module-level and close over nothing: tracing `while_loop` caches its
-# body by code object, and a body closing over a per-polynomial step was reused for the next
-# polynomial compiled in the process (measured: the second one failed with SpecViolationError,
-# "Node.meta arg6_1 is missing val field"). x, the bounds and the count are carried instead.
+# Conds and bodies are module-level and close over nothing: what they need is carried (loops.py).
 def _cond(k, p, q, x, bound, last):
     return A.lt.Tensor(k, last)
 
@@ -64,12 +62,11 @@ def _recurrence(x, m, first, body, stride: int):
     """q after each element's own number of steps: (p, q) = (1, first) at k = k0, then
     (q, r) while k < its bound; k advances by `stride`. Hermite H counts k = 2, 4, .. below 2n
     (stride 2), the others k = 1, 2, .. below n."""
-    from torch._higher_order_ops.while_loop import while_loop
     bound = A.mul.Scalar(m, stride)
     last = A.amax.default(bound, list(range(bound.dim()))) if bound.dim() else A.clone.default(bound)
     k = A.full.default([], 2 if stride == 2 else 1, dtype=torch.int64)
     carried = (k, A.ones_like.default(x), A.clone.default(first), A.clone.default(x), bound, last)
-    return while_loop(_cond, body, carried)[2]
+    return while_loop_of_static_shapes(_cond, body, carried)[2]
 
 
 def _low_degrees(x, m, first, value):
