@@ -831,3 +831,21 @@ def test_incomplete_gamma_by_series_and_continued_fraction():
         x = torch.where(to_inf > 0, -torch.log(to_inf - to_inf), x)   # -log(0) = inf
         return torch.igamma(a, x), torch.igammac(a, x), torch.special.gammaincc(a * 0.5, x)
     _check(fn, a, x, to_inf, summed=True)
+
+
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_antialiased_resize_where_torchlib_was_wrong(align_corners):
+    """_upsample_bilinear2d_aa with align_corners=True and with explicit scales beside an output
+    size (torchlib's Resize was off by 1.9 and 8.1): down- and upsampling by sizes and by scale
+    factors, eager's values to float32 rounding of the weights."""
+    A = torch.ops.aten
+    x = torch.randn(2, 3, 10, 20)
+
+    def fn(x):
+        return (A._upsample_bilinear2d_aa.vec(x, None, align_corners, [0.8, 1.7]),
+                A._upsample_bilinear2d_aa.vec(x, [17, 6], align_corners, None),
+                A._upsample_bilinear2d_aa(x, [3, 3], align_corners, 1.7, 0.9))
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, str(cm.report())
+    for got, want in zip(cm(x), fn(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)

@@ -51,6 +51,10 @@ def _batch_norm(node: Node) -> str | None:
 # align_corners=True (.vec, scale_factors [0.8, 1.0]) off by 1.9; explicit scales_h/scales_w
 # with output_size (1.7, 0.9 -> [3, 3]) off by 8.1 (OpInfo samples).
 def _upsample_aa(node: Node) -> str | None:
+    """with align_corners or explicit scales on a symbolic or non-4-D input (antialiased_resize.py
+    takes the static ones)"""
+    if decomposes(node):
+        return None
     args = full_args(node)
     if args[2]:
         return "antialiased upsampling with align_corners=True is not translated correctly"

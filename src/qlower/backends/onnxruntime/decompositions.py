@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from . import (complex_pairs, data_dependent_sizes, histograms, incomplete_gamma, linear_algebra, order_statistics,
+from . import (antialiased_resize, complex_pairs, data_dependent_sizes, histograms, incomplete_gamma, linear_algebra, order_statistics,
                orthogonal_polynomials, segments, special_functions)
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
@@ -940,6 +940,7 @@ DECOMPOSITIONS = {
     **segments.DECOMPOSITIONS,
     **orthogonal_polynomials.DECOMPOSITIONS,
     **incomplete_gamma.DECOMPOSITIONS,
+    **antialiased_resize.DECOMPOSITIONS,
     **_torch_nn_ops(),
     **complex_pairs.DECOMPOSITIONS,
 }
