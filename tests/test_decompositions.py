@@ -849,3 +849,20 @@ def test_antialiased_resize_where_torchlib_was_wrong(align_corners):
     assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, str(cm.report())
     for got, want in zip(cm(x), fn(x)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+
+
+def test_histogramdd_by_counts_and_by_edges():
+    """histogramdd with a bin count per dim (the data's range, a given one) and with an edge
+    tensor per dim searched as eager's std::upper_bound does — also unsorted edges, as OpInfo
+    draws them; weights and density."""
+    x, w = torch.randn(9, 3) * 2, torch.rand(9)
+    edges = [torch.tensor([-2.0, 0.0, 1.5]), torch.tensor([3.0, -1.0, 0.5, 2.0]), torch.tensor([-4.0, 4.0])]
+
+    def fn(x, w, e0, e1, e2):
+        return (torch.histogramdd(x, [2, 3, 1]), torch.histogramdd(x, 2, range=[-1.0, 1.0, -2.0, 2.0, 0.0, 3.0], weight=w),
+                torch.histogramdd(x, [e0, e1, e2], weight=w, density=True))
+    cm = qlower.compile(Fn(fn), (x, w, *edges), backend="onnxruntime")
+    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks, str(cm.report())
+    for x in (x, torch.randn(9, 3)):
+        for got, want in zip(torch.utils._pytree.tree_leaves(cm(x, w, *edges)), torch.utils._pytree.tree_leaves(fn(x, w, *edges))):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)

@@ -16,9 +16,13 @@ within an ulp of such an edge may be counted in the neighbouring bin; 300 random
 """
 from __future__ import annotations
 
+import builtins
+
 import torch
 
 from .conditional import only_when, static
+
+builtins_range = builtins.range   # `range` is an argument name below
 
 A = torch.ops.aten
 
@@ -119,6 +123,105 @@ def histogram_edges(x, bins, *, weight=None, density=False):
     return (_density(hist, bins) if density else hist), A.clone.default(bins)
 
 
+def _upper_bound(edges, values):
+    """std::upper_bound over `edges` for every value, step for step (unrolled over the static
+    length): eager's binary search, also on edges that are not sorted (OpInfo's histogramdd
+    samples draw them at random)."""
+    n = edges.shape[0]
+    first = A.zeros_like.default(values, dtype=torch.int64)
+    count = A.full_like.default(first, n)
+    for _ in range(max(n, 1).bit_length() + 1):
+        step = A.floor_divide.Scalar(count, 2)
+        at = A.add.Tensor(first, step)
+        pivot = A.index.Tensor(edges, [A.clamp.default(at, 0, n - 1)])
+        active = A.gt.Scalar(count, 0)
+        right = A.logical_and.default(active, A.logical_not.default(A.lt.Tensor(values, pivot)))
+        left = A.logical_and.default(active, A.logical_not.default(right))
+        first = A.where.self(right, A.add.Scalar(at, 1), first)
+        count = A.where.self(right, A.sub.Tensor(A.sub.Tensor(count, step), A.ones_like.default(count)),
+                             A.where.self(left, step, count))
+    return first
+
+
+def _bin_by_search(values, edges):
+    """eager's BINARY_SEARCH bin: upper_bound - 1, the last edge in the last bin; counted where
+    first edge <= value <= last edge (NaN not)."""
+    n = edges.shape[0] - 1
+    first, last = A.select.int(edges, 0, 0), A.select.int(edges, 0, n)
+    counted = A.logical_and.default(A.ge.Tensor(values, first), A.le.Tensor(values, last))
+    index = A.sub.Scalar(_upper_bound(edges, values), 1)
+    index = A.where.self(A.eq.Scalar(index, n), A.full_like.default(index, n - 1), index)
+    return A.clamp.default(index, 0, n - 1), counted
+
+
+def _bin_by_interpolation(values, low, high, edges, bins: int):
+    """eager's LINEAR_INTERPOLATION_WITH_LOCAL_SEARCH bin (histogram_bin_count's)."""
+    index, counted = _linear_bin(values, low, high, bins)
+    left = A.index.Tensor(edges, [index])
+    right = A.index.Tensor(edges, [A.add.Scalar(index, 1)])
+    index = A.where.self(A.lt.Tensor(values, left), A.clamp_min.default(A.sub.Scalar(index, 1), 0), index)
+    last = A.eq.Scalar(index, bins - 1)
+    index = A.where.self(A.logical_and.default(A.ge.Tensor(values, right), A.logical_not.default(last)),
+                         A.add.Scalar(index, 1), index)
+    return index, counted
+
+
+def _histogramdd(x, per_dim, weight, density: bool, edges_list):
+    """Counts over the flattened bins (row-major over the dims) of the elements every dim
+    counts; `per_dim[d]` is (bin index, counted) of column d."""
+    d = x.shape[-1]
+    sizes = [e.shape[0] - 1 for e in edges_list]
+    flat = A.zeros_like.default(per_dim[0][0])
+    counted = A.ones_like.default(per_dim[0][1])
+    for k in range(d):
+        flat = A.add.Tensor(A.mul.Scalar(flat, sizes[k]), per_dim[k][0])
+        counted = A.logical_and.default(counted, per_dim[k][1])
+    total_bins = 1
+    for size in sizes:
+        total_bins *= size
+    weights = None if weight is None else A.reshape.default(weight, [-1])
+    hist = A.reshape.default(_counted(flat, counted, weights, total_bins, x.dtype), sizes)
+    if density:
+        hist = A.div.Tensor(hist, A.sum.default(hist))
+        for k, e in enumerate(edges_list):
+            shape = [1] * d
+            shape[k] = sizes[k]
+            widths = A.sub.Tensor(A.slice.Tensor(e, 0, 1, None), A.slice.Tensor(e, 0, 0, -1))
+            hist = A.div.Tensor(hist, A.reshape.default(widths, shape))
+    return hist, [A.clone.default(e) for e in edges_list]
+
+
+def _dd_ok(x, bins, range=None, weight=None, density=False) -> bool:
+    return _nonempty(x) and x.dim() >= 2 and static(*x.shape) and (weight is None or static(*weight.shape))
+
+
+@only_when(_dd_ok)
+def histogramdd_edges(x, bins, range=None, weight=None, density=False):
+    """histogramdd with an edge tensor per dim (TensorList_bins): eager's binary search."""
+    rows = A.reshape.default(x, [-1, x.shape[-1]])
+    columns = [A.select.int(rows, 1, k) for k in builtins_range(x.shape[-1])]
+    per_dim = [_bin_by_search(c, e) for c, e in zip(columns, bins)]
+    return _histogramdd(x, per_dim, weight, density, list(bins))
+
+
+@only_when(_dd_ok)
+def histogramdd_counts(x, bins, range=None, weight=None, density=False):
+    """histogramdd with a bin count per dim (or one for all): linspace edges over `range` (the
+    data's per dim when None, one value widened by 0.5), eager's interpolation with local search."""
+    d = x.shape[-1]
+    counts = [bins] * d if isinstance(bins, int) else list(bins)
+    rows = A.reshape.default(x, [-1, d])
+    per_dim, edges_list = [], []
+    for k in builtins_range(d):
+        column = A.select.int(rows, 1, k)
+        lo, hi = (0.0, 0.0) if range is None else (float(range[2 * k]), float(range[2 * k + 1]))
+        low, high = _data_range(column, lo, hi, 0.5)
+        edges = _linspace(low, high, counts[k] + 1)
+        per_dim.append(_bin_by_interpolation(column, low, high, edges, counts[k]))
+        edges_list.append(edges)
+    return _histogramdd(x, per_dim, weight, density, edges_list)
+
+
 @only_when(lambda x, return_inverse=False, return_counts=False, dim=None:
            dim is None and static(*x.shape) and x.numel() > 0)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
@@ -143,6 +246,9 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
 
 
 DECOMPOSITIONS = {
+    A.histogramdd.default: histogramdd_counts,
+    A.histogramdd.int_bins: histogramdd_counts,
+    A.histogramdd.TensorList_bins: histogramdd_edges,
     A.histc.default: histc,
     A.histogram.bin_ct: histogram_bin_count,
     A.histogram.bins_tensor: histogram_edges,
