@@ -866,3 +866,15 @@ def test_histogramdd_by_counts_and_by_edges():
     for x in (x, torch.randn(9, 3)):
         for got, want in zip(torch.utils._pytree.tree_leaves(cm(x, w, *edges)), torch.utils._pytree.tree_leaves(fn(x, w, *edges))):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode,padding", [("bilinear", "zeros"), ("nearest", "border"), ("bilinear", "reflection")])
+def test_grid_sampler_3d(mode, padding):
+    """aten "grid_sampler_3d" called directly (torchlib has no entry; nn.functional.grid_sample's
+    generic op translates to GridSample), both corner settings, points outside the volume."""
+    x, grid = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 4, 2, 3) * 2.4 - 1.2
+    codes = {"bilinear": 0, "nearest": 1, "zeros": 0, "border": 1, "reflection": 2}
+
+    def fn(x, g):
+        return [torch.grid_sampler_3d(x, g, codes[mode], codes[padding], a) for a in (False, True)]
+    _check(fn, x, grid, summed=True)
