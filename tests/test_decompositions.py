@@ -878,3 +878,16 @@ def test_grid_sampler_3d(mode, padding):
     def fn(x, g):
         return [torch.grid_sampler_3d(x, g, codes[mode], codes[padding], a) for a in (False, True)]
     _check(fn, x, grid, summed=True)
+
+
+def test_resize_to_the_same_count():
+    """aten "resize" (what export makes of resize_ on a temporary) to as many elements, of a
+    contiguous tensor: the elements in order. Near misses: growing (uninitialized memory) and
+    resize_ of the caller's tensor (its shape changes: it stays in PyTorch, the caller sees it)."""
+    x = torch.randn(5, 5, 5)
+    _check(lambda x: (torch.ops.aten.resize(x * 2, [25, 5]), torch.ops.aten.resize(x[0, 0, 0], [1, 1, 1])), x)
+    cm = qlower.compile(Fn(lambda x: torch.ops.aten.resize(x * 2, [30, 5])[:25] * 3), (x,), backend="onnxruntime")
+    assert any("resize" in op for c in cm.report().fallbacks for op in c.ops)
+    cm = qlower.compile(Fn(lambda x: x.resize_(25, 5)), (x.clone(),), backend="onnxruntime")
+    caller = x.clone()
+    assert torch.equal(cm(caller), x.reshape(25, 5)) and caller.shape == (25, 5)

@@ -326,6 +326,20 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     return A.reshape.default(written, list(x.shape))
 
 
+def _same_count(x, size, memory_format=None) -> bool:
+    return (_static(*x.shape, *size) and x.is_contiguous() and x.numel() == math.prod(size)
+            and memory_format in (None, torch.contiguous_format))
+
+
+@only_when(_same_count)
+def _resize_keeping_the_count(x, size, memory_format=None):
+    """resize to as many elements as there are, of a contiguous tensor: its elements in order,
+    in the new shape (what resize_ leaves in the storage). Growing would expose uninitialized
+    memory and stays in PyTorch. (The caller's tensor keeps its shape, as in torch.export's own
+    program, which drops the metadata mutation of an input.)"""
+    return A.clone.default(A.reshape.default(x, list(size)))
+
+
 def _pairwise_dim(x, dim, *args, **kwargs) -> bool:
     """The dim is short enough to compare every pair of its positions (MAX_PAIRWISE)."""
     return x.dim() == 0 or (_static(x.shape[dim % x.dim()]) and x.shape[dim % x.dim()] <= MAX_PAIRWISE)
@@ -884,6 +898,7 @@ DECOMPOSITIONS = {
     A.take.default: _take,
     A.diagonal_scatter.default: _diagonal_scatter,
     A.as_strided_scatter.default: _as_strided_scatter,
+    A.resize.default: _resize_keeping_the_count,
     A.cumprod.default: _cumprod,
     A.cummax.default: _cumulative_extreme(largest=True),
     A.cummin.default: _cumulative_extreme(largest=False),
