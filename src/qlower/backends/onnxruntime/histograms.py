@@ -95,13 +95,7 @@ def histogram_bin_count(x, bins=100, *, range=None, weight=None, density=False):
     lo, hi = (0.0, 0.0) if range is None else (float(range[0]), float(range[1]))
     low, high = _data_range(flat, lo, hi, 0.5)
     edges = _linspace(low, high, bins + 1)
-    index, counted = _linear_bin(flat, low, high, bins)
-    left = A.index.Tensor(edges, [index])
-    right = A.index.Tensor(edges, [A.add.Scalar(index, 1)])
-    index = A.where.self(A.lt.Tensor(flat, left), A.clamp_min.default(A.sub.Scalar(index, 1), 0), index)
-    last = A.eq.Scalar(index, bins - 1)
-    index = A.where.self(A.logical_and.default(A.ge.Tensor(flat, right), A.logical_not.default(last)),
-                         A.add.Scalar(index, 1), index)
+    index, counted = _bin_by_interpolation(flat, low, high, edges, bins)
     weights = None if weight is None else A.reshape.default(weight, [-1])
     hist = _counted(index, counted, weights, bins, x.dtype)
     return (_density(hist, edges) if density else hist), edges
@@ -155,7 +149,8 @@ def _bin_by_search(values, edges):
 
 
 def _bin_by_interpolation(values, low, high, edges, bins: int):
-    """eager's LINEAR_INTERPOLATION_WITH_LOCAL_SEARCH bin (histogram_bin_count's)."""
+    """eager's LINEAR_INTERPOLATION_WITH_LOCAL_SEARCH bin: the linear bin, then moved to the
+    neighbour whose edges hold the value (a value on an edge goes right)."""
     index, counted = _linear_bin(values, low, high, bins)
     left = A.index.Tensor(edges, [index])
     right = A.index.Tensor(edges, [A.add.Scalar(index, 1)])
