@@ -102,6 +102,18 @@ class Fn(torch.nn.Module):
         return self.fn(*xs)
 
 
+@torch.library.custom_op("qlower_test::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op no translator knows (a custom op of the tests): what a model's unsupported op looks
+    like to every backend, however much of ATen they cover. Elementwise x * 3 - 1."""
+    return x * 3 - 1
+
+
+@opaque.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 def pipeline_without_empty_folding() -> list:
     """The default pipeline less FoldEmptyTensors: what an engine gets when an empty tensor
     reaches it (its own empty-tensor refusals, kept and tested)."""
