@@ -891,3 +891,29 @@ def test_resize_to_the_same_count():
     cm = qlower.compile(Fn(lambda x: x.resize_(25, 5)), (x.clone(),), backend="onnxruntime")
     caller = x.clone()
     assert torch.equal(cm(caller), x.reshape(25, 5)) and caller.shape == (25, 5)
+
+
+def test_matrix_exp_degree_by_norm_and_batch_as_eager():
+    """linalg.matrix_exp as eager computes it, to the last bit up to 8x8 (its products summed
+    in eager's order, T8's constants rounded as eager's): the Taylor degree per 1-norm for one
+    matrix (1, 2, 4, 8, 12, then T18 scaled by 2^-s and squared s times in a Loop), the scaled
+    T18 for every matrix of a batch; float32 and float64, norms in every degree's range, a
+    rotation, zeros, 1x1. Above 8x8 the products are MatMul, to rounding."""
+    torch.manual_seed(0)
+    rotation = torch.tensor([[0.0, 30.0, 0.0], [-30.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    for dtype in (torch.float32, torch.float64):
+        for n in (3, 8):
+            a = torch.randn(n, n, dtype=dtype)
+            a = a / a.abs().sum(-2).amax(-1)
+            norms = (1e-10, 1e-5, 0.03, 0.2, 0.5, 1.0, 5.0, 40.0)
+            for x in [a * v for v in norms] + [torch.stack([a * v for v in norms])]:
+                _check(torch.linalg.matrix_exp, x)
+        _check(torch.matrix_exp, torch.stack([rotation, torch.zeros(3, 3), torch.randn(3, 3) * 4]).to(dtype))
+        _check(torch.linalg.matrix_exp, torch.randn(3, 1, 1, dtype=dtype), summed=True)   # exp: the engine's
+    _check(torch.linalg.matrix_exp, torch.randn(2, 12, 12, dtype=torch.float64) * 0.03, summed=True)
+
+
+def test_matrix_exp_of_complex_matrices_stays_in_pytorch():
+    """The decomposition is for real, static matrices: a complex one keeps its reason."""
+    cm = qlower.compile(Fn(torch.linalg.matrix_exp), (torch.randn(3, 3, dtype=torch.complex64),), backend="onnxruntime")
+    assert cm.report().fallbacks and "matrix_exp" in str(cm.report().fallbacks[0])

@@ -879,17 +879,27 @@ def test_the_pieces_of_a_refused_multi_output_op_are_picked_in_pytorch():
 def test_float64_scalars_and_scaled_matmuls_keep_float64_precision():
     """Two measured losses to float32 precision in float64 models, both fixed: torchlib writes a
     Python float on a float64 tensor (x * 0.1, x / 0.7, clamp bounds, where's scalar) as a float32
-    value (1.5e-8 relative off; now two float32 halves, ~1e-15), and ONNX Runtime's
-    MatMulScaleFusion folds (x @ x) / 7 into a float32 alpha (4.5e-8 off; disabled)."""
+    value (1.5e-8 relative off; then two float32 halves, still up to 6 ulps off and 1e300 inf; now
+    exact parts: every elementwise result to the last bit), and ONNX Runtime's
+    MatMulScaleFusion folds (x @ x) / 7 into a float32 alpha (4.5e-8 off; disabled; the products
+    sum in the engine's order)."""
     x = torch.randn(2, 3, 3, dtype=torch.float64) * 30
 
-    def fn(x):
-        return (x @ x) / 7, (x @ x) * 0.1, x / 0.7 + 1 / 3, x.clamp(0.1, 0.3), torch.where(x > 0, x, 0.3)
-    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
-    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
-    for got, want in zip(cm(x), fn(x)):
-        assert got.dtype == torch.float64
-        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+    def products(x):
+        return (x @ x) / 7, (x @ x) * 0.1
+
+    def elementwise(x):
+        return (x / 0.7 + 1 / 3, x.clamp(0.1, 0.3), torch.where(x > 0, x, 0.3), x * 0.1, x * 1e300, x * 1e-300,
+                x + 5e-324, x * 2.0)
+    for fn, exact in ((products, False), (elementwise, True)):
+        cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
+        assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
+        for got, want in zip(cm(x), fn(x)):
+            assert got.dtype == torch.float64
+            if exact:
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
 
 
 def test_tiny_additive_and_near_one_multiplicative_constants_are_kept():

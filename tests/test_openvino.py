@@ -913,3 +913,20 @@ def test_data_dependent_sizes_and_order_statistics_stay_in_pytorch():
     assert "-3.4e38" in reasons["segment_reduce"]   # an empty segment's max: eager -inf
     for got, want in zip(torch.utils._pytree.tree_leaves(cm(x, m)), torch.utils._pytree.tree_leaves(fn(x, m))):
         assert torch.equal(got, want)
+
+
+def test_float64_values_stay_in_pytorch_where_openvino_would_round_them():
+    """OpenVINO's CPU plugin holds float64 as float32: a reshape / cat / transpose and a product
+    of float64 values came back rounded to float32 (1.2e-7 and 4e-7 off), silently. Nodes with
+    float64 values are refused with that reason; the answers are eager's to the last bit, and a
+    float32 model beside it still compiles."""
+    from conftest import Fn
+    fn = lambda x: (torch.cat([x.reshape(8, 2), x.reshape(8, 2)]).t(), (x @ x) * 0.1 + torch.exp(x))
+    x = torch.randn(4, 4, dtype=torch.float64)
+    cm = qlower.compile(Fn(fn), (x,), backend="openvino")
+    report = cm.report()
+    assert not report.compiled and report.fallbacks
+    assert all("float64 in float32" in c.reason for c in report.fallbacks)
+    for got, want in zip(cm(x), fn(x)):
+        assert got.dtype == torch.float64 and torch.equal(got, want)
+    assert len(qlower.compile(Fn(fn), (x.float(),), backend="openvino").report().compiled) == 1

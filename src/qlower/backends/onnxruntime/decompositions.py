@@ -28,7 +28,8 @@ import math
 
 import torch
 
-from . import (antialiased_resize, complex_pairs, data_dependent_sizes, grid_sampling, histograms, incomplete_gamma, linear_algebra, order_statistics,
+from . import (antialiased_resize, complex_pairs, data_dependent_sizes, grid_sampling, histograms, incomplete_gamma, linear_algebra, matrix_exponential,
+               order_statistics,
                orthogonal_polynomials, segments, special_functions)
 from .conditional import applies_to, for_real_tensors, only_when, static as _static
 
@@ -957,6 +958,7 @@ DECOMPOSITIONS = {
     **incomplete_gamma.DECOMPOSITIONS,
     **antialiased_resize.DECOMPOSITIONS,
     **grid_sampling.DECOMPOSITIONS,
+    **matrix_exponential.DECOMPOSITIONS,
     **_torch_nn_ops(),
     **complex_pairs.DECOMPOSITIONS,
 }

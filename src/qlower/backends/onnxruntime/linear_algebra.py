@@ -626,33 +626,6 @@ def _linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     return _narrow(result, a)
 
 
-# The matrix exponential by scaling and squaring: exp(a) = exp(a / 2^s)^(2^s) with ‖a / 2^s‖₁ <= 1/2,
-# the degree-18 Taylor polynomial there (remainder below 2e-23), s found at run time and applied
-# as conditional squarings: 128 of them cover every float32 norm.
-_EXP_TAYLOR_DEGREE, _EXP_MAX_SQUARINGS = 18, 128
-
-
-@only_when(lambda a: a.dtype is torch.float64 and _small(a) and a.shape[-1] == a.shape[-2])
-def _linalg_matrix_exp(a):
-    """Float64 only: exact to float64 rounding, it differs from eager's float32 answer beyond
-    float32 tolerance on matrices of large norm (measured: 5e-2 at entries of 9e4, OpInfo's
-    5×5 samples, where eager's own float32 error is that large), so float32 stays in PyTorch."""
-    wide = _wide(a)
-    n = a.shape[-1]
-    norm = A.amax.default(A.sum.dim_IntList(A.abs.default(wide), [-2]), [-1])         # ‖a‖₁ per matrix
-    scale = A.clamp.default(A.add.Scalar(A.ceil.default(A.log2.default(norm)), 1), 0, _EXP_MAX_SQUARINGS)
-    scale = A.where.self(A.isnan.default(scale), A.zeros_like.default(scale), scale)
-    x = A.mul.Tensor(wide, A.unsqueeze.default(A.unsqueeze.default(A.pow.Scalar(2.0, A.neg.default(scale)), -1), -1))
-    eye = A.add.Tensor(A.eye.default(n, dtype=torch.float64, device=a.device), A.zeros_like.default(wide))
-    p = eye
-    for k in range(_EXP_TAYLOR_DEGREE, 0, -1):   # Horner: I + x/k · (...)
-        p = A.add.Tensor(eye, A.div.Scalar(A.matmul.default(x, p), k))
-    steps = A.unsqueeze.default(A.unsqueeze.default(scale, -1), -1)
-    for i in range(_EXP_MAX_SQUARINGS):
-        p = A.where.self(A.gt.Scalar(steps, i), A.matmul.default(p, p), p)
-    return _narrow(p, a)
-
-
 DECOMPOSITIONS = {
     A.linalg_lu_factor_ex.default: _linalg_lu_factor_ex,
     A.linalg_lu.default: _linalg_lu,
@@ -673,7 +646,6 @@ DECOMPOSITIONS = {
     A._linalg_eigh.default: _linalg_eigh,
     A._linalg_svd.default: _linalg_svd,
     A.linalg_pinv.atol_rtol_tensor: _linalg_pinv,
-    A.linalg_matrix_exp.default: _linalg_matrix_exp,
     A.linalg_eigvalsh.default: _linalg_eigvalsh,
     A.linalg_svdvals.default: _linalg_svdvals,
     A.linalg_matrix_rank.atol_rtol_tensor: _matrix_rank,

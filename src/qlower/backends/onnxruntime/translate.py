@@ -17,6 +17,7 @@ import math
 import logging
 import re
 
+import numpy as np
 import onnx
 import torch
 from torch.fx import GraphModule
@@ -266,35 +267,83 @@ def _prepared_for_onnx(ep: torch.export.ExportedProgram) -> torch.export.Exporte
             ep = ep.run_decompositions(exporter_decompositions())
         graph_module = ep.graph_module
         _fx_passes.insert_type_promotion_nodes(graph_module)
-        _float64_scalars_in_two_halves(graph_module)
+        _float64_scalars_as_exact_parts(graph_module)
         ep._graph_module = _fx_passes.remove_assertion_nodes(graph_module)
     return ep
 
 
-def _float64_scalars_in_two_halves(graph_module: torch.fx.GraphModule) -> None:
-    """A float64 scalar_tensor whose value float32 cannot hold becomes the sum of two float32
-    halves (~48 bits): torchlib writes scalar_tensor's value as a float32 attribute before casting
-    it, and the type promotion pass turns every Python float on a float64 tensor (x * 0.1) into
-    one, so such models were 1.5e-8 relative off on ONNX Runtime (measured; float64 gives 1e-16).
+def _float64_scalars_as_exact_parts(graph_module: torch.fx.GraphModule) -> None:
+    """A float64 scalar_tensor whose value float32 cannot hold becomes the sum of float32 parts
+    that add up to it exactly in float64: torchlib writes scalar_tensor's value as a float32
+    attribute before casting it, and the type promotion pass turns every Python float on a
+    float64 tensor (x * 0.1) into one, so such models were 1.5e-8 relative off on ONNX Runtime
+    (measured). Two parts (~48 bits) left x * 0.1 up to 6 ulps off (0.1 became
+    0.10000000000000009) and 1e300 inf; three parts, times powers of two beyond float32's
+    range, give every finite float64 exactly (`_float32_terms`).
     BEFORE: scalar_tensor(0.1, dtype=float64)
-    AFTER:  add(scalar_tensor(head, dtype=float64), scalar_tensor(tail, dtype=float64))"""
-    from .special_functions import _split, _to_float32
+    AFTER:  add(add(scalar_tensor(p0), scalar_tensor(p1)), scalar_tensor(p2))   (all float64;
+            then mul(·, scalar_tensor(2^k)) steps for a value beyond float32's range)"""
     graph = graph_module.graph
     for node in list(graph.nodes):
         if node.target is not torch.ops.aten.scalar_tensor.default or node.kwargs.get("dtype") is not torch.float64:
             continue
         value = node.args[0]
-        if not isinstance(value, float) or not math.isfinite(value) or _to_float32(value) == value:
+        if not isinstance(value, float) or not math.isfinite(value) or _float32_terms(value) == ((value,), ()):
             continue
-        head, tail = _split(value)
+        parts, factors = _float32_terms(value)
         with graph.inserting_before(node):   # (each insertion goes before `node`: in order)
-            halves = [graph.call_function(node.target, (half,), dict(node.kwargs)) for half in (head, tail)]
-            total = graph.call_function(torch.ops.aten.add.Tensor, tuple(halves))
-        for new in (*halves, total):
+            constant = lambda c: graph.call_function(node.target, (c,), dict(node.kwargs))
+            new_nodes = [constant(part) for part in parts]
+            total = new_nodes[0]
+            for part in new_nodes[1:]:
+                total = graph.call_function(torch.ops.aten.add.Tensor, (total, part))
+                new_nodes.append(total)
+            for factor in factors:
+                new_nodes.append(constant(factor))
+                total = graph.call_function(torch.ops.aten.mul.Tensor, (total, new_nodes[-1]))
+                new_nodes.append(total)
+        for new in new_nodes:
             new.meta = dict(node.meta)
         node.replace_all_uses_with(total)
         graph.erase_node(node)
     graph_module.recompile()
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_STEP = 120   # 2^±120: a power of two float32 holds
+
+
+def _exact_float32_parts(value: float) -> tuple[float, ...] | None:
+    """Up to three float32 values whose float64 sum, left to right, is `value` exactly (each the
+    float32 nearest to what is left; zero parts dropped), or None where float32's range cannot
+    hold them."""
+    parts, rest = [], value
+    for _ in range(3):
+        if abs(rest) > _FLOAT32_MAX:
+            return None
+        part = float(np.float32(rest))
+        parts.append(part)
+        rest -= part
+    total = parts[0]
+    for part in parts[1:]:
+        total += part
+    return (parts[0], *(p for p in parts[1:] if p != 0)) if total == value else None
+
+
+def _float32_terms(value: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Float32 parts and power-of-two factors with (p0 + p1 + p2) * f0 * f1 ... == value exactly in
+    float64: the parts of value itself where float32's range allows, else of its frexp mantissa,
+    the exponent in steps float32 holds (1e300, 1e-300: two halves had made them inf and 0)."""
+    parts = _exact_float32_parts(value)
+    if parts is not None:
+        return parts, ()
+    mantissa, exponent = math.frexp(value)
+    factors = []
+    while exponent:
+        step = max(-_STEP, min(_STEP, exponent))
+        factors.append(2.0 ** step)
+        exponent -= step
+    return _exact_float32_parts(mantissa), tuple(factors)
 
 
 def _to_onnx(ep: torch.export.ExportedProgram):

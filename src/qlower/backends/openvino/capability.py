@@ -246,7 +246,21 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     refine(list(cap.ops), _no_empty_tensor)
     refine(list(cap.ops), _measured_wrong_in_openvino)
     refine(list(cap.ops), _no_data_dependent_size)
+    refine(list(cap.ops), _no_float64)
     return cap
+
+
+def _no_float64(node: Node) -> str | None:
+    """no float64 value
+
+    OpenVINO's CPU plugin holds float64 as float32: a float64 model came back rounded to float32
+    (measured, openvino 2026.4.1: a reshape / cat / transpose of float64 values 1.2e-7 off,
+    (x @ x) * 0.1 + exp(x) 4e-7 off), with float64 outputs, silently. Such nodes run in PyTorch
+    (or ONNX Runtime, which keeps float64)."""
+    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    if any(isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.complex128) for v in values):
+        return "OpenVINO's CPU plugin computes float64 in float32 (results rounded to float32)"
+    return None
 
 
 def _no_data_dependent_size(node: Node) -> str | None:
