@@ -14,16 +14,17 @@ from .integer_softmax import IntegerSoftmax
 from .lower_per_token import LowerPerTokenLinear
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
+from .masked_select_bounds import MaskedSelectBounds
 from .propagate_dequantize import PropagateDequantize
 from .rnn_seq_first import RnnSeqFirst
 from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
-    return [InlineGradModeRegions(), DropMetadataAsserts(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]
