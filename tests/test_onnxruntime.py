@@ -1018,3 +1018,23 @@ def test_embedding_renorm_spelled_out_contract_and_write_back():
     module = torch.nn.Embedding(6, 4, max_norm=1.0)
     gm = torch.export.export(module, (i,)).module()
     assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is False
+
+
+def test_bfloat16_crosses_the_boundary_as_float32():
+    """ONNX Runtime's Python API takes and returns no bfloat16 array: a bfloat16 input crosses as
+    float32 and is Cast inside, a bfloat16 output is Cast to float32 and back (both exact).
+    Rounding to bfloat16 in the engine is eager's to the last bit (ties to even, NaN, inf,
+    subnormals); a bfloat16 op ONNX Runtime's CPU provider has no kernel for (Add) stays in
+    PyTorch with that reason; the dtypes are eager's."""
+    from conftest import Fn
+    fn = lambda x, y: (x.bfloat16(), (y.float() * 3).bfloat16(), y + 1, torch.cat([y, y]))
+    x = torch.cat([torch.randn(1000) * 100, torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40,
+                                                          1.00390625, 1.01171875, -1.00390625])])
+    y = torch.randn(7).bfloat16()
+    cm = qlower.compile(Fn(fn), (x, y), backend="onnxruntime")
+    report = cm.report()
+    assert len(report.compiled) == 1 and [list(c.ops) for c in report.fallbacks] == [["add"]], str(report)
+    assert "no CPU kernel" in report.fallbacks[0].reason
+    for got, want in zip(cm(x, y), fn(x, y)):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        assert bool(((got == want) | (got.isnan() & want.isnan())).all())

@@ -930,3 +930,17 @@ def test_float64_values_stay_in_pytorch_where_openvino_would_round_them():
     for got, want in zip(cm(x), fn(x)):
         assert got.dtype == torch.float64 and torch.equal(got, want)
     assert len(qlower.compile(Fn(fn), (x.float(),), backend="openvino").report().compiled) == 1
+
+
+def test_bfloat16_values_stay_in_pytorch():
+    """onnxruntime crosses a bfloat16 boundary in float32; the OpenVINO runner had no such crossing
+    ("Got unsupported ScalarType BFloat16" at the first call): bfloat16 nodes are refused with
+    their reason, the answers eager's."""
+    from conftest import Fn
+    fn = lambda x: (x.bfloat16(), x * 2)
+    x = torch.randn(6)
+    cm = qlower.compile(Fn(fn), (x,), backend="openvino")
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert reasons and all("bfloat16" in r for r in reasons)
+    for got, want in zip(cm(x), fn(x)):
+        assert got.dtype == want.dtype and torch.equal(got, want)

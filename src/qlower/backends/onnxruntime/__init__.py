@@ -23,6 +23,7 @@ from ..clusters import (as_scalars, compile_isolating_rejected, float_inputs, in
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
+from .bfloat16_values import as_bfloat16, as_float32, bfloat16_positions
 from .complex_values import as_complex, as_real_pairs, complex_positions
 from . import cache, cpu
 from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
@@ -214,6 +215,7 @@ class OrtCluster(torch.nn.Module):
         self.output_names = outputs or None
         self.scalar_kinds = scalar_kinds(fallback)
         self.complex_inputs, self.complex_outputs = complex_positions(fallback, constants)
+        self.bfloat16_inputs, self.bfloat16_outputs = bfloat16_positions(fallback, constants)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
     @property
@@ -241,6 +243,7 @@ class OrtCluster(torch.nn.Module):
             return self._pytorch(args)
         try:
             feed = args if not self.complex_inputs else as_real_pairs(args, self.complex_inputs)
+            feed = feed if not self.bfloat16_inputs else as_float32(feed, self.bfloat16_inputs)
             outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, feed)}, None)
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
@@ -256,6 +259,8 @@ class OrtCluster(torch.nn.Module):
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
         if self.complex_outputs:
             result = as_complex(result, self.complex_outputs, self.single_output)
+        if self.bfloat16_outputs:
+            result = as_bfloat16(result, self.bfloat16_outputs, self.single_output)
         if self.scalar_kinds is not None:
             result = as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:

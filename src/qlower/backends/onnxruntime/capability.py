@@ -181,7 +181,7 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
 # part (float64 Conv / Erf have none): a node lacking its kernel is refused when the session
 # says so (backends/onnxruntime/__init__.py, _nodes_without_kernels)
 FULL_KERNEL_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
-PARTLY_COVERED_DTYPES = {torch.float64, torch.float16, torch.int16}
+PARTLY_COVERED_DTYPES = {torch.float64, torch.float16, torch.int16, torch.bfloat16}   # bfloat16: bfloat16_values.py
 _SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES | {torch.complex64, torch.complex128}
 
 

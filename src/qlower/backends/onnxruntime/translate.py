@@ -26,6 +26,7 @@ from ...fx import torch_deprecation_silenced
 from ...shapes import dynamic_spec, example_inputs
 from .flatten_rows import flatten_rows
 from .lowering import translation_table
+from .bfloat16_values import widen_bfloat16_boundary
 from .lowering.onnx_ops import OPSET, bound_constants
 from .opset_changes import upgrade_opset_18_nodes
 
@@ -132,6 +133,7 @@ def translate_cluster(sub: GraphModule, constants: dict[str, torch.Tensor]) -> o
     _nonnegative_axes(model)
     _outputs_from_nodes(model)
     _outputs_in_declared_dtypes(model, sub)
+    widen_bfloat16_boundary(model)
     proto = ir.serde.serialize_model(model)
     return _flatten_rows(proto)
 
