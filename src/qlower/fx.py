@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import copy
 import os
 import warnings
@@ -214,6 +215,19 @@ def splice(gm: GraphModule, sub: torch.fx.Graph, inputs: list, before: Node, cop
             elif node.op == "output":
                 result = torch.fx.node.map_arg(node.args[0], env.__getitem__)
     return result
+
+
+def replace_results(node: Node, result) -> None:
+    """Point node's readers at what replaces it: `result` itself (a Node) for a single value,
+    or, for a tuple-returning node, each `getitem(node, i)` reader's slot result[i] (the getitems
+    are erased)."""
+    if isinstance(result, Node):
+        node.replace_all_uses_with(result)
+        return
+    for user in list(node.users):
+        assert user.target is operator.getitem, user
+        user.replace_all_uses_with(result[user.args[1]])
+        user.graph.erase_node(user)
 
 
 def full_args(node: Node) -> list:

@@ -24,12 +24,10 @@ eager updates them. Idempotent: no batch-norm op with these arguments is left.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch.fx import GraphModule, Node
 
-from ...fx import call, full_args
+from ...fx import call, full_args, replace_results
 from ...passes.base import Pass, PassContext
 from ...passes.functionalize_state import WRITE_BACK
 
@@ -73,7 +71,7 @@ class BatchNormSpelledOut(Pass):
                 continue
             with gm.graph.inserting_before(node):
                 results = _spelled_out(gm, node)
-            _replace(node, results)
+            replace_results(node, results[0] if node.target is A.batch_norm.default else results)
             gm.graph.erase_node(node)
             ctx.rewrites[f"{node.target.name()} spelled out"] += 1
             changed = True
@@ -113,13 +111,3 @@ def _spelled_out(gm: GraphModule, node: Node) -> tuple:
 def _write_back(gm: GraphModule, like: Node, target: Node, value: Node) -> None:
     write = call(gm, A.copy_.default, (target, value), like=like)
     write.meta[WRITE_BACK] = True
-
-
-def _replace(node: Node, results: tuple) -> None:
-    if node.target is A.batch_norm.default:
-        node.replace_all_uses_with(results[0])
-        return
-    for user in list(node.users):
-        assert user.target is operator.getitem
-        user.replace_all_uses_with(results[user.args[1]])
-        user.graph.erase_node(user)

@@ -22,13 +22,11 @@ forms and the check are not rewritten.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ...fx import call, splice
+from ...fx import call, replace_results, splice
 from ...passes.base import Pass, PassContext
 
 A = torch.ops.aten
@@ -90,7 +88,7 @@ class ErrorChecksOutside(Pass):
             if not any(n.target is A._linalg_check_errors.default for n in graph.nodes):
                 continue
             result = splice(gm, graph, inputs, node, lambda n, env: _copy(gm, n, env, node))
-            _replace(node, result)
+            replace_results(node, result)
             gm.graph.erase_node(node)
             ctx.rewrites[f"{node.target.name()} -> _ex + check"] += 1
             changed = True
@@ -103,15 +101,3 @@ def _copy(gm: GraphModule, n: Node, env: dict, like: Node) -> Node:
     args = torch.fx.node.map_arg(n.args, env.__getitem__)
     kwargs = torch.fx.node.map_arg(n.kwargs, env.__getitem__)
     return call(gm, n.target, args, kwargs, like=like)
-
-
-def _replace(node: Node, result) -> None:
-    """Point node's readers at the traced result: the node itself for a single tensor, its
-    `getitem` users' slots for a tuple (linalg_lu_factor)."""
-    if isinstance(result, Node):
-        node.replace_all_uses_with(result)
-        return
-    for user in list(node.users):
-        assert user.target is operator.getitem
-        user.replace_all_uses_with(result[user.args[1]])
-        user.graph.erase_node(user)
