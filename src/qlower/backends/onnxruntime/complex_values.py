@@ -18,14 +18,20 @@ def complex_inputs(node) -> bool:
     return any(is_complex(a.meta.get("val")) for a in node.all_input_nodes)
 
 
-def complex_positions(sub: GraphModule, constants: dict[int, torch.Tensor]) -> tuple[frozenset, frozenset]:
-    """(runtime input positions, output positions) of the cluster's complex tensors."""
+def boundary_positions(sub: GraphModule, constants: dict[int, torch.Tensor], picks) -> tuple[frozenset, frozenset]:
+    """(runtime input positions, output positions) of the cluster's values `picks` selects (by
+    meta value): the complex ones here, the bfloat16 ones in bfloat16_values.py."""
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     runtime = [p for i, p in enumerate(placeholders) if i not in constants]
     out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return (frozenset(i for i, p in enumerate(runtime) if is_complex(p.meta.get("val"))),
-            frozenset(i for i, o in enumerate(outs) if hasattr(o, "meta") and is_complex(o.meta.get("val"))))
+    return (frozenset(i for i, p in enumerate(runtime) if picks(p.meta.get("val"))),
+            frozenset(i for i, o in enumerate(outs) if hasattr(o, "meta") and picks(o.meta.get("val"))))
+
+
+def complex_positions(sub: GraphModule, constants: dict[int, torch.Tensor]) -> tuple[frozenset, frozenset]:
+    """(runtime input positions, output positions) of the cluster's complex tensors."""
+    return boundary_positions(sub, constants, is_complex)
 
 
 def as_real_pairs(args: tuple, positions: frozenset) -> tuple:
