@@ -2048,3 +2048,18 @@ def test_reflection_padding_compiles_at_every_size(shape, pad):
         cm = qlower.compile(Reflect(), (x,), backend="iree", dynamic_shapes=dynamic)
         assert not cm.report().fallbacks, [c.reason for c in cm.report().fallbacks]
         torch.testing.assert_close(cm(x), Reflect()(x), rtol=0, atol=0)
+
+
+def test_float64_runs_in_float64():
+    """IREE demotes f64 to f32 unless told not to: a float64 cluster compiled, then failed at its
+    first call (its buffers half the size the runner passed), and ran in PyTorch with a warning.
+    With the demotion off the cluster stays on IREE and computes in float64: shape ops to the
+    last bit, arithmetic to float64 rounding (a float32 computation is ~1e-7 off here)."""
+    fn = lambda x: (torch.cat([x.reshape(8, 2), x.reshape(8, 2)]).t(), (x @ x) * 0.1 + torch.exp(x))
+    x = torch.randn(4, 4, dtype=torch.float64)
+    cm = qlower.compile(Fn(fn), (x,), backend="iree")
+    got, want = cm(x), fn(x)
+    report = cm.report()
+    assert len(report.compiled) == 1 and not report.fallbacks, str(report)
+    assert got[0].dtype == torch.float64 and torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-13, atol=1e-13)

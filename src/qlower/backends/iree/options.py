@@ -117,4 +117,8 @@ class IreeOptions:
             flags.append("--iree-global-opt-data-tiling" if self.data_tiling_path == "global" else "--iree-opt-data-tiling")
         if self.im2col_convs:
             flags.append("--iree-global-opt-use-im2col-for-convs")
+        # IREE demotes f64 to f32 by default: a float64 cluster compiled, then failed at its first
+        # call (the module's buffers half the size the runner passed: "run failed", the cluster
+        # in PyTorch); with the demotion off it computes float64 (measured: 4.4e-16 off eager)
+        flags.append("--iree-input-demote-f64-to-f32=false")
         return flags + list(self.extra_flags)
