@@ -47,7 +47,10 @@ def widen_bfloat16_boundary(model) -> None:
         wide = ir.Value(name=value.name, shape=value.shape, type=ir.TensorType(ir.DataType.FLOAT))
         value.name = f"{wide.name}__bfloat16"
         cast = ir.node("Cast", [wide], attributes={"to": ir.DataType.BFLOAT16}, num_outputs=1)
-        graph.insert_before(graph.node(0), cast) if len(graph) else graph.append(cast)
+        if len(graph):
+            graph.insert_before(graph.node(0), cast)
+        else:
+            graph.append(cast)
         narrow = cast.outputs[0]
         narrow.name, narrow.shape, narrow.dtype = f"{wide.name}__as_bfloat16", value.shape, ir.DataType.BFLOAT16
         value.replace_all_uses_with(narrow, replace_graph_outputs=True)

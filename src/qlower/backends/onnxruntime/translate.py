@@ -290,9 +290,11 @@ def _float64_scalars_as_exact_parts(graph_module: torch.fx.GraphModule) -> None:
         if node.target is not torch.ops.aten.scalar_tensor.default or node.kwargs.get("dtype") is not torch.float64:
             continue
         value = node.args[0]
-        if not isinstance(value, float) or not math.isfinite(value) or _float32_terms(value) == ((value,), ()):
+        if not isinstance(value, float) or not math.isfinite(value):
             continue
         parts, factors = _float32_terms(value)
+        if (parts, factors) == ((value,), ()):   # float32 holds it: torchlib's constant is exact
+            continue
         with graph.inserting_before(node):   # (each insertion goes before `node`: in order)
             constant = lambda c: graph.call_function(node.target, (c,), dict(node.kwargs))
             new_nodes = [constant(part) for part in parts]

@@ -251,6 +251,12 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     return cap
 
 
+def _touches_dtype(node: Node, dtypes: tuple) -> bool:
+    """The node reads or makes a tensor of one of `dtypes` (from the meta values)."""
+    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    return any(isinstance(v, torch.Tensor) and v.dtype in dtypes for v in values)
+
+
 def _no_bfloat16(node: Node) -> str | None:
     """no bfloat16 value
 
@@ -258,8 +264,7 @@ def _no_bfloat16(node: Node) -> str | None:
     onnxruntime/bfloat16_values.py); the OpenVINO runner has no such crossing (measured: "Got
     unsupported ScalarType BFloat16" at the first call, the cluster in PyTorch) and OpenVINO's
     own bfloat16 arithmetic is not verified against eager's."""
-    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
-    if any(isinstance(v, torch.Tensor) and v.dtype is torch.bfloat16 for v in values):
+    if _touches_dtype(node, (torch.bfloat16,)):
         return "bfloat16 is not verified on OpenVINO"
     return None
 
@@ -271,8 +276,7 @@ def _no_float64(node: Node) -> str | None:
     (measured, openvino 2026.4.1: a reshape / cat / transpose of float64 values 1.2e-7 off,
     (x @ x) * 0.1 + exp(x) 4e-7 off), with float64 outputs, silently. Such nodes run in PyTorch
     (or ONNX Runtime, which keeps float64)."""
-    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
-    if any(isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.complex128) for v in values):
+    if _touches_dtype(node, (torch.float64, torch.complex128)):
         return "OpenVINO's CPU plugin computes float64 in float32 (results rounded to float32)"
     return None
 
