@@ -238,14 +238,31 @@ def _onnx_ops(cm) -> list[str]:
 def test_onnxruntime_form_is_one_quantize_and_one_fused_gemm_per_linear(vnni, bits):
     """Per activation the scale in four nodes (Abs, ReduceMax, Div, Max: no Equal/Where guard)
     and one blocked QuantizeLinear (no Div/Max over the activation); per linear one
-    MatMulIntegerToFloat and one Mul by the token scale (no Cast, no [rows, cols] scale product)."""
+    MatMulIntegerToFloat taking the token scale as its per-row A_scale (no Mul, no Cast, no
+    [rows, cols] scale product)."""
     torch.manual_seed(5)
     model, x = Mlp().eval(), torch.randn(2, 7, 32)
     ep = qlower.quantize(model, (x,), _calibration((2, 7, 32)), QuantConfig(activations="per-token", weight_bits=bits))
     ops = _onnx_ops(qlower.compile(ep, (x,), backend="onnxruntime"))
     assert ops.count("MatMulIntegerToFloat") == 2 and "MatMulInteger" not in ops and "Cast" not in ops, ops
     assert ops.count("QuantizeLinear") == 2 and ops.count("Div") == ops.count("Max") == 2, ops
-    assert "Where" not in ops and "Equal" not in ops, ops
+    assert "Where" not in ops and "Equal" not in ops and "Mul" not in ops, ops
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 32), (3, 1, 32), (1, 32), (5, 32), (32,)])
+def test_onnxruntime_row_scale_in_the_gemm_is_exact_for_single_rows(shape):
+    """A_scale of one element would be folded into the per-column multiplier (s_t * s_w, a
+    rounding the numerics do not have): a single row in a rank >= 2 input keeps its [.., 1, 1]
+    scale apart; a 1-D input (one row, scale [1]) keeps the Mul after the GEMM."""
+    torch.manual_seed(7)
+    model, x = Mlp(bias=True).eval(), torch.randn(*shape)
+    ep = qlower.quantize(model, (x,), _calibration(shape), PER_TOKEN)
+    ort, ref = (qlower.compile(ep, (x,), backend=b) for b in ("onnxruntime", "reference"))
+    assert not ort.report().fallbacks
+    assert ("Mul" in _onnx_ops(ort)) == (len(shape) == 1)
+    for i in range(20):
+        xi = torch.randn(*shape, generator=torch.Generator().manual_seed(i)) * (10.0 ** (i % 7 - 3))
+        assert torch.equal(ort(xi), ref(xi))
 
 
 def _per_token_lowered(bias=False):

@@ -16,7 +16,8 @@ from ..quantize import QuantConfig
 
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
           "openvino-fp32", "openvino-nncf-int8",
-          "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-w8", "qlower-onnxruntime-qdq",
+          "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-static", "qlower-onnxruntime-w8",
+          "qlower-onnxruntime-qdq",
           "qlower-onnxruntime-qdq-unfused", "qlower-openvino", "qlower-openvino-native", "qlower-iree",
           "qlower-reference")
 # The Q/DQ-form stacks answer "integer ops, or Q/DQ form and let the engine fuse?": the same
@@ -24,6 +25,9 @@ STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-i
 # (-qdq-unfused: float kernels between Q/DQ). Both are measured against the canonical numerics.
 # qlower-openvino-native: OpenVINO's engine-native profile (OvOptions(numerics="openvino")): the
 # Q/DQ program on OpenVINO's own int8 kernels, likewise measured against the canonical numerics.
+# -static: static activation ranges on a transformer too (the `transformer-static` preset), the
+# same scheme as ORT's QDQ peer; the plain stack's `transformer` preset quantizes linear inputs
+# per token at run time (more accurate, a row max and a division more per linear).
 FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
                   "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
@@ -225,7 +229,8 @@ def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
         return _with_note(lambda *xs: cm(*xs), cm, stack, entry)
     # the preset a user would pick (the NNCF peer likewise gets its TRANSFORMER model type);
     # a named preset picks the weight width per CPU
-    preset = "transformer" if _is_transformer(model) else "int8"
+    transformer = _is_transformer(model)
+    preset = ("transformer-static" if variant == "static" else "transformer") if transformer else "int8"
     config = QuantConfig.from_name(preset) if variant == "w8" else preset
     if variant == "w8":
         config = dataclasses.replace(config, weight_bits=8)

@@ -33,6 +33,7 @@ from .embedding_renorm_spelled_out import EmbeddingRenormSpelledOut
 from .error_checks_outside import ErrorChecksOutside
 from .explicit_reduction_dims import ExplicitReductionDims
 from .four_d_attention import FourDAttention
+from .fuse_dequantize import FuseDequantize
 from .fuse_per_token import FusePerTokenLinear
 from .fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
@@ -385,7 +386,7 @@ class OnnxRuntimeBackend:
         return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
                 ErrorChecksOutside(), BatchNormSpelledOut(), EmbeddingRenormSpelledOut(),
                 AccumulatingScatters(frozenset({"mean"})),
-                FourDAttention(), FuseRequantize(), FusePerTokenLinear()]
+                FourDAttention(), FuseRequantize(), FuseDequantize(), FusePerTokenLinear()]
 
     def available(self) -> bool:
         try:

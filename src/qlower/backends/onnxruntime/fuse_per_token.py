@@ -1,12 +1,13 @@
 """FusePerTokenLinear (onnxruntime legalization): a per-token linear's integer GEMM and the
 dequantization of its accumulator become one `qlower_ort::linear_per_token` node, translated to
-com.microsoft MatMulIntegerToFloat (A_scale 1, B_scale = s_w per column) followed by one Mul by
-the token scale.
+one com.microsoft MatMulIntegerToFloat (B_scale = s_w per column, A_scale = the token scale per
+row; lowering/integer.py: linear_per_token).
 
 Why exact: MatMulIntegerToFloat computes the same int32 accumulator as MatMulInteger (same MLAS
 GEMM, same per-CPU weight formulation) and multiplies it, converted to fp32, by fp32(1 * s_w) =
 s_w per output column in its epilogue: fp32(fp32(acc) * s_w), the first rounding of
-numerics.dequantize_per_token_accumulator; the Mul by s_t is the second. Measured: the unfused
+numerics.dequantize_per_token_accumulator; its multiply of the output by a per-row A_scale is
+the second. Measured: the unfused
 form (MatMulInteger, Cast, Mul, Mul) cost two extra passes over every linear's output.
 
 Preconditions: LowerPerTokenLinear ran; constants are get_attr nodes.

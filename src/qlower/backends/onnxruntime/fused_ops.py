@@ -1,10 +1,12 @@
 """Fused integer ops of the onnxruntime backend (namespace `qlower_ort`): an accumulating
-qlower op and the requantize that consumes it, as ONE node, so the ONNX translation can map it to
-ONE fused ONNX Runtime kernel (QLinearConv, com.microsoft QGemm, QLinearMatMul).
+qlower op and the requantize (or dequantize) that consumes it, as ONE node, so the ONNX
+translation can map it to ONE fused ONNX Runtime kernel (QLinearConv, com.microsoft QGemm,
+QLinearMatMul, com.microsoft MatMulIntegerToFloat).
 
 They exist because a per-node translation table (torch.onnx's) sees one FX node at a time: the
 choice "this conv and its requantize are one QLinearConv" must be made on the FX graph
-(`fuse_requantize.py`, which fuses only where the fused kernel is proven exact on this CPU).
+(`fuse_requantize.py`, `fuse_dequantize.py`, `fuse_per_token.py`, which fuse only where the
+fused kernel is exact on this CPU).
 Each reference kernel is the composition of the two canonical qlower ops, so a cluster that
 falls back to PyTorch still computes the canonical numerics bit for bit.
 """
@@ -70,4 +72,16 @@ def linear_per_token(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Te
 
 @linear_per_token.register_fake
 def _(x, x_zp, w, w_zp, token_scale, w_scale):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::linear_dequant", mutates_args=())
+def linear_dequant(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor, bias: Optional[torch.Tensor],
+                   acc_scale: torch.Tensor, acc_zp: torch.Tensor, axis: Optional[int]) -> torch.Tensor:
+    """A linear whose int32 accumulator (bias included) is dequantized to fp32 (a float output)."""
+    return q.dequantize(q.linear(x, x_zp, w, w_zp, bias), acc_scale, acc_zp, axis)
+
+
+@linear_dequant.register_fake
+def _(x, x_zp, w, w_zp, bias, acc_scale, acc_zp, axis):
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)

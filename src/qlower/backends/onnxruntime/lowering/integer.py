@@ -9,6 +9,9 @@
 - *_requant (fused): QLinearConv; com.microsoft QGemm (with bias, 2-D view) or QLinearMatMul
                      (without); QLinearMatMul for u8 x u8 — each with X_scale = 1 and
                      W_scale = s_acc, so ONNX Runtime's multiplier is exactly the canonical M.
+- linear_dequant (fused, float output): com.microsoft QGemm without Y_scale (int32 bias C, 2-D
+                     view) or MatMulIntegerToFloat (no bias), X_scale = 1, W_scale = s_acc.
+- linear_per_token (fused): MatMulIntegerToFloat, A_scale = the token scale per row.
 - add:               com.microsoft QLinearAdd where kernel_proofs shows it equal to the canonical
                      add on all 65,536 input pairs; else DequantizeLinear x2 -> Add -> QuantizeLinear.
 - mean over H, W:    com.microsoft QLinearGlobalAveragePool where proven for every possible sum;
@@ -107,18 +110,24 @@ def _zero_point(zp, like) -> object:
 
 
 def _weights(w, w_zp, transpose: bool) -> tuple[object, object]:
-    """(weight, zero point) constants in the formulation that is exact on this CPU: s8 where
-    u8 x s8 kernels are exact, else u8 (w + 128, zero point + 128: exact u8 x u8 on AVX2)."""
+    """(weight, zero point) constants in the formulation that is exact on this CPU."""
+    wt, zp = _weight_formulation(w, w_zp, transpose)
+    return const(wt, wt.dtype), const(zp, zp.dtype)
+
+
+def _weight_formulation(w, w_zp, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, scalar zero point) arrays: s8 where u8 x s8 kernels are exact on this CPU,
+    else u8 (w + 128, zero point + 128: exact u8 x u8 on AVX2)."""
     wv, zp = value_of(w), int(value_of(w_zp).reshape(-1)[0])
     wt = wv.T if transpose else wv
     if wv.dtype == np.uint8:
         # already u8 (a matmul's constant operand quantized as an activation, asymmetric):
         # u8 x u8 is exact as is; the +128 re-encoding below is for s8 values only (it wrapped
         # these mod 256: tests/test_fuzz.py::test_regression_matmul_constant_uint8_operand)
-        return const(wt, np.uint8), const(zp, np.uint8)
+        return wt.astype(np.uint8), np.array(zp, np.uint8)
     if wv.dtype == np.int8 and s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0))):
-        return const(wt, np.int8), const(zp, np.int8)
-    return const(wt.astype(np.int32) + 128, np.uint8), const(zp + 128, np.uint8)
+        return wt.astype(np.int8), np.array(zp, np.int8)
+    return (wt.astype(np.int32) + 128).astype(np.uint8), np.array(zp + 128, np.uint8)
 
 
 def _add_bias(acc, bias, spatial_dims: int):
@@ -223,6 +232,30 @@ def linear_requant(x, x_zp: int, w, w_zp, bias, acc_scale, out_scale: float, out
     if rank != 2:
         y = op.Reshape(y, op.Concat(op.Shape(x, end=-1), i64([n]), axis=0))
     return _clamped(y, qmin, qmax, dtype)
+
+
+@lowers(ort.linear_dequant.default)
+def linear_dequant(x, x_zp: int, w, w_zp, bias, acc_scale, acc_zp, axis: Optional[int] = None):
+    """fp32(fp32(acc + bias) * s_acc) in one kernel (fuse_dequantize.py): QGemm without an output
+    scale on a 2-D view where there is a bias (its int32 C joins the accumulator), else
+    MatMulIntegerToFloat on the input as it is. A_scale 1, B_scale s_acc, zero points in the
+    weight formulation that is exact on this CPU."""
+    if not contrib_ops_allowed():
+        return dequantize(linear(x, x_zp, w, w_zp, bias), acc_scale, acc_zp, axis)
+    wt, zp = _weight_formulation(w, w_zp, transpose=True)
+    s = value_of(acc_scale).reshape(-1).astype(np.float32)
+    per_column = s.size > 1
+    w_scale = const(s if per_column else s.reshape(()), np.float32)
+    if bias is None:
+        return MatMulIntegerToFloat(x, const(wt, wt.dtype), const(1.0, np.float32), w_scale, _zero_point(x_zp, x),
+                                    const(zp, zp.dtype))
+    # QGemm wants B's zero point shaped like its scale (one per output feature when per column)
+    w_zp_c = const(np.full(s.size, zp, zp.dtype) if per_column else zp, zp.dtype)
+    rank, n = len(x.shape), wt.shape[1]
+    rows = x if rank == 2 else op.Reshape(x, i64([-1, wt.shape[0]]))
+    y = QGemm(rows, const(1.0, np.float32), _zero_point(x_zp, x), const(wt, wt.dtype), w_scale, w_zp_c,
+              const(value_of(bias).astype(np.int32).reshape(-1), np.int32))
+    return y if rank == 2 else op.Reshape(y, op.Concat(op.Shape(x, end=-1), i64([n]), axis=0))
 
 
 @lowers(ort.matmul_requant.default)
@@ -419,11 +452,18 @@ def dequantize_per_token_acc(acc, scale, weight_scale):
 
 @lowers(ort.linear_per_token.default)
 def linear_per_token(x, x_zp: int, w, w_zp, token_scale, weight_scale):
-    """MatMulIntegerToFloat (A_scale 1, B_scale s_w: its epilogue computes fp32(acc) * s_w per
-    column) -> Mul(s_t); the standard-op form elsewhere."""
+    """One MatMulIntegerToFloat: B_scale s_w per column, A_scale the token scale (one per row,
+    shape [..., M, 1]). ORT's kernel multiplies fp32(acc) by fp32(1 * s_w) in its GEMM epilogue,
+    then the whole output by A_scale (an IEEE multiply per element): exactly the two roundings of
+    numerics.dequantize_per_token_accumulator, and one node less than MatMulIntegerToFloat ->
+    Mul per linear (zoo vit: 117 -> 108 nodes). A 1-element A_scale would instead be folded
+    into the per-column multiplier first (s_t * s_w, another rounding), so a 1-D input keeps the
+    Mul. The standard-op form where contrib ops are not allowed."""
     if not contrib_ops_allowed():
         return dequantize_per_token_acc(linear(x, x_zp, w, w_zp, None), token_scale, weight_scale)
     wn, zn = _weights(w, w_zp, transpose=True)
+    if len(x.shape) >= 2:
+        return MatMulIntegerToFloat(x, wn, token_scale, _weight_scale(weight_scale), _zero_point(x_zp, x), zn)
     scaled = MatMulIntegerToFloat(x, wn, const(1.0, np.float32), _weight_scale(weight_scale),
                                   _zero_point(x_zp, x), zn)
     return op.Mul(scaled, token_scale)

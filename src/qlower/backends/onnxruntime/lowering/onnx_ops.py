@@ -22,12 +22,16 @@ _NP = {ir.DataType.UINT8: np.uint8, ir.DataType.INT8: np.int8, ir.DataType.INT32
        ir.DataType.FLOAT: np.float32, ir.DataType.INT64: np.int64}
 
 
-def contrib_op(opset: Opset, name: str, inputs: list[str], attrs: dict[str, type] | None = None) -> Op:
+def contrib_op(opset: Opset, name: str, inputs: list[str], attrs: dict[str, type] | None = None,
+               optional: tuple[str, ...] = ()) -> Op:
     """An op onnx's schema registry does not know (ONNX Runtime contrib kernels): a schema with
-    one output and one type variable per input, so the tracer can record the node."""
+    one output and one type variable per input (those in `optional` may be left out at the
+    end), so the tracer can record the node."""
+    option = OpSchema.FormalParameterOption
     schema = OpSchema(
         name, opset.domain, opset.version, "",
-        inputs=[OpSchema.FormalParameter(n, f"T{i}") for i, n in enumerate(inputs)],
+        inputs=[OpSchema.FormalParameter(n, f"T{i}", param_option=option.Optional if n in optional else option.Single)
+                for i, n in enumerate(inputs)],
         outputs=[OpSchema.FormalParameter("Y", "TY")],
         type_constraints=[(f"T{i}", _TYPES, "") for i in range(len(inputs))] + [("TY", _TYPES, "")],
         attributes=[OpSchema.Attribute(a, _ATTR[t], "") for a, t in (attrs or {}).items()])
@@ -37,7 +41,7 @@ def contrib_op(opset: Opset, name: str, inputs: list[str], attrs: dict[str, type
 QLinearAdd = contrib_op(MS, "QLinearAdd", ["A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point",
                                            "C_scale", "C_zero_point"])
 QGemm = contrib_op(MS, "QGemm", ["A", "a_scale", "a_zero_point", "B", "b_scale", "b_zero_point", "C",
-                                 "y_scale", "y_zero_point"])
+                                 "y_scale", "y_zero_point"], optional=("y_scale", "y_zero_point"))
 MatMulIntegerToFloat = contrib_op(MS, "MatMulIntegerToFloat", ["A", "B", "a_scale", "b_scale", "a_zero_point",
                                                                "b_zero_point"])
 QLinearGlobalAveragePool = contrib_op(MS, "QLinearGlobalAveragePool",
