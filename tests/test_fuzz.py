@@ -1537,6 +1537,18 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+def test_regression_iree_outer_product_of_a_column_slice():
+    """fp32 x[:, 11:12:2] @ w (a [2, 1] column of a [2, 12] input by a [1, 5] weight: an outer
+    product): IREE's global-optimization data tiling read the second row's element from column
+    0 (5 of 10 outputs off by up to 0.18, silently). Fixed in backends/iree/outer_products.py:
+    a product with a reduction size of 1 is a broadcast multiply on IREE."""
+    _check(Program(in_shape=(2, 12), ops=(Op("clamp", (0,), (0.25, 1.0)), Op("slice", (0,), (1, 11, 12, 2)),
+                                          Op("slice", (2,), (1, 0, 1, 1)), Op("relu", (3,)), Op("matmul_w", (3,), (5,))),
+                   weights="const", seed=2281, act="uint8", per_channel=False, weight_bits=7,
+                   activations="per-token"), ("iree",))
+
+
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):
     """x * 0 -> conv (weights quantized to 0) -> x * -2 (a table: every code maps to one value)
