@@ -159,6 +159,12 @@ def infer_val(node: Node, gm: GraphModule) -> None:
         node.meta["val"] = node.target(*args, **kwargs)
 
 
+def tensor_dtype(value) -> torch.dtype | None:
+    """The dtype of the tensor a node computes (its meta["val"]), or None."""
+    val = value.meta.get("val") if isinstance(value, Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
 def call(gm: GraphModule, target, args, kwargs=None, like: Node | None = None) -> Node:
     """Insert a call_function node at the current insertion point with meta['val'] computed,
     carrying stack_trace from `like` so errors still point at the user's source line."""

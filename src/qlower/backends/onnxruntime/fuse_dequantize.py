@@ -27,17 +27,12 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from ...fx import call, constant_value, full_args
+from ...fx import call, constant_value, full_args, tensor_dtype
 from ...passes.base import Pass, PassContext
 from . import fused_ops  # noqa: F401  (registers qlower_ort ops)
 
 q = torch.ops.qlower
 ort = torch.ops.qlower_ort
-
-
-def _dtype(node) -> torch.dtype | None:
-    val = node.meta.get("val") if isinstance(node, Node) else None
-    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _fusable(gm: GraphModule, acc: Node, dq: Node) -> bool:
@@ -46,7 +41,7 @@ def _fusable(gm: GraphModule, acc: Node, dq: Node) -> bool:
     x, _x_zp, w, w_zp, _bias = full_args(acc)
     _, acc_scale, acc_zp, axis = full_args(dq)
     w_zp_v, scale, zp = (constant_value(gm, v) for v in (w_zp, acc_scale, acc_zp))
-    if _dtype(x) != torch.uint8 or constant_value(gm, w) is None or w_zp_v is None or scale is None or zp is None:
+    if tensor_dtype(x) != torch.uint8 or constant_value(gm, w) is None or w_zp_v is None or scale is None or zp is None:
         return False
     rank = acc.meta["val"].dim()
     per_feature = scale.numel() == 1 or (axis is not None and axis % rank == rank - 1)

@@ -22,18 +22,13 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from ...fx import call, constant_value, full_args
+from ...fx import call, constant_value, full_args, tensor_dtype
 from ...passes.base import Pass, PassContext
 from . import fused_ops  # noqa: F401  (registers qlower_ort ops)
 from .cpu import s8_weights_exact
 
 q = torch.ops.qlower
 ort = torch.ops.qlower_ort
-
-
-def _dtype(node) -> torch.dtype | None:
-    val = node.meta.get("val") if isinstance(node, Node) else None
-    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _weights_fuse(gm: GraphModule, w, w_zp) -> bool:
@@ -50,14 +45,14 @@ def fused_target(gm: GraphModule, producer: Node, rq_args: list):
     if profile != "float" or acc_scale is None or dtype != torch.uint8:
         return None
     args = full_args(producer)
-    if _dtype(args[0]) != torch.uint8:
+    if tensor_dtype(args[0]) != torch.uint8:
         return None
     if producer.target in (q.conv2d.default, q.conv1d.default):
         return ort.conv_requant.default if _weights_fuse(gm, args[2], args[3]) else None
     if producer.target is q.linear.default:
         return ort.linear_requant.default if _weights_fuse(gm, args[2], args[3]) else None
     if producer.target is q.matmul.default:
-        uint8_b = _dtype(args[2]) == torch.uint8
+        uint8_b = tensor_dtype(args[2]) == torch.uint8
         return ort.matmul_requant.default if uint8_b and acc_scale.numel() == 1 else None
     return None
 
