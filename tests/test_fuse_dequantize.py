@@ -46,7 +46,7 @@ def _onnx_ops(cm) -> list[str]:
     return [n.op_type for c in cm.report().compiled for n in onnx.load_from_string(c.onnx).graph.node]
 
 
-@pytest.mark.parametrize("shape", [(5, 24), (2, 7, 24), (1, 1, 24)], ids=["2d", "3d", "one-row"])
+@pytest.mark.parametrize("shape", [(24,), (5, 24), (2, 7, 24), (1, 1, 24)], ids=["1d", "2d", "3d", "one-row"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_fused_kernel_is_bit_exact_on_both_formulations(vnni, shape, bias):
     ep, x = _program(shape, bias)
