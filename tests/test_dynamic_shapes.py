@@ -75,3 +75,28 @@ def test_int8_one_cluster_matches_reference_at_every_size(models, name):
         assert got.shape == want.shape
         assert (got - want).abs().max().item() < 0.05, (name, batch, seq)
         assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9999
+
+
+@pytest.mark.parametrize("preset", ["transformer-static", "transformer"])
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_transformer_presets_fused_kernels_one_cluster_at_every_size(models, name, preset):
+    """The transformer presets' linears (float outputs) are ONE fused ONNX Runtime kernel each —
+    QGemm with a float output (static, with a bias), MatMulIntegerToFloat (static without one; or
+    per-token, the token scale as its per-row A_scale) — with batch and sequence dynamic: one cluster, integer ops bit-exact
+    (float islands between them differ by ulps)."""
+    import onnx
+    model = _model(models, name)
+    ep = qlower.quantize(model, inputs(name, 0), [inputs(name, i) for i in range(1, 5)], preset,
+                         dynamic_shapes=dynamic(name), backend="onnxruntime")
+    cm = qlower.compile(ep, inputs(name, 0), backend="onnxruntime")
+    ref = qlower.compile(ep, inputs(name, 0), backend="reference")
+    _one_cluster(cm)
+    ops = [n.op_type for n in onnx.load_from_string(cm.report().compiled[0].onnx).graph.node]
+    # static: QGemm where the linear has a bias (BERT), MatMulIntegerToFloat where not (LLaMA)
+    fused = ops.count("QGemm") + ops.count("MatMulIntegerToFloat")
+    assert fused == cm.report().op_counts["qlower::linear"] and "MatMulInteger" not in ops, ops
+    assert ("QGemm" in ops) == (preset == "transformer-static" and name == "bert"), ops
+    for batch, seq in SIZES:
+        x = inputs(name, 7, batch, seq)
+        got, want = cm(*x), ref(*x)
+        assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5, (name, batch, seq)
