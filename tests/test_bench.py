@@ -2,6 +2,7 @@
 assertions: what is checked is that results, accuracy and outputs are produced."""
 import json
 
+import torch
 from typer.testing import CliRunner
 
 from qlower.cli import app
@@ -197,3 +198,20 @@ def test_an_error_row_is_plain_text():
     from qlower.bench.harness import _error
     row = _error(RuntimeError("Failed to decompose. \x1b[96mThis is step 2/3\x1b[0m of exporting\nmore"))
     assert row == "RuntimeError: Failed to decompose. This is step 2/3 of exporting"
+
+
+def test_static_stack_runs_the_transformer_static_preset(tmp_path):
+    """`qlower-onnxruntime-static` (like for like with ORT's static QDQ peer) is the
+    `transformer-static` preset on a transformer: the same outputs as compiling that preset, and
+    not the per-token program of the plain stack."""
+    import qlower
+    from qlower import zoo
+    from qlower.bench.stacks import build_stack
+    entry = zoo.get("transformer")
+    model, x, cal = entry.model().eval(), entry.inputs(1), entry.calibration(4)
+    static = build_stack("qlower-onnxruntime-static", entry, model, x, cal, str(tmp_path))
+    per_token = build_stack("qlower-onnxruntime", entry, model, x, cal, str(tmp_path))
+    want = qlower.compile(qlower.quantize(model, x, cal, "transformer-static"), x, backend="onnxruntime")
+    probe = entry.inputs(1, seed=5)
+    assert torch.equal(static(*probe), want(*probe))
+    assert not torch.equal(per_token(*probe), want(*probe))
