@@ -37,6 +37,15 @@ class SmallNet(torch.nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+@pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
+def vnni(request, monkeypatch):
+    """Both integer formulations whatever this CPU is: onnxruntime's VNNI check forced on (s8
+    weights in the fused u8 x s8 kernels) and off (u8 weights, or 7-bit ones)."""
+    from qlower.backends.onnxruntime import cpu
+    monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
+    return request.param
+
+
 @pytest.fixture
 def small_net():
     torch.manual_seed(0)

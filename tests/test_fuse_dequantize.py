@@ -26,12 +26,6 @@ class Head(torch.nn.Module):
         return self.b(torch.nn.functional.layer_norm(self.a(x), (40,)))
 
 
-@pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
-def vnni(request, monkeypatch):
-    monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
-    return request.param
-
-
 def _program(shape, bias=True, bits=8):
     torch.manual_seed(0)
     x = (torch.randn(*shape),)

@@ -24,12 +24,6 @@ class ConvMlp(torch.nn.Module):
         return self.fc(torch.relu(self.conv(x)).flatten(1))
 
 
-@pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
-def vnni(request, monkeypatch):
-    monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
-    return request.param
-
-
 def _program(bits: int):
     torch.manual_seed(0)
     x = (torch.randn(1, 3, 6, 6),)

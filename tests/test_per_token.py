@@ -6,7 +6,6 @@ import torch
 
 import qlower
 from qlower import numerics
-from qlower.backends.onnxruntime import cpu
 from qlower.passes import AttachQParams, LowerPerTokenLinear, PassContext, PassManager, default_pipeline
 from qlower.quantize import QuantConfig
 
@@ -205,12 +204,6 @@ def test_pass_keeps_the_function(bias):
 
 
 # ------------------------------------------------------------------------------ onnxruntime
-@pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
-def vnni(request, monkeypatch):
-    monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("bits", [8, 7])
 def test_onnxruntime_bit_exact_against_reference(vnni, bits):
     """Integer ops and the per-token quantization between them (relu is exact in both engines,
