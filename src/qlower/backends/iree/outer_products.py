@@ -10,8 +10,8 @@ nothing to tile, and is the cheaper kernel for an outer product anyway.
 
 Preconditions: a call of aten.matmul / mm / bmm (a [.., M, 1] @ b [.., 1, N]), aten.linear
 (x [.., 1], weight [N, 1], bias or None) or aten.addmm (bias, a [M, 1], b [1, N], alpha = beta =
-1) on floating-point tensors of rank >= 2 (the input of linear: >= 1) whose reduction size is a
-concrete 1 (meta["val"]).
+1) on floating-point tensors of rank >= 2 (the input of linear: >= 1; its weight's N concrete)
+whose reduction size is a concrete 1 (meta["val"]).
 BEFORE:  y = aten.matmul.default(a, b)               # a [M, 1], b [1, N]
 AFTER:   y = aten.mul.Tensor(a, b)                   # broadcast to [M, N]
 BEFORE:  y = aten.linear.default(x, w, bias)         # x [.., 1], w [N, 1]
@@ -55,7 +55,7 @@ def _outer(node: Node) -> bool:
         return _floats(a, b) and a.dim() >= 2 and b.dim() >= 2 and _unit(a.shape[-1])
     if node.target is _aten.linear.default:
         x, w = (_val(v) for v in node.args[:2])
-        return _floats(x, w) and x.dim() >= 1 and w.dim() == 2 and _unit(x.shape[-1])
+        return _floats(x, w) and x.dim() >= 1 and w.dim() == 2 and _unit(x.shape[-1]) and isinstance(w.shape[0], int)
     if node.target is _aten.addmm.default:
         a, b = (_val(v) for v in node.args[1:3])
         return _floats(a, b) and not node.kwargs and len(node.args) == 3 and _unit(a.shape[-1])
