@@ -159,6 +159,12 @@ def infer_val(node: Node, gm: GraphModule) -> None:
         node.meta["val"] = node.target(*args, **kwargs)
 
 
+def node_tensors(node: Node) -> list[torch.Tensor]:
+    """The tensors a node makes and reads (its meta["val"] and its inputs'), tuples left out."""
+    values = (node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes))
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
 def tensor_dtype(value) -> torch.dtype | None:
     """The dtype of the tensor a node computes (its meta["val"]), or None."""
     val = value.meta.get("val") if isinstance(value, Node) else None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import GraphModule
 
+from ...fx import node_tensors
 from ...report import ClusterInfo
 from ..accumulating_scatters import AccumulatingScatters
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
@@ -178,8 +179,7 @@ def _nodes_without_kernels(error: str, model_bytes: bytes, sub: GraphModule) -> 
 
 def _touches_a_partly_covered_dtype(node) -> bool:
     """The node reads or makes a tensor of a dtype ONNX Runtime's CPU kernels cover only in part."""
-    vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
-    return any(isinstance(v, torch.Tensor) and v.dtype in PARTLY_COVERED_DTYPES for v in vals)
+    return any(t.dtype in PARTLY_COVERED_DTYPES for t in node_tensors(node))
 
 
 def _as_numpy(t: torch.Tensor):

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch.fx import Node
 
-from ...fx import full_args, target_schema_name
+from ...fx import full_args, node_tensors, target_schema_name
 from ...partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
@@ -202,9 +202,9 @@ def _composite(target) -> bool:
 
 
 def _dtypes_ok(node: Node) -> str | None:
-    for v in [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]:
-        if isinstance(v, torch.Tensor) and v.dtype not in _SUPPORTED_DTYPES:
-            return f"dtype {v.dtype} is not compiled for ONNX Runtime"
+    for t in node_tensors(node):
+        if t.dtype not in _SUPPORTED_DTYPES:
+            return f"dtype {t.dtype} is not compiled for ONNX Runtime"
     return None
 
 

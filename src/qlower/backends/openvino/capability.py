@@ -23,7 +23,7 @@ import math
 import torch
 from torch.fx import Node
 
-from ...fx import constant_value, full_args, schema_name
+from ...fx import constant_value, full_args, node_tensors, schema_name
 from ...partition import Capability, holds_empty_tensor
 from .int64_bounds import bounded_op, produces_int64
 from ..onnxruntime.capability import onnxruntime_capability
@@ -253,8 +253,7 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
 
 def _touches_dtype(node: Node, dtypes: tuple) -> bool:
     """The node reads or makes a tensor of one of `dtypes` (from the meta values)."""
-    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
-    return any(isinstance(v, torch.Tensor) and v.dtype in dtypes for v in values)
+    return any(t.dtype in dtypes for t in node_tensors(node))
 
 
 def _no_bfloat16(node: Node) -> str | None:

@@ -193,13 +193,18 @@ def matmul(a, a_zp: int, b, b_zp: int):
     return op.MatMulInteger(a, b, _zero_point(a_zp, a), _zero_point(b_zp, b))
 
 
-def _fused_scales(acc_scale, out_scale: float, out_zp: int):
-    """(w_scale = s_acc, w_zp = 0, y_scale, y_zp) operands of the fused kernels."""
+def _column_scales(acc_scale, zero_point: np.ndarray) -> tuple[object, object]:
+    """(W_scale = s_acc, W's zero point) of a fused kernel: scalars, or one per output column
+    with the zero point repeated to the scale's shape (QGemm checks that they match)."""
     s = value_of(acc_scale).reshape(-1).astype(np.float32)
     if s.size == 1:
-        w_scale, w_zp = const(s.reshape(()), np.float32), const(0, np.int8)
-    else:
-        w_scale, w_zp = const(s, np.float32), const(np.zeros(s.size), np.int8)
+        return const(s.reshape(()), np.float32), const(zero_point, zero_point.dtype)
+    return const(s, np.float32), const(np.full(s.size, zero_point, zero_point.dtype), zero_point.dtype)
+
+
+def _fused_scales(acc_scale, out_scale: float, out_zp: int):
+    """(w_scale = s_acc, w_zp = 0, y_scale, y_zp) operands of the fused kernels."""
+    w_scale, w_zp = _column_scales(acc_scale, np.array(0, np.int8))
     return w_scale, w_zp, const(out_scale, np.float32), const(out_zp, np.uint8)
 
 
@@ -243,14 +248,10 @@ def linear_dequant(x, x_zp: int, w, w_zp, bias, acc_scale, acc_zp, axis: Optiona
     if not contrib_ops_allowed():
         return dequantize(linear(x, x_zp, w, w_zp, bias), acc_scale, acc_zp, axis)
     wt, zp = _weight_formulation(w, w_zp, transpose=True)
-    s = value_of(acc_scale).reshape(-1).astype(np.float32)
-    per_column = s.size > 1
-    w_scale = const(s if per_column else s.reshape(()), np.float32)
+    w_scale, w_zp_c = _column_scales(acc_scale, zp)
     if bias is None:
         return MatMulIntegerToFloat(x, const(wt, wt.dtype), const(1.0, np.float32), w_scale, _zero_point(x_zp, x),
-                                    const(zp, zp.dtype))
-    # QGemm wants B's zero point shaped like its scale (one per output feature when per column)
-    w_zp_c = const(np.full(s.size, zp, zp.dtype) if per_column else zp, zp.dtype)
+                                    w_zp_c)
     rank, n = len(x.shape), wt.shape[1]
     rows = x if rank == 2 else op.Reshape(x, i64([-1, wt.shape[0]]))
     y = QGemm(rows, const(1.0, np.float32), _zero_point(x_zp, x), const(wt, wt.dtype), w_scale, w_zp_c,
