@@ -37,13 +37,29 @@ class SmallNet(torch.nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+HOST_VNNI = qlower.backends.onnxruntime.cpu.has_vnni()   # this CPU's, read before any test forces it
+
+
 @pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
 def vnni(request, monkeypatch):
     """Both integer formulations whatever this CPU is: onnxruntime's VNNI check forced on (s8
-    weights in the fused u8 x s8 kernels) and off (u8 weights, or 7-bit ones)."""
+    weights in the fused u8 x s8 kernels) and off (u8 weights, or 7-bit ones). The emitted
+    form is checked on every CPU; the numerics of the VNNI form only where it is exact
+    (`skip_numerics_unless_exact_here`)."""
     from qlower.backends.onnxruntime import cpu
     monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
     return request.param
+
+
+def skip_numerics_unless_exact_here(vnni: bool, full_range_weights: bool = True) -> None:
+    """The VNNI formulation with full-range s8 weights is exact only on a CPU with VNNI: ONNX
+    Runtime's AVX2 u8 x s8 kernels sum pairs of products in 16 bits and saturate (measured on an
+    AVX2-only AMD EPYC: 47-61 of 80 MatMulInteger / MatMulIntegerToFloat / QGemm outputs wrong
+    per draw), which is why qlower never emits that form on such a CPU. The non-VNNI form (u8 or
+    7-bit weights) is exact, and checked, everywhere."""
+    if vnni and full_range_weights and not HOST_VNNI:
+        pytest.skip("forced VNNI form with full-range s8 weights: this CPU has no VNNI, so ONNX Runtime's "
+                    "kernels saturate on it and qlower never emits it here (its emitted form was checked)")
 
 
 @pytest.fixture

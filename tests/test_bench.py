@@ -211,7 +211,8 @@ def test_static_stack_runs_the_transformer_static_preset(tmp_path):
     model, x, cal = entry.model().eval(), entry.inputs(1), entry.calibration(4)
     static = build_stack("qlower-onnxruntime-static", entry, model, x, cal, str(tmp_path))
     per_token = build_stack("qlower-onnxruntime", entry, model, x, cal, str(tmp_path))
-    want = qlower.compile(qlower.quantize(model, x, cal, "transformer-static"), x, backend="onnxruntime")
+    want = qlower.compile(qlower.quantize(model, x, cal, "transformer-static", backend="onnxruntime"), x,
+                          backend="onnxruntime")
     probe = entry.inputs(1, seed=5)
     assert torch.equal(static(*probe), want(*probe))
     assert not torch.equal(per_token(*probe), want(*probe))

@@ -69,12 +69,18 @@ def test_int8_one_cluster_matches_reference_at_every_size(models, name):
     assert cm.report().op_counts.get("qlower::linear", 0) > 0   # integer GEMMs, not float ones
     for batch, seq in SIZES:
         x = inputs(name, 7, batch, seq)
-        got, want = cm(*x), ref(*x)
-        # Integer ops are bit-exact; float islands (softmax, LayerNorm, GELU) differ by ulps,
-        # which can flip a later requantization by one step: bound by a few output steps.
-        assert got.shape == want.shape
-        assert (got - want).abs().max().item() < 0.05, (name, batch, seq)
-        assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9999
+        _close_to_reference(cm(*x), ref(*x), (name, batch, seq))
+
+
+def _close_to_reference(got, want, where) -> None:
+    """Integer ops are bit-exact; float islands (softmax, LayerNorm, GELU) differ by ulps, which
+    can flip a later requantization by one step: bound by a few output steps. (Which flips
+    depends on the CPU's float kernels: none in these models on AMD EPYC Zen 4, one step of
+    8.7e-3 in LLaMA at 3 x 24 on an AVX2-only AMD EPYC, where the fused kernels' outputs equal
+    the unfused MatMulInteger forms' bit for bit.)"""
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 0.05, where
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9999
 
 
 @pytest.mark.parametrize("preset", ["transformer-static", "transformer"])
@@ -82,8 +88,8 @@ def test_int8_one_cluster_matches_reference_at_every_size(models, name):
 def test_transformer_presets_fused_kernels_one_cluster_at_every_size(models, name, preset):
     """The transformer presets' linears (float outputs) are ONE fused ONNX Runtime kernel each —
     QGemm with a float output (static, with a bias), MatMulIntegerToFloat (static without one; or
-    per-token, the token scale as its per-row A_scale) — with batch and sequence dynamic: one cluster, integer ops bit-exact
-    (float islands between them differ by ulps)."""
+    per-token, the token scale as its per-row A_scale) — with batch and sequence dynamic: one
+    cluster, integer ops bit-exact (float islands between them differ by ulps)."""
     import onnx
     model = _model(models, name)
     ep = qlower.quantize(model, inputs(name, 0), [inputs(name, i) for i in range(1, 5)], preset,
@@ -98,5 +104,4 @@ def test_transformer_presets_fused_kernels_one_cluster_at_every_size(models, nam
     assert ("QGemm" in ops) == (preset == "transformer-static" and name == "bert"), ops
     for batch, seq in SIZES:
         x = inputs(name, 7, batch, seq)
-        got, want = cm(*x), ref(*x)
-        assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5, (name, batch, seq)
+        _close_to_reference(cm(*x), ref(*x), (name, batch, seq))

@@ -447,6 +447,9 @@ def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net
     calls = []
     real = api._quantize
     monkeypatch.setattr(api, "_quantize", lambda *a, **kw: calls.append(kw.get("adjust_observers")) or real(*a, **kw))
+    # speed decides, not the programs' SQNR: without VNNI onnxruntime's program has 7-bit
+    # weights, measured 2 dB MORE accurate than the 8-bit one here (this seed, AVX2 AMD EPYC)
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(accuracy_margin_db=100.0)))
     first = compile_int8(integer_net, ("onnxruntime", "fast"))
     assert first.report().backend == "fast", first.report().engine_choice
     assert len(calls) == 2 and sum(c is not None for c in calls) == 1   # onnxruntime's program has a hook
@@ -463,7 +466,10 @@ def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_is
     `quantize="int8"`, backend auto. Its engines' float softmax/LayerNorm/GELU round differently
     from PyTorch's and flip requantized codes (beyond the float tolerance on hundreds of the 768
     outputs); before the quantization-error rule every engine was refused and the model ran on
-    the reference interpreter (65 ms a call here against onnxruntime's 4)."""
+    the reference interpreter (65 ms a call here against onnxruntime's 4). Whether any float
+    island flips a code depends on the CPU's float kernels: on AMD EPYC Zen 4 (AVX-512) both
+    engines needed the quantization-error rule, on an AVX2-only AMD EPYC both were within the
+    float tolerance (and onnxruntime's 7-bit program 3.6 dB less accurate than OpenVINO's)."""
     pytest.importorskip("transformers")
     from qlower.zoo.realsuite import _tokens, minilm_size
     backends, why = auto_backends(("onnxruntime", "openvino"))
@@ -478,7 +484,8 @@ def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_is
     # neither engine is refused as wrong (the float tolerance alone refused openvino on every
     # run, and onnxruntime with two threads: which roundings differ depends on the thread count)
     assert not [t.backend for t in report.engine_trials if t.status == "mismatch"], report.engine_choice
-    assert any((t.check or "").startswith("within the quantization error") for t in report.engine_trials)
+    checks = {t.check for t in report.engine_trials if t.status != "oracle"}
+    assert checks <= {"bit-exact", "float tolerance"} | {c for c in checks if c.startswith("within the quantization error")}
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(cm(*x), model(*x))
     assert float(cos.min()) > 0.999

@@ -27,6 +27,7 @@ from ...fx import constant_value, full_args, node_tensors, schema_name
 from ...partition import Capability, holds_empty_tensor
 from .int64_bounds import bounded_op, produces_int64
 from ..onnxruntime.capability import onnxruntime_capability
+from ..onnxruntime.lowering.integer import u8_first_operand
 from ..pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs,
                              pool_geometry, window_exceeds_input)
 
@@ -228,7 +229,10 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
             cap.register(name, _refine(cap.ops.get(name, base.ops.get("*")), check))
 
     refine(("qlower::conv2d", "qlower::conv1d", "qlower::linear"), _bounded_accumulator)
-    refine(("qlower::matmul",), _bounded_matmul)
+    # ONNX Runtime's refusal of u8 x s8 activations without VNNI (its AVX2 kernels saturate) is
+    # not OpenVINO's: it accumulates in fp32, exact under _bounded_matmul's 2^24 on AVX2 too
+    # (measured on an AVX2-only AMD EPYC, tests/test_openvino.py::test_activation_matmul_bit_exact)
+    cap.register("qlower::matmul", _refine(u8_first_operand, _bounded_matmul))
     refine(("qlower::mean",), _exact_mean)
     refine(("qlower::add", "qlower::mul"), _eight_bit)
     refine(_CONVS, _no_strided_padded_pointwise)

@@ -54,12 +54,18 @@ def _float_profile(node: Node) -> str | None:
     return None if full_args(node)[8] == "float" else "onnxruntime reproduces only the 'float' requantization profile"
 
 
+def u8_first_operand(node: Node) -> str | None:
+    """uint8 first operand (what the translation emits; engines that accumulate exactly share it)"""
+    if node.args[0].meta["val"].dtype != torch.uint8:
+        return "MatMulInteger is emitted for uint8 first operands only"
+    return None
+
+
 def _matmul_operands(node: Node) -> str | None:
     """u8 x u8 (exact on AVX2) or VNNI"""
-    a, b = node.args[0].meta["val"].dtype, node.args[2].meta["val"].dtype
-    if a != torch.uint8:
-        return "MatMulInteger is emitted for uint8 first operands only"
-    if b == torch.int8 and not has_vnni():
+    if (why := u8_first_operand(node)) is not None:
+        return why
+    if node.args[2].meta["val"].dtype == torch.int8 and not has_vnni():
         return "u8 x full-range s8 activations saturate on AVX2 without VNNI"
     return None
 
