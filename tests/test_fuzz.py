@@ -852,6 +852,30 @@ def test_regression_matmul_constant_uint8_operand():
     _check(Program(in_shape=(2, 6), ops=(Op("matmul_w", (0,), (2,)), Op("relu", (1,))), per_channel=False, seed=1))
 
 
+def test_regression_int8_activations_conv_without_vnni(monkeypatch):
+    """int8 activations into a conv, 8-bit weights, on a CPU without VNNI: the translation
+    re-encoded the weights as u8 (w + 128), and ONNX Runtime's ConvInteger of s8 activations by
+    u8 weights saturates in the AVX2 kernels (found by the twenty-fifth session's fuzz run on an
+    AVX2-only AMD EPYC, seed 17649: 4 of 144 outputs off by up to 15 quanta; the same operands
+    in isolation: 42-55 of 80 wrong). int8 activations now meet s8 weights on every CPU (s8 x s8
+    is exact in MatMulInteger, ConvInteger and QLinearConv there). The formulation is asserted
+    with the VNNI check forced off, so a VNNI machine (where both forms are exact) catches the
+    regression too; the values are bit-exact on this CPU."""
+    import onnx
+    from onnx import numpy_helper
+    from qlower.backends.onnxruntime import cpu
+    monkeypatch.setattr(cpu, "has_vnni", lambda: False)
+    prog = Program(in_shape=(1, 6, 8, 5), ops=(Op("conv", (0,), (12, 3, 3, 2, 1, 6, True)), Op("flatten", (1,))),
+                   weights="const", inputs="positive", seed=17649, act="int8", quantize_mul=True)
+    _check(prog)
+    ep = qlower.quantize(prog.module(), (prog.sample(0),), [(prog.sample(10 + i),) for i in range(3)],
+                         config=prog.config(), backend="onnxruntime")
+    model = onnx.load_from_string(qlower.compile(ep, (prog.sample(0),), backend="onnxruntime").report().compiled[0].onnx)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    conv = next(n for n in model.graph.node if n.op_type == "ConvInteger")
+    assert str(weights[conv.input[1]].dtype) == "int8", weights[conv.input[1]].dtype
+
+
 def test_regression_masked_softmax_without_mask():
     """MaskedSoftmax called with neither mask nor lengths: the ONNX function's Add got an empty
     operand and ONNX Runtime rejected the cluster (INVALID_GRAPH), which then fell back.

@@ -115,15 +115,20 @@ def _zero_point(zp, like) -> object:
     return const(zp, np_dtype(like))
 
 
-def _weights(w, w_zp, transpose: bool) -> tuple[object, object]:
-    """(weight, zero point) constants in the formulation that is exact on this CPU."""
-    wt, zp = _weight_formulation(w, w_zp, transpose)
+def _weights(x, w, w_zp, transpose: bool) -> tuple[object, object]:
+    """(weight, zero point) constants in the formulation that is exact on this CPU for x."""
+    wt, zp = _weight_formulation(x, w, w_zp, transpose)
     return const(wt, wt.dtype), const(zp, zp.dtype)
 
 
-def _weight_formulation(w, w_zp, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(weight, scalar zero point) arrays: s8 where u8 x s8 kernels are exact on this CPU,
-    else u8 (w + 128, zero point + 128: exact u8 x u8 on AVX2)."""
+def _weight_formulation(x, w, w_zp, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, scalar zero point) arrays in a formulation exact on this CPU for activations x:
+    - int8 x: s8 weights. Measured on an AVX2-only AMD EPYC (random full-range operands, ORT
+      1.31): s8 x s8 exact in MatMulInteger, ConvInteger and QLinearConv, but ConvInteger of s8
+      x by u8 weights saturates (42-55 of 80 outputs wrong; the u8 re-encoding below used to
+      make exactly that: tests/test_fuzz.py::test_regression_int8_activations_conv_without_vnni);
+    - uint8 x: s8 where u8 x s8 kernels are exact (VNNI, or 7-bit weights), else u8 (w + 128,
+      zero point + 128: exact u8 x u8 on AVX2)."""
     wv, zp = value_of(w), int(value_of(w_zp).reshape(-1)[0])
     wt = wv.T if transpose else wv
     if wv.dtype == np.uint8:
@@ -131,7 +136,8 @@ def _weight_formulation(w, w_zp, transpose: bool) -> tuple[np.ndarray, np.ndarra
         # u8 x u8 is exact as is; the +128 re-encoding below is for s8 values only (it wrapped
         # these mod 256: tests/test_fuzz.py::test_regression_matmul_constant_uint8_operand)
         return wt.astype(np.uint8), np.array(zp, np.uint8)
-    if wv.dtype == np.int8 and s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0))):
+    if wv.dtype == np.int8 and (np_dtype(x) == np.int8
+                                or s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0)))):
         return wt.astype(np.int8), np.array(zp, np.int8)
     return (wt.astype(np.int32) + 128).astype(np.uint8), np.array(zp + 128, np.uint8)
 
@@ -182,7 +188,7 @@ def requantize(acc, acc_scale, out_scale: float, out_zp: int, qmin: int, qmax: i
 @lowers(q.conv2d.default, q.conv1d.default, when=_constant_weights)
 def conv(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
          groups: int):
-    wn, zn = _weights(w, w_zp, transpose=False)
+    wn, zn = _weights(x, w, w_zp, transpose=False)
     acc = op.ConvInteger(x, wn, _zero_point(x_zp, x), zn, strides=list(stride), pads=list(padding) * 2,
                          dilations=list(dilation), group=groups)
     return _add_bias(acc, bias, len(w.shape) - 2)
@@ -190,7 +196,7 @@ def conv(x, x_zp: int, w, w_zp, bias, stride: Sequence[int], padding: Sequence[i
 
 @lowers(q.linear.default, when=_constant_weights)
 def linear(x, x_zp: int, w, w_zp, bias):
-    wn, zn = _weights(w, w_zp, transpose=True)
+    wn, zn = _weights(x, w, w_zp, transpose=True)
     return _add_bias(op.MatMulInteger(x, wn, _zero_point(x_zp, x), zn), bias, 0)
 
 
@@ -253,7 +259,7 @@ def linear_dequant(x, x_zp: int, w, w_zp, bias, acc_scale, acc_zp, axis: Optiona
     weight formulation that is exact on this CPU."""
     if not contrib_ops_allowed():
         return dequantize(linear(x, x_zp, w, w_zp, bias), acc_scale, acc_zp, axis)
-    wt, zp = _weight_formulation(w, w_zp, transpose=True)
+    wt, zp = _weight_formulation(x, w, w_zp, transpose=True)
     w_scale, w_zp_c = _column_scales(acc_scale, zp)
     if bias is None:
         return MatMulIntegerToFloat(x, const(wt, wt.dtype), const(1.0, np.float32), w_scale, _zero_point(x_zp, x),
@@ -468,7 +474,7 @@ def linear_per_token(x, x_zp: int, w, w_zp, token_scale, weight_scale):
     Mul. The standard-op form where contrib ops are not allowed."""
     if not contrib_ops_allowed():
         return dequantize_per_token_acc(linear(x, x_zp, w, w_zp, None), token_scale, weight_scale)
-    wn, zn = _weights(w, w_zp, transpose=True)
+    wn, zn = _weights(x, w, w_zp, transpose=True)
     if len(x.shape) >= 2:
         return MatMulIntegerToFloat(x, wn, token_scale, _weight_scale(weight_scale), _zero_point(x_zp, x), zn)
     scaled = MatMulIntegerToFloat(x, wn, const(1.0, np.float32), _weight_scale(weight_scale),
