@@ -359,8 +359,10 @@ class OnnxRuntimeBackend:
     @staticmethod
     def quant_config(config, preset: bool):
         """A named preset on a CPU without VNNI gets 7-bit weights: ORT's fused u8 x s8 kernels
-        are exact only then, and measured accuracy is the same (docs/performance.md). An explicit
-        QuantConfig is respected; 8-bit weights then run on the exact (slower) u8 x u8 path."""
+        are exact only then; measured cost 0-2.8 dB SQNR on the zoo (docs/performance.md, AVX2
+        section). An explicit QuantConfig is respected; 8-bit weights then run on the exact u8 x
+        u8 path (as fast as 7-bit u8 x s8 from 32 rows up on an AVX2 AMD EPYC, 1.33x slower for
+        one row; convs and requantized linears lose their fused kernel)."""
         if preset and not cpu.has_vnni() and config.weight_bits == 8:
             return dataclasses.replace(config, weight_bits=7), \
                 "7-bit weights: this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with 7-bit weights"
