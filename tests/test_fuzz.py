@@ -1025,6 +1025,20 @@ def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
 
 
 @pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+def test_regression_openvino_pointwise_conv_padded_by_two():
+    """fp32 1x1 conv, one channel in and out, padding 2: on an AVX2-only AMD EPYC OpenVINO wrote
+    unread memory into the last padded column (13 of 242 outputs off by up to 0.46 here, 6e19
+    in other draws), found by the twenty-fifth session's openvino fuzz run (seed 2). The conv is
+    refused now (asserted, so a CPU where OpenVINO happens to be right catches a regression too);
+    the values are eager's."""
+    prog = Program(in_shape=(2, 1, 7, 7), ops=(Op("conv", (0,), (1, 1, 1, 2, 1, 1, False)), Op("mul", (1, 1))),
+                   seed=2, per_channel=False, weight_bits=7)
+    _check(prog, ("openvino",))
+    cm = qlower.compile(prog.module(), (prog.sample(0),), backend="openvino")
+    assert any("padded by more than 1" in str(f) for f in cm.report().fallbacks), cm.report().fallbacks
+
+
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
     """fp32 causal attention over a max-pool output holding -inf (a window in the padding):
     eager's softmax rows are NaN, OpenVINO's fused attention (what the ONNX Attention op becomes)

@@ -195,13 +195,17 @@ _CONVS = {"aten::conv2d": (1, 3, 4), "aten::conv1d": (1, 3, 4), "aten::convoluti
 
 
 def _no_strided_padded_pointwise(node: Node) -> str | None:
-    """not a 1x1 kernel with stride > 1 and padding (OpenVINO mis-sizes it)
+    """not a 1x1 kernel with padding and stride > 1 or padding > 1 (OpenVINO gets it wrong)
 
-    Fed by another conv, OpenVINO's CPU plugin returns the wrong output size for such a conv
-    (measured over 192 two-conv chains: all 24 wrong ones were exactly these, e.g. 3x3 conv ->
-    1x1 stride 2 padding 1 on 6x6 gave 3x3 where PyTorch gives 2x2; the same conv on a model
-    input was right). Found by the openvino fuzz run. ResNet-style 1x1 stride-2 downsampling has
-    no padding and is unaffected."""
+    Fed by another conv, OpenVINO's CPU plugin returns the wrong output size for a padded 1x1 conv
+    with stride > 1 (measured over 192 two-conv chains: all 24 wrong ones were exactly these,
+    e.g. 3x3 conv -> 1x1 stride 2 padding 1 on 6x6 gave 3x3 where PyTorch gives 2x2; the same
+    conv on a model input was right). Found by the openvino fuzz run. On an AVX2-only AMD EPYC
+    (no AVX-512) a 1x1 conv with padding 2 or 3 and one input and one output channel writes
+    unread memory into the padded border (13 of 242 outputs off by up to 6e19, at 7x7, 9x9 and
+    16x16; padding 1, or 2 channels either side, measured right): found by the twenty-fifth
+    session's fuzz run, refused for every padding > 1 (a padded 1x1 conv only adds a border of
+    biases; ResNet-style 1x1 convs have no padding and are unaffected)."""
     args = full_args(node)
     w_at, stride_at, pad_at = _CONVS[schema_name(node)]
     w = _val(args[w_at])
@@ -212,6 +216,8 @@ def _no_strided_padded_pointwise(node: Node) -> str | None:
     padded = any(int(v) > 0 for v in ([padding] if isinstance(padding, int) else padding))
     if strided and padded:
         return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
+    if any(int(v) > 1 for v in ([padding] if isinstance(padding, int) else padding)):
+        return "OpenVINO writes garbage into the border of a 1x1 conv padded by more than 1 (AVX2)"
     return None
 
 
