@@ -30,8 +30,10 @@ def fingerprint() -> str:
     return hashlib.sha256("\n".join([platform.machine(), *keep]).encode()).hexdigest()[:16]
 
 
-def s8_weights_exact(w_min: int, w_max: int) -> bool:
-    """u8 activations x s8 weights are exact in ONNX Runtime's kernels when the CPU has VNNI, or
-    when weights fit in 7 bits ([-64, 63]): AVX2's vpmaddubsw saturates 16-bit pair sums
-    otherwise (measured: ~90% of QLinearConv outputs wrong, up to 33 LSB, with full-range int8)."""
-    return has_vnni() or (w_min >= -64 and w_max <= 63)
+def s8_weights_exact(w_min: int, w_max: int, int8_activations: bool = False) -> bool:
+    """s8 weights are exact in ONNX Runtime's kernels: always against int8 activations (s8 x s8:
+    measured exact in MatMulInteger, ConvInteger and QLinearConv on an AVX2-only AMD EPYC), and
+    against uint8 activations when the CPU has VNNI or the weights fit in 7 bits ([-64, 63]):
+    AVX2's vpmaddubsw saturates 16-bit pair sums otherwise (measured: ~90% of QLinearConv outputs
+    wrong, up to 33 LSB, with full-range int8)."""
+    return int8_activations or has_vnni() or (w_min >= -64 and w_max <= 63)

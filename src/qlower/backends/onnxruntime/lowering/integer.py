@@ -123,12 +123,10 @@ def _weights(x, w, w_zp, transpose: bool) -> tuple[object, object]:
 
 def _weight_formulation(x, w, w_zp, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
     """(weight, scalar zero point) arrays in a formulation exact on this CPU for activations x:
-    - int8 x: s8 weights. Measured on an AVX2-only AMD EPYC (random full-range operands, ORT
-      1.31): s8 x s8 exact in MatMulInteger, ConvInteger and QLinearConv, but ConvInteger of s8
-      x by u8 weights saturates (42-55 of 80 outputs wrong; the u8 re-encoding below used to
-      make exactly that: tests/test_fuzz.py::test_regression_int8_activations_conv_without_vnni);
-    - uint8 x: s8 where u8 x s8 kernels are exact (VNNI, or 7-bit weights), else u8 (w + 128,
-      zero point + 128: exact u8 x u8 on AVX2)."""
+    s8 where `cpu.s8_weights_exact` says so (always for int8 x), else u8 (w + 128, zero point +
+    128: exact u8 x u8 on AVX2). Never u8 weights against int8 x: ConvInteger of s8 x by u8
+    weights saturates without VNNI (42-55 of 80 outputs wrong on an AVX2-only AMD EPYC;
+    tests/test_fuzz.py::test_regression_int8_activations_conv_without_vnni)."""
     wv, zp = value_of(w), int(value_of(w_zp).reshape(-1)[0])
     wt = wv.T if transpose else wv
     if wv.dtype == np.uint8:
@@ -136,8 +134,8 @@ def _weight_formulation(x, w, w_zp, transpose: bool) -> tuple[np.ndarray, np.nda
         # u8 x u8 is exact as is; the +128 re-encoding below is for s8 values only (it wrapped
         # these mod 256: tests/test_fuzz.py::test_regression_matmul_constant_uint8_operand)
         return wt.astype(np.uint8), np.array(zp, np.uint8)
-    if wv.dtype == np.int8 and (np_dtype(x) == np.int8
-                                or s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0)))):
+    if wv.dtype == np.int8 and s8_weights_exact(int(wv.min(initial=0)), int(wv.max(initial=0)),
+                                                int8_activations=np_dtype(x) == np.int8):
         return wt.astype(np.int8), np.array(zp, np.int8)
     return (wt.astype(np.int32) + 128).astype(np.uint8), np.array(zp + 128, np.uint8)
 
