@@ -839,19 +839,22 @@ def test_ops_measured_wrong_in_openvino_run_in_pytorch(case):
     TopK (ties in no fixed order), inverse real FFTs (last dim lost), antialiased upsampling,
     0-d random draws (came back 1-d); by its fuzz run (logged in the nineteenth session, found
     in the twentieth): a spatially varying constant multiply into a padded convolution. Refused
-    now, with the reason; eager's answer."""
+    now, with the reason; eager's answer — to the bit where PyTorch runs all of it, to float
+    tolerance where OpenVINO runs the rest (mul_into_padded_conv's conv: OpenVINO's AVX2 conv
+    sums in another order, 1e-4 off at values ~15 on a Zen 1, twenty-sixth session's CI)."""
     from conftest import Fn
     fn, x, reason = _WRONG_IN_OPENVINO[case]
     torch.manual_seed(0)
     cm = qlower.compile(Fn(fn), (x,), backend="openvino")
     assert any(reason in (c.reason or "") for c in cm.report().fallbacks), str(cm.report())
+    tolerance = dict(rtol=1e-4, atol=1e-3) if cm.report().compiled else {}
     torch.manual_seed(1)
     got = cm(x)
     torch.manual_seed(1)
     want = fn(x)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert g.shape == w.shape
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g, w, **tolerance)
 
 
 class _GridSampleBetweenLinears(torch.nn.Module):
