@@ -151,6 +151,54 @@ def test_static_config_has_no_per_token_ops():
 def test_unknown_activations_setting_is_a_typed_error():
     with pytest.raises(qlower.QlowerError, match="per-token"):
         QuantConfig(activations="dynamic")
+    with pytest.raises(qlower.QlowerError, match="per_token_weight_bits"):
+        QuantConfig(per_token_weight_bits=4)
+
+
+def _weight_ranges(ep) -> dict[str, tuple[int, int]]:
+    """The integer range of each per-channel weight, by the op that reads it ('conv2d', 'linear')."""
+    out = {}
+    for n in ep.graph_module.graph.nodes:
+        if n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default and n.args[6] is torch.int8:
+            user = next(iter(n.users))
+            out[str(user.target).split(".")[-2]] = (n.args[4], n.args[5])
+    return out
+
+
+def test_per_token_weight_bits_apply_to_per_token_linears_only():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6)
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)),
+                         QuantConfig(activations="per-token", weight_bits=7, per_token_weight_bits=8))
+    assert _weight_ranges(ep) == {"conv2d": (-63, 63), "linear": (-127, 127)}
+    # near miss: a static config ignores it (its linears are not per-token)
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)),
+                         QuantConfig(weight_bits=7, per_token_weight_bits=8))
+    assert _weight_ranges(ep) == {"conv2d": (-63, 63), "linear": (-63, 63)}
+
+
+def test_onnxruntime_preset_without_vnni_keeps_8_bit_weights_in_per_token_linears(monkeypatch):
+    """The `transformer` preset on a CPU without VNNI: 7-bit weights where ONNX Runtime's fused
+    u8 x s8 kernels need them (the static conv), 8-bit ones in the per-token linear (u8 x u8
+    there, exact: 7 bits cost SmolLM2-135M 6.6 dB). Equal to the reference bit for bit (the
+    non-VNNI form is exact on every CPU). With VNNI: 8 bits everywhere."""
+    from qlower.backends.onnxruntime import cpu
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6)
+    monkeypatch.setattr(cpu, "has_vnni", lambda: False)
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer", backend="onnxruntime")
+    assert _weight_ranges(ep) == {"conv2d": (-63, 63), "linear": (-127, 127)}
+    ort, ref = (qlower.compile(ep, (x,), backend=b) for b in ("onnxruntime", "reference"))
+    assert "MatMulIntegerToFloat" in _onnx_ops(ort) and not ort.report().fallbacks
+    for i in range(4):
+        xi = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(i)) * (10.0 ** (i - 2))
+        assert torch.equal(ort(xi), ref(xi))
+    cm = qlower.compile(ConvThenLinear().eval(), (x,), quantize="transformer", calibration=_calibration((2, 3, 6, 6)),
+                        backend="onnxruntime")
+    assert any(n.startswith("7-bit weights outside per-token linears") for n in cm.report().notes), cm.report().notes
+    monkeypatch.setattr(cpu, "has_vnni", lambda: True)
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer", backend="onnxruntime")
+    assert _weight_ranges(ep) == {"conv2d": (-127, 127), "linear": (-127, 127)}
 
 
 # ------------------------------------------------------------------------------ the pass

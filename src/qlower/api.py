@@ -126,7 +126,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
             adapted = passes is None and stages(chosen) != tuple(type(p).__name__ for p in default_pipeline())
-            label = ", ".join([f"{config.weight_bits}-bit weights, {config.activations} activations"]
+            label = ", ".join([f"{config.describe_weights()}, {config.activations} activations"]
                               + ([f"qparams adjusted for {chosen.name}"] if hook is not None else [])
                               + ([f"passes adapted for {chosen.name}"] if adapted else [])) if requantizes else ""
         else:

@@ -83,7 +83,7 @@ def rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) ->
     if not len(calibration):
         return
     if config.smoothquant is not None:
-        smooth(gm, calibration, config.smoothquant, bits=config.weight_bits,
+        smooth(gm, calibration, config.smoothquant, bits=config.linear_weight_bits,   # it smooths linears only
                unsigned=config.activation_dtype == "uint8")
     if config.bias_correction:
         correct(gm, calibration, bits=config.weight_bits, per_channel=config.per_channel)

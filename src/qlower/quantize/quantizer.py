@@ -62,7 +62,8 @@ class QlowerQuantizer(Quantizer):
         self.config = config or QuantConfig()
         self.act_spec = self._activation_spec()
         self.act_sym_spec = self._activation_spec(symmetric_int8=True)
-        self.weight_spec = self._weight_spec()
+        self.weight_spec = self._weight_spec(self.config.weight_bits)
+        self.per_token_weight_spec = self._weight_spec(self.config.linear_weight_bits)
 
     # ---------------------------------------------------------------- specs
     def _activation_spec(self, symmetric_int8: bool = False) -> QuantizationSpec:
@@ -84,9 +85,9 @@ class QlowerQuantizer(Quantizer):
             qscheme=torch.per_tensor_affine if unsigned else torch.per_tensor_symmetric,
             is_dynamic=False, observer_or_fake_quant_ctr=ctor.with_args(**extra))
 
-    def _weight_spec(self) -> QuantizationSpec:
+    def _weight_spec(self, bits: int) -> QuantizationSpec:
         c = self.config
-        bound = (1 << (c.weight_bits - 1)) - 1
+        bound = (1 << (bits - 1)) - 1
         if c.per_channel:
             return QuantizationSpec(dtype=torch.int8, quant_min=-bound, quant_max=bound,
                                     qscheme=torch.per_channel_symmetric, ch_axis=0, is_dynamic=False,
@@ -203,7 +204,9 @@ class QlowerQuantizer(Quantizer):
         """Only the weight is annotated: the activation stays float here and is quantized per
         token after convert (quantize/per_token.py); the output is float (the accumulator
         dequantized with the run-time scale), so consumers quantize their own inputs."""
-        inputs = {} if self._annotate_weight_chain(w, out_axis=out_axis) else {w: self._weight_spec_on(out_axis)}
+        spec = self.per_token_weight_spec
+        inputs = {} if self._annotate_weight_chain(w, out_axis=out_axis, base=spec) \
+            else {w: self._weight_spec_on(out_axis, spec)}
         node.meta[ANNOTATION_KEY] = QuantizationAnnotation(inputs, None, _annotated=True)
 
     def _annotate_weighted(self, node: Node) -> None:
@@ -221,7 +224,7 @@ class QlowerQuantizer(Quantizer):
             inputs[bias] = self._bias_spec(node)
         self._finish(node, inputs)
 
-    def _annotate_weight_chain(self, w: Node, out_axis: int) -> bool:
+    def _annotate_weight_chain(self, w: Node, out_axis: int, base: QuantizationSpec | None = None) -> bool:
         """A weight reached through shape ops (w.t(), permute, reshape...) from a parameter:
         quantize the parameter itself, per channel along the axis that the shape ops carry to
         the consumer's output-channel axis `out_axis` (TICO #499). Folding then removes the
@@ -242,18 +245,20 @@ class QlowerQuantizer(Quantizer):
                 if isinstance(qp, str):
                     break
             if not isinstance(qp, str) and (qp.axis == target_axis or not self.config.per_channel):
-                spec = self._weight_spec_on(axis)
+                spec = self._weight_spec_on(axis, base)
                 chain[0].meta[ANNOTATION_KEY] = QuantizationAnnotation({src: spec}, None, _annotated=True)
                 for op in chain[1:]:
                     op.meta[ANNOTATION_KEY] = QuantizationAnnotation({}, None, _annotated=True)
                 return True
         return False
 
-    def _weight_spec_on(self, axis: int) -> QuantizationSpec:
+    def _weight_spec_on(self, axis: int, base: QuantizationSpec | None = None) -> QuantizationSpec:
+        """`base` (default: the static ops' weight spec) on output-channel axis `axis`."""
+        base = base if base is not None else self.weight_spec
         if not self.config.per_channel:
-            return self.weight_spec
+            return base
         from dataclasses import replace
-        return replace(self.weight_spec, ch_axis=axis)
+        return replace(base, ch_axis=axis)
 
     def _annotate_binary(self, node: Node) -> None:
         if node.target in (aten.matmul.default, aten.mm.default) and _is_float_tensor(node.args[0]) and \

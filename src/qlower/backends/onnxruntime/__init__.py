@@ -358,14 +358,21 @@ class OnnxRuntimeBackend:
 
     @staticmethod
     def quant_config(config, preset: bool):
-        """A named preset on a CPU without VNNI gets 7-bit weights: ORT's fused u8 x s8 kernels
-        are exact only then; measured cost 0-2.8 dB SQNR on the zoo (docs/performance.md, AVX2
-        section). An explicit QuantConfig is respected; 8-bit weights then run on the exact u8 x
-        u8 path (as fast as 7-bit u8 x s8 from 32 rows up on an AVX2 AMD EPYC, 1.33x slower for
-        one row; convs and requantized linears lose their fused kernel)."""
+        """A named preset on a CPU without VNNI gets 7-bit weights in its static ops: ORT's
+        fused u8 x s8 kernels are exact only then; measured cost 0-2.8 dB SQNR on the zoo
+        (docs/performance.md, AVX2 section). Its per-token linears keep 8-bit weights: their
+        kernel (MatMulIntegerToFloat) runs them exactly as u8 x u8, as fast as 7-bit u8 x s8
+        from 32 rows up on an AVX2 AMD EPYC (1.33x slower for one row), and 7 bits cost
+        SmolLM2-135M 6.6 dB of logits SQNR (22.2 -> 15.5 dB, top-1 89.8% -> 86.3%;
+        docs/accuracy.md). An explicit QuantConfig is respected; 8-bit weights in static ops
+        then run on the exact u8 x u8 path (convs and requantized linears lose their fused kernel)."""
         if preset and not cpu.has_vnni() and config.weight_bits == 8:
-            return dataclasses.replace(config, weight_bits=7), \
-                "7-bit weights: this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with 7-bit weights"
+            per_token = config.activations == "per-token"
+            adjusted = dataclasses.replace(config, weight_bits=7,
+                                           per_token_weight_bits=config.linear_weight_bits if per_token else None)
+            return adjusted, ("7-bit weights" + (" outside per-token linears" if per_token else "")
+                              + ": this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with "
+                              "7-bit weights")
         return config, None
 
     @staticmethod
