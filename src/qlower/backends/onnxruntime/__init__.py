@@ -363,10 +363,10 @@ class OnnxRuntimeBackend:
         (docs/performance.md, AVX2 section). Its per-token linears keep 8-bit weights: their
         kernel (MatMulIntegerToFloat) runs them exactly as u8 x u8, as fast as 7-bit u8 x s8
         from 32 rows up on an AVX2 AMD EPYC (1.33x slower for one row: SmolLM2's decode step
-        1.12x), and 7 bits cost
-        SmolLM2-135M 6.6 dB of logits SQNR (22.2 -> 15.5 dB, top-1 89.8% -> 86.3%;
-        docs/accuracy.md). An explicit QuantConfig is respected; 8-bit weights in static ops
-        then run on the exact u8 x u8 path (convs and requantized linears lose their fused kernel)."""
+        1.12x), and 7 bits cost SmolLM2-135M 6.6 dB of logits SQNR (22.2 -> 15.5 dB, top-1
+        89.8% -> 86.3%; docs/accuracy.md). An explicit QuantConfig is respected; 8-bit weights
+        in static ops then run on the exact u8 x u8 path (convs and requantized linears lose
+        their fused kernel)."""
         if preset and not cpu.has_vnni() and config.weight_bits == 8:
             per_token = config.activations == "per-token"
             adjusted = dataclasses.replace(config, weight_bits=7,

@@ -212,11 +212,11 @@ def _no_strided_padded_pointwise(node: Node) -> str | None:
     stride, padding = args[stride_at], args[pad_at]
     if w is None or isinstance(padding, str) or w.dim() < 3 or any(k != 1 for k in w.shape[2:]):
         return None
-    strided = any(int(v) > 1 for v in ([stride] if isinstance(stride, int) else stride))
-    padded = any(int(v) > 0 for v in ([padding] if isinstance(padding, int) else padding))
-    if strided and padded:
+    strides = [int(v) for v in ([stride] if isinstance(stride, int) else stride)]
+    pads = [int(v) for v in ([padding] if isinstance(padding, int) else padding)]
+    if max(strides) > 1 and max(pads) > 0:
         return "OpenVINO mis-sizes a 1x1 conv with stride > 1 and padding after another conv"
-    if any(int(v) > 1 for v in ([padding] if isinstance(padding, int) else padding)):
+    if max(pads) > 1:
         return "OpenVINO writes garbage into the border of a 1x1 conv padded by more than 1 (AVX2)"
     return None
 
