@@ -361,8 +361,8 @@ def _assert_float_model_not_checked(backend: str) -> None:
 
 
 def test_onnxruntime_sums_the_inputs_inside_the_session_and_still_checks_after_a_fallback():
-    """The NaN check of a quantized model's float32 inputs runs as one ReduceSum per input in
-    the cluster's session (a torch reduction before each run cost ~16 us per call on small
+    """The NaN check of a quantized model's float32 inputs runs in the cluster's session (one
+    output: the sum of one ReduceSum per input) (a torch reduction before each run cost ~16 us per call on small
     models); the exported ONNX has no such output; a cluster that fell back to PyTorch at run
     time checks in PyTorch. Near miss: a float model's NaN policy is not engaged (its sessions sum
     their inputs too, but only to run a NaN/inf call in PyTorch)."""
