@@ -120,3 +120,22 @@ def test_near_miss_dynamic_dims_keep_the_python_check():
     static = qlower.compile(model, (x,), backend="onnxruntime")
     assert static._validating_run is not None
     torch.testing.assert_close(static(x), cm(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: torch.fft.fft(x),                  # complex output: made of real pairs here
+    lambda x: (x * 2).to(torch.bfloat16),        # bfloat16 output: widened in the session
+], ids=["complex-output", "bfloat16-output"])
+def test_near_miss_outputs_converted_in_python_keep_the_general_path(make):
+    """A cluster whose outputs are converted after the session (complex from real pairs,
+    bfloat16 from float32) gets no whole call: its outputs keep their dtype."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return make(x)
+    x = torch.randn(3, 8)
+    cm = qlower.compile(M(), (x,), backend="onnxruntime")
+    _assert_still_on_the_engine(cm)
+    assert cm._validating_run is None
+    got, want = cm(x), M()(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -281,8 +281,8 @@ class OrtCluster(torch.nn.Module):
         whose session inputs have every placeholder's dtype and all its dims, static. ONNX
         Runtime refuses another dtype, rank or static dim (INVALID_ARGUMENT) and copies a
         non-contiguous array; the bounds of a dynamic dim are not its to check. None otherwise."""
-        if self.session is None or self.check or self.complex_inputs or self.bfloat16_inputs \
-                or self.scalar_kinds is not None:
+        if self.session is None or self.check or self.complex_inputs or self.complex_outputs \
+                or self.bfloat16_inputs or self.bfloat16_outputs or self.scalar_kinds is not None:
             return None
         vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = self.session.get_inputs()
