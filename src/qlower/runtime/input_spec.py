@@ -128,12 +128,8 @@ def flat_checker(specs: list[InputSpec]):
 
 
 def check_inputs(specs: list[InputSpec], args: tuple) -> None:
-    if len(args) == len(specs):  # the common case: flat tensors, checked without building messages
-        for spec, value in zip(specs, args):
-            if type(value) is not torch.Tensor or not _fast_ok(spec, value):
-                break
-        else:
-            return
+    """Raise an InputError naming the first problem, or accept the call (a nested one too);
+    the common flat call is `flat_checker`'s, before this."""
     leaves = args if all(type(a) is torch.Tensor for a in args) else torch.utils._pytree.tree_leaves(args)
     if len(leaves) == len(specs) and all(_fast_ok(s, v) for s, v in zip(specs, leaves)):
         return

@@ -182,7 +182,7 @@ def _touches_a_partly_covered_dtype(node) -> bool:
     return any(t.dtype in PARTLY_COVERED_DTYPES for t in node_tensors(node))
 
 
-# the session input type a numpy array of each dtype binds to (OrtCluster.validates)
+# the session input type a numpy array of each dtype binds to (OrtCluster.validating_run)
 _ONNX_TYPE = {torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
               torch.int8: "tensor(int8)", torch.uint8: "tensor(uint8)", torch.int16: "tensor(int16)",
               torch.int32: "tensor(int32)", torch.int64: "tensor(int64)", torch.bool: "tensor(bool)"}
