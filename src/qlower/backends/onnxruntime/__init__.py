@@ -382,13 +382,9 @@ def _direct_runner(fused: GraphModule):
     # a whole call (validating_run) returns the session's outputs as they come, in the order
     # asked: the model's own order of the cluster's outputs, each once
     order = ([0] if out_spec.is_leaf() else None) if picks is None else \
-        picks if flat_out and sorted(picks) == list(range(_output_count(cluster))) else None
+        picks if flat_out and sorted(picks) == list(range(cluster.n_outputs)) else None
     return run, (cluster, order) if flat_in and order is not None else None
 
-
-def _output_count(cluster: OrtCluster) -> int:
-    out = next(n for n in cluster.fallback.graph.nodes if n.op == "output").args[0]
-    return len(out) if isinstance(out, (tuple, list)) else 1
 
 
 def _session_key(key: str, checks: dict[int, str]) -> str:
