@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
 
@@ -121,8 +122,11 @@ def rank_of(x) -> int | None:
 
 
 def fake_mode_of(gm: GraphModule):
-    vals = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    return detect_fake_mode(vals)
+    """The fake mode of gm's values: the first fake value's (one graph has one mode), or the
+    active one. Asked on every node a pass inserts: reading every node's value each time made
+    a pass quadratic (measured: 0.62 s of an 8 s int8 compile of the zoo transformer)."""
+    first = next((v for v in (n.meta.get("val") for n in gm.graph.nodes) if isinstance(v, FakeTensor)), None)
+    return detect_fake_mode([first] if first is not None else [])
 
 
 def add_constant(gm: GraphModule, tensor: torch.Tensor, hint: str) -> Node:

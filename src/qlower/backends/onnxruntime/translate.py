@@ -29,6 +29,8 @@ from .lowering import translation_table
 from .bfloat16_values import widen_bfloat16_boundary
 from .lowering.onnx_ops import OPSET, bound_constants
 from .opset_changes import upgrade_opset_18_nodes
+from .rewrite_rules import exact_rewrite_rules
+from .direct_forms import rename_to_direct_forms
 
 
 class TranslateError(Exception):
@@ -152,7 +154,7 @@ def _optimized(translated):
         _optimize(model)
         return model
     try:
-        _optimize(model, _exact_rewrite_rules())
+        _optimize(model, exact_rewrite_rules())
     except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
         # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
         # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
@@ -162,19 +164,6 @@ def _optimized(translated):
         model = translated()
         _optimize(model)
     return model
-
-
-def _exact_rewrite_rules() -> tuple:
-    """onnxscript's default rewrite rules less its arithmetic no-op rules: `x + 0`, `x - 0`,
-    `x * 1`, `x / 1` match a constant within a tolerance, so `x + 3.4e-12` became Identity
-    (measured: qlower's integer LayerNorm lost its variance epsilon and gave NaN on a constant
-    row; found by the onnxruntime fuzz run, twentieth session), and a float64 `x * (1 + 1e-9)`
-    would become x. An exact no-op costs ONNX Runtime one elementwise kernel."""
-    from onnxscript import rewriter
-    from onnxscript.rewriter.rules.common import _no_op
-    keep = {id(_no_op.dropout_zero_rule), id(_no_op.dropout_inference_rule)}
-    inexact = {id(rule) for rule in _no_op.rules.rules} - keep   # (commute() makes new rules: by identity)
-    return tuple(rule for rule in rewriter._DEFAULT_REWRITE_RULES if id(rule) not in inexact)
 
 
 def _optimize(model, rewrite_rules: tuple = ()) -> None:
@@ -231,6 +220,13 @@ def _falling_back(ours, theirs):
     return decomposition
 
 
+# What torch.onnx's `remove_assertion_nodes` drops after the decomposition step (torch 2.13's
+# list): such a node needs no translation, nor a re-trace.
+ASSERTIONS = frozenset({torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten._assert_async.default,
+                        torch.ops.aten._assert_async.msg, torch.ops.aten._assert_scalar.default,
+                        torch.ops.aten._assert_tensor_metadata.default})
+
+
 def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     """True unless every node is translated as it stands: a non-mutating overload torchlib or
     qlower implements, or Python's `operator` (getitem, SymInt arithmetic). Anything else
@@ -239,7 +235,7 @@ def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     from .decompositions import decomposes
     direct = _translated_as_is()
     for node in ep.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target in ASSERTIONS:
             continue
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
@@ -265,6 +261,7 @@ def _prepared_for_onnx(ep: torch.export.ExportedProgram) -> torch.export.Exporte
     thread): the re-trace and the table were 0.51 of the 0.86 s each cluster took to translate."""
     from torch.onnx._internal.exporter import _fx_passes
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):   # as torch.onnx: 0/1 dims stay symbolic
+        rename_to_direct_forms(ep.graph_module)
         if _needs_decomposition(ep):
             ep = ep.run_decompositions(exporter_decompositions())
         graph_module = ep.graph_module
