@@ -91,3 +91,83 @@ def test_the_in_place_graph_still_answers_as_eager():
     model, x = AliasThenInPlace(), torch.randn(2, 3)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     assert torch.equal(cm(x.clone()), model(x.clone()))
+
+
+class ConvBnPool(torch.nn.Module):
+    """Eval-mode batch norm and global average pooling: what every zoo CNN's fp32 cluster holds."""
+
+    def __init__(self, pooled=1):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+        self.pooled = pooled
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.bn(self.conv(x))), self.pooled)
+
+
+def _calls(gm):
+    return [str(t) for t in _targets(gm) if t not in (aten._assert_tensor_metadata.default,)]
+
+
+def test_batch_norm_and_global_pooling_become_what_torch_onnx_decomposes_them_into():
+    from qlower.backends.onnxruntime.translate import exporter_decompositions
+    torch.manual_seed(0)
+    module, x = ConvBnPool().eval(), torch.randn(2, 3, 8, 8)
+    ours = torch.export.export(module, (x,))
+    assert rename_to_direct_forms(ours.graph_module) == 2
+    theirs = torch.export.export(module, (x,)).run_decompositions(exporter_decompositions())
+    assert _calls(ours.graph_module) == _calls(theirs.graph_module)
+    assert torch.equal(ours.module()(x), theirs.module()(x))
+    assert rename_to_direct_forms(ours.graph_module) == 0
+
+
+@pytest.mark.parametrize("make", [lambda: ConvBnPool().train(), lambda: ConvBnPool(pooled=2).eval()],
+                         ids=["training-mode-batch-norm", "pooled-to-2x2"])
+def test_near_misses_keep_batch_norm_or_pooling(make):
+    module, x = make(), torch.randn(2, 3, 8, 8)
+    ep = torch.export.export(module, (x,))
+    before = _calls(ep.graph_module)
+    rename_to_direct_forms(ep.graph_module)
+    after = _calls(ep.graph_module)
+    kept = "aten.batch_norm.default" if module.training else "aten.adaptive_avg_pool2d.default"
+    assert kept in before and kept in after
+
+
+def test_a_cnn_cluster_translates_to_the_same_answers_with_and_without_the_full_re_trace(monkeypatch):
+    from qlower.backends import onnxruntime as ortb
+    from qlower.backends.onnxruntime import translate
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    torch.manual_seed(0)
+    module, x = ConvBnPool().eval(), torch.randn(2, 3, 8, 8)
+    fast = qlower.compile(module, (x,), backend="onnxruntime")
+    assert calls == []
+    monkeypatch.setattr(translate, "rename_to_direct_forms", lambda gm: 0)
+    monkeypatch.setattr(ortb, "_SESSIONS", ortb.cache.LRUCache())   # translated again, not served from a cache
+    monkeypatch.setattr(ortb, "_MODELS", ortb.cache.LRUCache())
+    monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
+    slow = qlower.compile(module, (x,), backend="onnxruntime")
+    assert calls == [1]
+    for seed in range(3):
+        xi = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(fast(xi), slow(xi))
+
+
+def test_a_batch_norm_that_is_the_graph_output_keeps_its_name():
+    """The ExportedProgram's signature names its outputs by node: the rewritten node keeps it
+    (found by the OpInfo sample of nn.functional.batch_norm: torch.onnx raised KeyError)."""
+    bn = torch.nn.BatchNorm1d(3).eval()
+    module, x = torch.nn.Sequential(bn), torch.randn(4, 3)
+    ep = torch.export.export(module, (x,))
+    outputs = [spec.arg.name for spec in ep.graph_signature.output_specs]
+    assert rename_to_direct_forms(ep.graph_module) == 1
+    names = {n.name for n in ep.graph.nodes}
+    assert set(outputs) <= names
+    cm = qlower.compile(module, (x,), backend="onnxruntime")
+    assert cm.report().fallbacks == []
+    torch.testing.assert_close(cm(x), module(x))
