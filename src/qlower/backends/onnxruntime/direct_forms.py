@@ -24,7 +24,7 @@ copy would not: that graph keeps the full decomposition, which functionalizes it
 another device or layout, or with a memory format; batch norm in training mode or without
 running statistics; adaptive average pooling to any other size.
 Postconditions: the graph torch.onnx's decomposition would make of these nodes (the bitwise ops
-are ATen's aliases). Idempotent: none of these ops is left.
+are ATen's aliases). Idempotent: a second call replaces nothing.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ TO_OPS = {aten.to.dtype, aten.to.dtype_layout, aten.to.device}
 
 
 def rename_to_direct_forms(graph_module: torch.fx.GraphModule) -> int:
-    """Rename what can be renamed (module docstring); the number of nodes renamed."""
+    """Replace what the module docstring lists; the number of nodes replaced."""
     graph = graph_module.graph
     calls = [n for n in graph.nodes if n.op == "call_function"]
     in_place = any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in calls)
