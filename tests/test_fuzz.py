@@ -844,6 +844,21 @@ def _check(prog: Program, backends=("onnxruntime",)):
     check_program(prog, backends)
 
 
+@pytest.mark.xfail(strict=True, raises=FuzzFailure,
+                   reason="known, not yet fixed (twenty-eighth session): int8 onnxruntime far from the "
+                          "reference after a causal self-attention of tiny values")
+def test_known_bug_layer_norm_block_after_causal_attention_of_tiny_values():
+    """Found by the twenty-eighth session's onnxruntime fuzz run (on 4236308; it reproduces on
+    8da2db3, the session's start): maxpool -> causal self-attention -> ln_block, inputs 'tiny',
+    weights 'zero', int8 activations, 7-bit per-channel weights. onnxruntime's int8 output is
+    0.058 from the reference's (|diff|/|ref| 0.36; largest scale 4.8e-4), under both profiles.
+    Without the ln_block, with normal inputs or with normal weights it passes. strict: this
+    fails (XPASS) once fixed, so the mark cannot outlive the bug."""
+    _check(Program(in_shape=(1, 4, 6, 4), ops=(Op("maxpool", (0,), (1, 2, 0, 2, False)), Op("attention", (0, 0), (True, None)),
+                                               Op("ln_block", (2,), ())),
+                   weights="zero", inputs="tiny", seed=1926, act="int8", per_channel=True, weight_bits=7))
+
+
 def test_regression_matmul_constant_uint8_operand():
     """x @ W with a constant W: the quantizer treats W as an activation (uint8, asymmetric),
     lower_qdq turns it into qlower.linear with uint8 weights; the ONNX translation re-encoded
