@@ -18,6 +18,11 @@ Contract (all tensors on CPU):
   q = clamp(RNE(x / s_t), -128, 127) + 128 stored as uint8 with zero point 128 (uint8
   saturation; the row maximum lands on +-127; uint8 storage so the u8 x s8 GEMM kernels apply),
   and the int32 accumulator is dequantized as y = fp32(fp32(fp32(acc) * s_w) * s_t).
+- per-tensor dynamic quantization (linear inputs, ONNX DynamicQuantizeLinear's uint8 scheme, the
+  one ONNX Runtime's `quantize_dynamic` uses): lo = min(min x, 0), hi = max(max x, 0),
+  s = 1 if hi == lo else fp32(fp32(hi - lo) / 255), zp = RNE(clamp(0 - fp32(lo / s), 0, 255)),
+  q = clamp(RNE(x / s) + zp, 0, 255) (quantize above), and the int32 accumulator of a linear is
+  y = fp32(fp32(acc) * fp32(s * s_w)) + b (the product of the two scales first, then the bias).
 - LayerNorm of an 8-bit per-tensor value q (scale s, zero point zp) over its last dim (N codes):
   d = q - zp, S1 = sum d, S2 = sum d^2 (int32, exact), t = N*d - S1 (int32),
   V = N*S2 - S1^2 (int64, exact), D = sqrt(fp32(fp32(V) + fp32(eps*N^2/s^2))) correctly rounded,
@@ -315,6 +320,42 @@ def quantize_per_token(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def dequantize_per_token(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x = fp32(int32(q) - 128) * s_t."""
     return (q.to(torch.int32) - PER_TOKEN_ZERO_POINT).to(torch.float32) * scale.to(torch.float32)
+
+
+# ------------------------------------------------------ per-tensor dynamic quantization
+DYNAMIC_QMIN, DYNAMIC_QMAX = 0, 255   # uint8, asymmetric (ONNX DynamicQuantizeLinear)
+
+
+def dynamic_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, zp) of DynamicQuantizeLinear for the whole tensor x, as 0-d fp32 and uint8 tensors:
+    the range [min x, max x] widened to hold 0, s = range / 255 (one fp32 division; 1 for an
+    all-zero tensor), zp = the rounded, clamped code of 0. An empty x quantizes with s = 1,
+    zp = 0. NaN is outside this contract (the compiled model's nan_policy covers such inputs)."""
+    x32 = x.to(torch.float32)
+    zero = torch.zeros((), dtype=torch.float32)
+    lo = torch.minimum(x32.amin(), zero) if x32.numel() else zero
+    hi = torch.maximum(x32.amax(), zero) if x32.numel() else zero
+    if bool(hi == lo):
+        return torch.ones((), dtype=torch.float32), torch.zeros((), dtype=torch.uint8)
+    s = (hi - lo) / torch.tensor(float(DYNAMIC_QMAX - DYNAMIC_QMIN), dtype=torch.float32)
+    zp = torch.round(torch.clamp(zero - lo / s, float(DYNAMIC_QMIN), float(DYNAMIC_QMAX)))
+    return s, zp.to(torch.uint8)
+
+
+def quantize_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, s, zp): x quantized to uint8 with its own dynamic_qparams."""
+    s, zp = dynamic_qparams(x)
+    return quantize(x, s, zp, DYNAMIC_QMIN, DYNAMIC_QMAX, torch.uint8), s, zp
+
+
+def dequantize_dynamic_accumulator(acc: torch.Tensor, scale: torch.Tensor, weight_scale,
+                                   bias: torch.Tensor | None) -> torch.Tensor:
+    """y = fp32(fp32(acc) * fp32(s * s_w)) (+ b): the scales' product per output column first,
+    as an integer GEMM's float epilogue applies it (ONNX Runtime's MatMulIntegerToFloat /
+    DynamicQuantizeMatMul: multiply, then add the bias, two roundings, no fused multiply-add)."""
+    multiplier = scale.to(torch.float32) * _as_f32(weight_scale)
+    y = acc.to(torch.float32) * multiplier
+    return y if bias is None else y + bias.to(torch.float32)
 
 
 def dequantize_per_token_accumulator(acc: torch.Tensor, token_scale: torch.Tensor, weight_scale) -> torch.Tensor:

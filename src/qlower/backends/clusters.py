@@ -124,7 +124,7 @@ def pytorch_infos(unsupported: dict[str, str], fused: GraphModule, start: int) -
 
 
 # Ops that map float values to integers: what turns a NaN input into an ordinary number.
-_FLOAT_TO_INT = ("qlower::quantize", "qlower::quantize_per_token",
+_FLOAT_TO_INT = ("qlower::quantize", "qlower::quantize_per_token", "qlower::quantize_dynamic",
                  "quantized_decomposed::quantize_per_tensor", "quantized_decomposed::quantize_per_channel")
 
 

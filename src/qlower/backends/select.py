@@ -51,7 +51,8 @@ AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
 # single operations): a quantized program holding no other float op is compared bit for bit.
 EXACT_FLOAT_OPS = frozenset({
     "qlower::dequantize", "qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token",
-    "qlower::dequantize_per_token_acc", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+    "qlower::dequantize_per_token_acc", "qlower::quantize_dynamic", "qlower::dequantize_dynamic",
+    "qlower::linear_dynamic", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
     "aten::transpose", "aten::t", "aten::flatten", "aten::squeeze", "aten::unsqueeze",
     "aten::expand", "aten::cat", "aten::stack", "aten::slice", "aten::select", "aten::split",
     "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::clone", "aten::contiguous",

@@ -16,7 +16,8 @@ from ..quantize import QuantConfig
 
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
           "openvino-fp32", "openvino-nncf-int8",
-          "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-static", "qlower-onnxruntime-w8",
+          "qlower-onnxruntime", "qlower-onnxruntime-fp32", "qlower-onnxruntime-static", "qlower-onnxruntime-dynamic",
+          "qlower-onnxruntime-w8",
           "qlower-onnxruntime-qdq",
           "qlower-onnxruntime-qdq-unfused", "qlower-openvino", "qlower-openvino-native", "qlower-iree",
           "qlower-reference")
@@ -28,6 +29,8 @@ STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-i
 # -static: static activation ranges on a transformer too (the `transformer-static` preset), the
 # same scheme as ORT's QDQ peer; the plain stack's `transformer` preset quantizes linear inputs
 # per token at run time (more accurate, a row max and a division more per linear).
+# -dynamic: linear inputs quantized per tensor at run time (the `transformer-dynamic` preset), the
+# same scheme as ORT's dynamic peer (one DynamicQuantizeMatMul per linear).
 FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
                   "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
@@ -248,7 +251,8 @@ def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
     # the preset a user would pick (the NNCF peer likewise gets its TRANSFORMER model type);
     # a named preset picks the weight width per CPU
     transformer = _is_transformer(model)
-    preset = ("transformer-static" if variant == "static" else "transformer") if transformer else "int8"
+    preset = {"static": "transformer-static", "dynamic": "transformer-dynamic"}.get(variant, "transformer") \
+        if transformer else "int8"
     config = QuantConfig.from_name(preset) if variant == "w8" else preset
     if variant == "w8":
         config = dataclasses.replace(config, weight_bits=8)

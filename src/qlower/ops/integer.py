@@ -262,3 +262,41 @@ def dequantize_per_token_acc(acc: torch.Tensor, scale: torch.Tensor, weight_scal
 @dequantize_per_token_acc.register_fake
 def _(acc, scale, weight_scale):
     return acc.new_empty(acc.shape, dtype=torch.float32)
+
+
+# ------------------------------------------------------ per-tensor dynamic quantization
+@torch.library.custom_op(f"{_NS}::quantize_dynamic", mutates_args=())
+def quantize_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8, scale 0-d fp32, zero point 0-d uint8) of x, computed at run time
+    (numerics.quantize_dynamic: ONNX DynamicQuantizeLinear)."""
+    return numerics.quantize_dynamic(x)
+
+
+@quantize_dynamic.register_fake
+def _(x):
+    return (x.new_empty(x.shape, dtype=torch.uint8), x.new_empty((), dtype=torch.float32),
+            x.new_empty((), dtype=torch.uint8))
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_dynamic", mutates_args=())
+def dequantize_dynamic(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
+    return numerics.dequantize(q, scale, zero_point)
+
+
+@dequantize_dynamic.register_fake
+def _(q, scale, zero_point):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::linear_dynamic", mutates_args=())
+def linear_dynamic(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, w: torch.Tensor,
+                   w_zp: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A linear layer on a dynamically quantized input: the int32 accumulator
+    sum((q - zp) * (w - zw)) dequantized as numerics.dequantize_dynamic_accumulator (+ bias)."""
+    acc = torch.matmul(_centered(q, zero_point), _centered(w, w_zp, 0).t())
+    return numerics.dequantize_dynamic_accumulator(_to_int32(acc, None, 0, "linear_dynamic"), scale, w_scale, bias)
+
+
+@linear_dynamic.register_fake
+def _(q, scale, zero_point, w, w_zp, w_scale, bias):
+    return q.new_empty((*q.shape[:-1], w.shape[0]), dtype=torch.float32)

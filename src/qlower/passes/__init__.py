@@ -11,6 +11,7 @@ from .functionalize_state import FunctionalizeState
 from .inline_grad_mode_regions import InlineGradModeRegions
 from .integer_layer_norm import IntegerLayerNorm
 from .integer_softmax import IntegerSoftmax
+from .lower_dynamic_linear import LowerDynamicLinear
 from .lower_per_token import LowerPerTokenLinear
 from .lower_qdq import LowerQDQ
 from .manager import PassManager, verify
@@ -21,10 +22,10 @@ from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
-    return [InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]

@@ -31,9 +31,10 @@ aten = torch.ops.aten
 qlower = torch.ops.qlower
 
 
-def _per_token_input(node: Node) -> Node | None:
+def _run_time_input(node: Node, dequantize) -> Node | None:
+    """The linear's activation operand if `dequantize` (a run-time quantization's) made it."""
     x = node.args[1] if node.target is aten.addmm.default else node.args[0] if node.args else None
-    if isinstance(x, Node) and x.target is qlower.dequantize_per_token.default:
+    if isinstance(x, Node) and x.target is dequantize:
         return x
     return None
 
@@ -47,7 +48,7 @@ class LowerPerTokenLinear(Pass):
             if node.op != "call_function" or node.target not in (aten.linear.default, aten.addmm.default,
                                                                  aten.matmul.default, aten.mm.default):
                 continue
-            if _per_token_input(node) is None:
+            if self.run_time_input(node) is None:
                 continue
             if node.target is not aten.linear.default:
                 node = LowerQDQ.matmul_with_constant_as_linear(gm, node)
@@ -59,29 +60,21 @@ class LowerPerTokenLinear(Pass):
             gm.graph.eliminate_dead_code()
         return changed
 
+    @staticmethod
+    def run_time_input(node: Node) -> Node | None:
+        return _run_time_input(node, qlower.dequantize_per_token.default)
+
     def _lower(self, gm: GraphModule, node: Node, ctx: PassContext) -> bool:
-        xd = _per_token_input(node)
+        xd = self.run_time_input(node)
         q, scale = xd.args
-        w = dq_operand(node.args[1])
-        w_int = constant_value(gm, w.q) if w is not None else None
-        if w_int is None or w_int.dtype not in (torch.int8, torch.uint8):
-            ctx.refuse(self.name, node, "weight is not a constant integer tensor")
+        weight = integer_weight(gm, node, ctx, self.name, -numerics.PER_TOKEN_QMIN)   # |q - 128| <= 128
+        if weight is None:
             return False
-        if w.qp.per_channel and w.qp.axis != 0:
-            ctx.refuse(self.name, node, f"weight quantized along axis {w.qp.axis}, not the output-channel axis 0")
-            return False
-        out_ch = w_int.shape[0]
-        w_zp = torch.tensor(w.qp.zero_point, dtype=torch.int32).expand(out_ch).contiguous()
-        bound = (w_int.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, 1)).abs().sum(1).max()
-        worst = int(bound) * -numerics.PER_TOKEN_QMIN   # |q - 128| <= 128
-        if worst > numerics.INT32_MAX:
-            ctx.refuse(self.name, node, f"int32 accumulator could overflow (bound {worst})")
-            return False
-        w_scale = torch.tensor(w.qp.scale, dtype=torch.float32).expand(out_ch).contiguous()
+        w, w_zp, w_scale = weight
         bias = arg(node, 2, "bias")
         with gm.graph.inserting_before(node):
             zp_node = add_constant(gm, w_zp, "w_zp")
-            acc = call(gm, qlower.linear.default, (q, numerics.PER_TOKEN_ZERO_POINT, w.q, zp_node, None), like=node)
+            acc = call(gm, qlower.linear.default, (q, numerics.PER_TOKEN_ZERO_POINT, w, zp_node, None), like=node)
             y = call(gm, qlower.dequantize_per_token_acc.default, (acc, scale, add_constant(gm, w_scale, "w_scale")),
                      like=node)
             if bias is not None:
@@ -90,3 +83,27 @@ class LowerPerTokenLinear(Pass):
         gm.graph.erase_node(node)
         ctx.rewrites["linear -> linear (per-token)"] += 1
         return True
+
+
+def integer_weight(gm: GraphModule, node: Node, ctx: PassContext, pass_name: str,
+                   activation_bound: int) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
+    """(integer weight node, int32 zero point per output channel, fp32 scale per output channel)
+    of a linear whose weight is a constant quantized along its output channels, or None with
+    the refusal recorded: weight not a constant integer tensor, quantized along another axis,
+    or an int32 accumulator that could overflow with |activation - zero point| <= activation_bound."""
+    w = dq_operand(node.args[1])
+    w_int = constant_value(gm, w.q) if w is not None else None
+    if w_int is None or w_int.dtype not in (torch.int8, torch.uint8):
+        ctx.refuse(pass_name, node, "weight is not a constant integer tensor")
+        return None
+    if w.qp.per_channel and w.qp.axis != 0:
+        ctx.refuse(pass_name, node, f"weight quantized along axis {w.qp.axis}, not the output-channel axis 0")
+        return None
+    out_ch = w_int.shape[0]
+    w_zp = torch.tensor(w.qp.zero_point, dtype=torch.int32).expand(out_ch).contiguous()
+    bound = (w_int.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, 1)).abs().sum(1).max()
+    worst = int(bound) * activation_bound
+    if worst > numerics.INT32_MAX:
+        ctx.refuse(pass_name, node, f"int32 accumulator could overflow (bound {worst})")
+        return None
+    return w.q, w_zp, torch.tensor(w.qp.scale, dtype=torch.float32).expand(out_ch).contiguous()

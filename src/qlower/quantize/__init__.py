@@ -14,7 +14,7 @@ from .calibrate import calibrate
 from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
 from .biascorrect import correct
-from .per_token import insert_per_token_qdq
+from .per_token import insert_run_time_qdq
 from .smoothquant import smooth
 
 __all__ = ["AccuracyTarget", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
@@ -71,8 +71,7 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     if adjust_observers is not None:
         adjust_observers(observed)
     converted = convert_pt2e(observed, fold_quantize=True)
-    if config.activations == "per-token":
-        insert_per_token_qdq(converted)
+    insert_run_time_qdq(converted, config.activations)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 

@@ -58,8 +58,8 @@ class QuantConfig:
         (symmetric, zero point 0).
     weight_bits: 8 -> int8 symmetric weights in [-127, 127]; 7 -> [-63, 63] (`reduce_range`:
         AVX2 without VNNI saturates 16-bit pair sums of u8*s8, 7-bit weights keep it exact).
-    per_token_weight_bits: the weight width of per-token linears (`activations="per-token"`);
-        None: weight_bits. ONNX Runtime's named presets on a CPU without VNNI set 7 / 8: its
+    per_token_weight_bits: the weight width of linears whose input is quantized at run time
+        (`activations="per-token"` or `"dynamic"`); None: weight_bits. ONNX Runtime's named presets on a CPU without VNNI set 7 / 8: its
         per-token kernel runs 8-bit weights exactly as u8 x u8, at the 7-bit kernel's speed from
         32 rows up (SmolLM2-135M, `transformer` preset: 7-bit weights cost 6.6 dB of logits SQNR).
     per_channel: per-output-channel weight scales (else per-tensor).
@@ -101,8 +101,11 @@ class QuantConfig:
     # Activations of linear layers: "static" (calibrated per-tensor qparams) or "per-token"
     # (a scale per row computed at run time, numerics.per_token_scale: outliers that move with
     # the token no longer clip or flatten the other tokens; costs a max-reduction per row).
-    # Other ops (conv, attention matmuls, adds) keep static qparams.
-    activations: Literal["static", "per-token"] = "static"
+    # Other ops (conv, attention matmuls, adds) keep static qparams. "dynamic": one scale and
+    # zero point for the whole input, computed at run time (ONNX DynamicQuantizeLinear, the
+    # scheme of ONNX Runtime's `quantize_dynamic`, numerics.dynamic_qparams): one fused kernel
+    # per linear on ONNX Runtime (DynamicQuantizeMatMul), less accurate than per token.
+    activations: Literal["static", "per-token", "dynamic"] = "static"
     # Quantize matmuls of two activations (attention's Q @ K^T and P @ V). Off keeps them float:
     # softmax probabilities span many decades that one uint8 scale cannot hold (docs/accuracy.md).
     quantize_activation_matmul: bool = True
@@ -135,15 +138,20 @@ class QuantConfig:
         if self.observer not in ("minmax", "histogram", "percentile", "mse"):
             raise QuantizeError(f"unknown observer {self.observer!r}",
                                 hint="use 'minmax', 'histogram', 'percentile' or 'mse'")
-        if self.activations not in ("static", "per-token"):
-            raise QuantizeError(f"activations must be 'static' or 'per-token', got {self.activations!r}")
+        if self.activations not in ("static", "per-token", "dynamic"):
+            raise QuantizeError(f"activations must be 'static', 'per-token' or 'dynamic', got {self.activations!r}")
         if not 50.0 < self.percentile <= 100.0:
             raise QuantizeError(f"percentile must be in (50, 100], got {self.percentile}")
 
     @property
+    def run_time_activations(self) -> bool:
+        """Linear inputs are quantized at run time (per token or per tensor), not calibrated."""
+        return self.activations in ("per-token", "dynamic")
+
+    @property
     def linear_weight_bits(self) -> int:
-        """The weight width of linear layers: per-token ones may differ from the static rest."""
-        if self.activations == "per-token" and self.per_token_weight_bits is not None:
+        """The weight width of linear layers: run-time quantized ones may differ from the rest."""
+        if self.run_time_activations and self.per_token_weight_bits is not None:
             return self.per_token_weight_bits
         return self.weight_bits
 
@@ -151,7 +159,7 @@ class QuantConfig:
         """'8-bit weights', or '7-bit weights (8-bit in per-token linears)'."""
         if self.linear_weight_bits == self.weight_bits:
             return f"{self.weight_bits}-bit weights"
-        return f"{self.weight_bits}-bit weights ({self.linear_weight_bits}-bit in per-token linears)"
+        return f"{self.weight_bits}-bit weights ({self.linear_weight_bits}-bit in {self.activations} linears)"
 
     @staticmethod
     def from_name(name: str) -> "QuantConfig":
@@ -173,6 +181,12 @@ class QuantConfig:
                    "transformer-static": QuantConfig(observer="histogram", quantize_add=False,
                                                      requantize_outputs=False, smoothquant=SmoothQuant(),
                                                      quantize_activation_matmul=False),
+                   # ONNX Runtime's dynamic scheme (one range per linear input, computed at run
+                   # time) with the rest as above: as fast as ORT's own `quantize_dynamic` model
+                   # (one DynamicQuantizeMatMul per linear), bit-exact with the reference backend
+                   "transformer-dynamic": QuantConfig(observer="histogram", quantize_add=False,
+                                                      activations="dynamic", requantize_outputs=False,
+                                                      smoothquant=SmoothQuant(), quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
                    "int8-7bit-weights": QuantConfig(weight_bits=7)}
         if name not in presets:

@@ -197,12 +197,12 @@ class QlowerQuantizer(Quantizer):
             user.target in BLOCK_OP_ACTIVATION_INPUTS or user.target is aten.addmm.default
 
     def _per_token(self, node: Node) -> bool:
-        """Linear layers whose activation is quantized per token at run time."""
-        return self.config.activations == "per-token" and node.target in (aten.linear.default, aten.addmm.default)
+        """Linear layers whose activation is quantized at run time (per token or per tensor)."""
+        return self.config.run_time_activations and node.target in (aten.linear.default, aten.addmm.default)
 
     def _annotate_per_token(self, node: Node, w: Node, out_axis: int) -> None:
         """Only the weight is annotated: the activation stays float here and is quantized per
-        token after convert (quantize/per_token.py); the output is float (the accumulator
+        token (or per tensor) after convert (quantize/per_token.py); the output is float (the accumulator
         dequantized with the run-time scale), so consumers quantize their own inputs."""
         spec = self.per_token_weight_spec
         inputs = {} if self._annotate_weight_chain(w, out_axis=out_axis, base=spec) \

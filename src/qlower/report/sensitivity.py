@@ -33,7 +33,7 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
 
     from ..capture import capture
     from ..quantize import QlowerQuantizer, QuantConfig, calibrate, rewrite_float
-    from ..quantize.per_token import insert_per_token_qdq
+    from ..quantize.per_token import insert_run_time_qdq
 
     config = QuantConfig.from_name(config) if isinstance(config, str) else (config or QuantConfig())
     inputs = inputs or example_inputs
@@ -46,8 +46,7 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
     observed = prepare_pt2e(float_gm, QlowerQuantizer(config))
     calibrate(observed, calibration)
     converted = convert_pt2e(observed)
-    if config.activations == "per-token":
-        insert_per_token_qdq(converted)
+    insert_run_time_qdq(converted, config.activations)
     quantized = prepare_for_propagation_comparison(converted)
     with torch.no_grad():
         reference(*inputs)

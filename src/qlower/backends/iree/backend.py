@@ -161,12 +161,13 @@ class IreeBackend:
 
     @staticmethod
     def quant_config(config, preset: bool):
-        """Named presets quantize linear inputs statically here: the per-token ops have no IREE
-        lowering and would leave every linear's input in PyTorch (measured: zoo transformer at
-        batch 8, 7.9 ms fragmented). An explicit QuantConfig is respected."""
-        if preset and config.activations == "per-token":
+        """Named presets quantize linear inputs statically here: the run-time (per-token, dynamic)
+        quantization ops have no IREE lowering and would leave every linear's input in PyTorch
+        (measured: zoo transformer at batch 8, 7.9 ms fragmented). An explicit QuantConfig is
+        respected."""
+        if preset and config.run_time_activations:
             return dataclasses.replace(config, activations="static"), \
-                "static activations: the iree backend has no per-token quantization lowering"
+                f"static activations: the iree backend has no {config.activations} quantization lowering"
         return config, None
 
     def available(self) -> bool:

@@ -424,10 +424,10 @@ class OnnxRuntimeBackend:
         in static ops then run on the exact u8 x u8 path (convs and requantized linears lose
         their fused kernel)."""
         if preset and not cpu.has_vnni() and config.weight_bits == 8:
-            per_token = config.activations == "per-token"
+            run_time = config.run_time_activations
             adjusted = dataclasses.replace(config, weight_bits=7,
-                                           per_token_weight_bits=config.linear_weight_bits if per_token else None)
-            return adjusted, ("7-bit weights" + (" outside per-token linears" if per_token else "")
+                                           per_token_weight_bits=config.linear_weight_bits if run_time else None)
+            return adjusted, ("7-bit weights" + (f" outside {config.activations} linears" if run_time else "")
                               + ": this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with "
                               "7-bit weights")
         return config, None

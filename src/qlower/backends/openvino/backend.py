@@ -105,11 +105,12 @@ class OpenVinoBackend:
 
     def quant_config(self, config, preset: bool):
         """Named presets quantize linear inputs statically here: OpenVINO does not reproduce the
-        per-token ops (capability.py), which would leave every linear's input in PyTorch."""
+        run-time (per-token, dynamic) quantization ops (capability.py), which would leave every
+        linear's input in PyTorch."""
         notes = []
-        if preset and config.activations == "per-token":
+        if preset and config.run_time_activations:
+            notes.append(f"static activations: OpenVINO does not compute {config.activations} quantization canonically")
             config = dataclasses.replace(config, activations="static")
-            notes.append("static activations: OpenVINO does not compute per-token quantization canonically")
         if preset and self.options.native and not (config.quantize_activation_matmul and config.quantize_attention
                                                    and config.symmetric_activation_matmul):
             # measured (MiniLM-size encoder, seq 128, batch 8): fp32 attention matmuls were the

@@ -250,6 +250,7 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc",
+                 "qlower::quantize_dynamic", "qlower::dequantize_dynamic", "qlower::linear_dynamic",
                  "qlower::layer_norm_integer", "qlower::softmax_integer"):
         cap.register(name, _divides_at_run_time)
     refine([name for name in cap.ops if not name.startswith("qlower::")], _int64_values_stay_int32)   # qlower ops make no int64
@@ -402,10 +403,10 @@ def _ieee_attention(node: Node) -> str | None:
 
 
 def _divides_at_run_time(node: Node) -> str | None:
-    """never: run-time scales (per-token quantization, integer LayerNorm and softmax)"""
+    """never: run-time scales (per-token and dynamic quantization, integer LayerNorm and softmax)"""
     # Measured on a two-linear per-token model against the reference backend: with these ops in
     # OpenVINO the outputs differed (its graph transformations turn a division by a run-time
     # value into a multiply by the reciprocal, and regroup the products of the accumulator and the two scales);
     # refusing the three made the same model bit-exact (tests/test_openvino.py).
     return "OpenVINO rewrites division by / multiplication with run-time scales (reciprocal, regrouped " \
-           "products): per-token quantization is not exact there"
+           "products): run-time (per-token, dynamic) quantization is not exact there"

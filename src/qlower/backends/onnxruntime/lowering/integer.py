@@ -12,6 +12,8 @@
 - linear_dequant (fused, float output): com.microsoft QGemm without Y_scale (int32 bias C, 2-D
                      view) or MatMulIntegerToFloat (no bias), X_scale = 1, W_scale = s_acc.
 - linear_per_token (fused): MatMulIntegerToFloat, A_scale = the token scale per row.
+- quantize_dynamic / linear_dynamic: DynamicQuantizeLinear / MatMulIntegerToFloat with the bias,
+                     which the session fuses into one DynamicQuantizeMatMul per linear.
 - add:               com.microsoft QLinearAdd where kernel_proofs shows it equal to the canonical
                      add on all 65,536 input pairs; else DequantizeLinear x2 -> Add -> QuantizeLinear.
 - mean over H, W:    com.microsoft QLinearGlobalAveragePool where proven for every possible sum;
@@ -478,3 +480,34 @@ def linear_per_token(x, x_zp: int, w, w_zp, token_scale, weight_scale):
     scaled = MatMulIntegerToFloat(x, wn, const(1.0, np.float32), _weight_scale(weight_scale),
                                   _zero_point(x_zp, x), zn)
     return op.Mul(scaled, token_scale)
+
+
+# ------------------------------------------------------------ per-tensor dynamic quantization
+# ONNX Runtime's DynamicQuantizeLinear and DynamicQuantizeMatMul compute the range, scale and zero
+# point as numerics.dynamic_qparams does (min/max exact in any order, one fp32 division each, RNE)
+# and quantize through the same MLAS kernel as QuantizeLinear (true division). Measured with
+# tests/test_dynamic_quant.py on both CPU formulations.
+@lowers(q.quantize_dynamic.default)
+def quantize_dynamic(x):
+    return op.DynamicQuantizeLinear(x)
+
+
+@lowers(q.dequantize_dynamic.default)
+def dequantize_dynamic(x, scale, zero_point):
+    return op.DequantizeLinear(x, scale, zero_point)
+
+
+@lowers(q.linear_dynamic.default)
+def linear_dynamic(x, scale, zero_point, w, w_zp, weight_scale, bias=None):
+    """MatMulIntegerToFloat(q, W, s, s_w, zp, zw, b): its kernel multiplies fp32(acc) by the
+    per-column fp32(s * s_w), then adds the bias (MLAS's scale-bias output processor: a multiply
+    and an add, no fused multiply-add) — numerics.dequantize_dynamic_accumulator. After a
+    DynamicQuantizeLinear the session fuses the two into DynamicQuantizeMatMul, the kernel of
+    ORT's own `quantize_dynamic` models. The standard-op form where contrib ops are not allowed."""
+    wn, zn = _weights(x, w, w_zp, transpose=True)
+    w_scale = _weight_scale(weight_scale)
+    if contrib_ops_allowed():
+        inputs = [x, wn, scale, w_scale, zero_point, zn] + ([bias] if bias is not None else [])
+        return MatMulIntegerToFloat(*inputs)
+    y = op.Mul(op.Cast(op.MatMulInteger(x, wn, zero_point, zn), to=_FLOAT), op.Mul(scale, w_scale))
+    return y if bias is None else op.Add(y, bias)

@@ -43,7 +43,7 @@ QLinearAdd = contrib_op(MS, "QLinearAdd", ["A", "A_scale", "A_zero_point", "B", 
 QGemm = contrib_op(MS, "QGemm", ["A", "a_scale", "a_zero_point", "B", "b_scale", "b_zero_point", "C",
                                  "y_scale", "y_zero_point"], optional=("y_scale", "y_zero_point"))
 MatMulIntegerToFloat = contrib_op(MS, "MatMulIntegerToFloat", ["A", "B", "a_scale", "b_scale", "a_zero_point",
-                                                               "b_zero_point"])
+                                                               "b_zero_point", "bias"], optional=("bias",))
 QLinearGlobalAveragePool = contrib_op(MS, "QLinearGlobalAveragePool",
                                       ["X", "x_scale", "x_zero_point", "y_scale", "y_zero_point"],
                                       {"channels_last": int})
