@@ -150,7 +150,7 @@ def test_static_config_has_no_per_token_ops():
 
 def test_unknown_activations_setting_is_a_typed_error():
     with pytest.raises(qlower.QlowerError, match="per-token"):
-        QuantConfig(activations="dynamic")
+        QuantConfig(activations="per-row")
     with pytest.raises(qlower.QlowerError, match="per_token_weight_bits"):
         QuantConfig(per_token_weight_bits=4)
 
