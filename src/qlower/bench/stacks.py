@@ -32,8 +32,11 @@ STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-i
 # -dynamic: linear inputs quantized per tensor at run time (the `transformer-dynamic` preset), the
 # same scheme as ORT's dynamic peer (one DynamicQuantizeMatMul per linear).
 FORMULATIONS = ("qlower-onnxruntime", "qlower-onnxruntime-qdq", "qlower-onnxruntime-qdq-unfused")
+# qlower's int8 in three schemes, each beside ORT's pipeline of the same scheme: per token (the
+# `transformer` preset, the most accurate), static (ORT's QDQ), dynamic (ORT's quantize_dynamic)
 DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq",
-                  "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
+                  "ort-int8-dynamic", "qlower-onnxruntime-fp32", "qlower-onnxruntime", "qlower-onnxruntime-static",
+                  "qlower-onnxruntime-dynamic")
 QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
 
 QLOWER_BACKENDS = ("onnxruntime", "openvino", "iree", "reference")
