@@ -226,3 +226,14 @@ def test_preset_is_dynamic_and_engines_without_a_lowering_quantize_statically():
     assert IreeBackend.quant_config(config, preset=False)[0].activations == "dynamic"   # explicit: respected
     with pytest.raises(qlower.QuantizeError, match="'static', 'per-token' or 'dynamic'"):
         QuantConfig(activations="per-tensor")
+
+
+def test_saved_dynamic_program_loads_and_runs_bit_identically(tmp_path):
+    """The tuple-valued quantize_dynamic survives the safe artifact format (program JSON + weights)."""
+    ep, x = _quantized(seed=3)
+    cm = qlower.compile(ep, (x,), backend="onnxruntime")
+    loaded = qlower.load(cm.save(tmp_path / "m.pt2"))
+    assert loaded.report().rewrites["linear -> linear_dynamic"] == 4 and not loaded.report().fallbacks
+    for i in range(3):
+        xi = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(i))
+        assert torch.equal(loaded(xi), cm(xi))
