@@ -461,6 +461,25 @@ def test_per_token_linear_runs_its_gemm_in_openvino_and_stays_exact():
         assert torch.equal(ov(xi), ref(xi))
 
 
+def test_dynamic_linear_stays_in_pytorch_and_exact():
+    """An explicit QuantConfig(activations="dynamic") on OpenVINO: the run-time quantization and
+    the linear that multiplies by its run-time scale are refused with the reason and run in
+    PyTorch; the model equals the reference."""
+    from qlower.quantize import QuantConfig
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(2, 10, 64)
+    ep = qlower.quantize(model, (x,), [(torch.randn(2, 10, 64),) for _ in range(2)], QuantConfig(activations="dynamic"))
+    ov = qlower.compile(ep, (x,), backend="openvino")
+    ref = qlower.compile(ep, (x,), backend="reference")
+    reasons = " ".join(str(c.reason) for c in ov.report().fallbacks)
+    for op in ("qlower::quantize_dynamic", "qlower::linear_dynamic"):
+        assert f"{op}: OpenVINO rewrites" in reasons
+    for seed in range(3):
+        xi = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(seed)) * 3
+        assert torch.equal(ov(xi), ref(xi))
+
+
 def _quantize_scales(cm) -> list[float]:
     gm = cm.graph_module
     scales = []
