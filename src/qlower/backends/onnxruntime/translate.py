@@ -5,9 +5,10 @@ buffers, its symbolic dims declared as `torch.export.Dim`s with their ranges) an
 translates every ATen op, including shape arithmetic on symbolic sizes; qlower translates only
 its integer ops and block ops.
 
-After translation: onnxscript's optimizer (constant folding, dead code; functions are NOT
-inlined, so block ops stay one node in exported files), then FlattenRows (keeps activations
-between QGemms 2-D).
+After translation: torchlib's own helper functions inlined (as torch.onnx.export does), then
+onnxscript's optimizer (constant folding, dead code; qlower's functions are NOT inlined, so
+block ops stay one node in exported files), then FlattenRows (keeps activations between QGemms
+2-D).
 """
 from __future__ import annotations
 
@@ -166,10 +167,20 @@ def _optimized(translated):
     return model
 
 
+TORCHLIB_DOMAIN = "pkg.onnxscript.torch_lib"
+
+
 def _optimize(model, rewrite_rules: tuple = ()) -> None:
-    """onnxscript 0.7.2's `optimizer.optimize_ir(model, inline=False)` pass list — constant folding,
-    pattern rewrites (`rewrite_rules`; none: the rewriter is skipped), dead code, constants lifted
-    to initializers and deduplicated, common subexpressions, names fixed — with qlower's rules."""
+    """torchlib's functions inlined, then onnxscript 0.7.2's `optimizer.optimize_ir(model,
+    inline=False)` pass list — constant folding, pattern rewrites (`rewrite_rules`; none: the
+    rewriter is skipped), dead code, constants lifted to initializers and deduplicated, common
+    subexpressions, names fixed — with qlower's rules.
+
+    Why inline torchlib's functions: `aten_getitem` (a list element, e.g. of `split`) is one,
+    and inside it the folder cannot see SequenceAt(SequenceConstruct(...)), so ONNX Runtime ran
+    real sequence ops (HF GPT-2 fp32: 6 SequenceAt and 2 SequenceConstruct in the session
+    graph, none in torch.onnx.export's, which inlines everything). qlower's own functions (block
+    ops) stay functions."""
     import onnx_ir as ir
     from onnxscript import rewriter
     from onnxscript.optimizer import _constant_folding
@@ -179,6 +190,7 @@ def _optimize(model, rewrite_rules: tuple = ()) -> None:
         output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT, should_fold=lambda node: None)
     rewrite = [rewriter.RewritePass(rewrite_rules)] if rewrite_rules else []
     ir.passes.Sequential(
+        common.InlinePass(criteria=lambda function: function.domain.startswith(TORCHLIB_DOMAIN)),
         ir.passes.PassManager([fold, *rewrite, common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(),
                                common.RemoveUnusedOpsetsPass()], steps=2, early_stop=True),
         common.RemoveUnusedNodesPass(), common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
