@@ -1038,3 +1038,21 @@ def test_bfloat16_crosses_the_boundary_as_float32():
     for got, want in zip(cm(x, y), fn(x, y)):
         assert got.dtype == torch.bfloat16 and got.shape == want.shape
         assert bool(((got == want) | (got.isnan() & want.isnan())).all())
+
+
+def test_list_elements_are_plain_outputs_not_sequence_ops():
+    """`split` then its elements (attention's q/k/v): torchlib's getitem is a function holding a
+    SequenceAt; inlined before the optimizer, the folder turns SequenceAt(SequenceConstruct(...))
+    into the Split's outputs (HF GPT-2: 6 SequenceAt ran in the session before). Near miss kept:
+    a block op stays a qlower-domain function (tests/test_blockops.py)."""
+    def fn(x):
+        q, k, v = (x * 2).split(4, dim=-1)
+        return q @ k.transpose(-1, -2) @ v
+    x = torch.randn(2, 3, 12)
+    cm = qlower.compile(Fn(fn), (x,), backend="onnxruntime")
+    assert not cm.report().fallbacks
+    model = onnx.load_from_string(cm.report().compiled[0].onnx)
+    ops = {n.op_type for n in model.graph.node}
+    assert "Split" in ops and not ops & {"SequenceAt", "SequenceConstruct", "SplitToSequence"}, ops
+    assert not model.functions
+    torch.testing.assert_close(cm(x), fn(x))
