@@ -6,7 +6,8 @@ relu, clamp, max/avg pool, global mean, reshape/flatten, permute, cat, slice, la
 softmax, and the block ops RMSNorm/LayerNorm/GroupNorm/MaskedSoftmax/Attention), random small
 shapes, optionally a dynamic batch dim (and for rank 3 a dynamic sequence dim), random weights with edge ranges (tiny, huge, constant,
 zero, per-channel spread over 6 decades), random inputs (tiny, huge, constant), per-tensor and
-per-channel, uint8/int8 activations, static or per-token (run-time row scales) linear inputs,
+per-channel, uint8/int8 activations, static, per-token (run-time row scales) or dynamic (a run-time
+range per tensor) linear inputs,
 7/8-bit weights. For each model:
 
 - fp32 on onnxruntime, openvino and iree (dynamic shapes too) within float tolerance of eager; the
@@ -37,6 +38,7 @@ import copy
 import itertools
 import json
 import math
+import operator
 import os
 import re
 import traceback
@@ -52,6 +54,8 @@ from hypothesis import strategies as st
 
 import qlower
 from qlower import blockops
+
+Q = torch.ops.qlower
 
 _ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
 _LOG = os.environ.get("QLOWER_FUZZ_LOG")
@@ -101,7 +105,7 @@ class Program:
     per_channel: bool = True
     weight_bits: int = 8
     quantize_mul: bool = False
-    activations: str = "static"   # static | per-token (linear inputs quantized per row at run time)
+    activations: str = "static"   # static | per-token | dynamic (linear inputs quantized per row / per tensor at run time)
 
     def module(self) -> "FuzzNet":
         return FuzzNet(self).eval()
@@ -436,7 +440,7 @@ def programs(draw):
         seed=draw(st.integers(0, 2 ** 16)), act=draw(st.sampled_from(["uint8", "uint8", "int8"])),
         per_channel=draw(st.booleans()), weight_bits=draw(st.sampled_from([8, 7])),
         quantize_mul=draw(st.booleans()),
-        activations=draw(st.sampled_from(["static", "static", "static", "per-token"])))
+        activations=draw(st.sampled_from(["static", "static", "static", "per-token", "dynamic"])))
 
 
 # ============================================================================ the checks
@@ -614,18 +618,25 @@ def _integer_only(gm) -> bool:
 
 
 def _island_outputs(gm) -> list:
-    """The quantize nodes that round a float island's result: fed by a float op that is not
-    exact (`_EXACT`), so an engine's differently ordered float math may land one quantum off."""
+    """(node, qmin, qmax) of each quantized value that rounds a float island's result: a quantize
+    fed by a float op that is not exact (`_EXACT`), so an engine's differently ordered float math
+    may land one quantum off. For a run-time quantization (`quantize_dynamic`, a tuple) the node
+    is its codes (element 0); a per-token quantization (scale per row) is left out: the flips
+    there are of one row's codes, which the tolerance's SQNR bound covers."""
     found = []
     for node in gm.graph.nodes:
-        if node.op != "call_function" or "qlower.quantize" not in str(node.target):
+        if node.op != "call_function" or node.target not in (Q.quantize.default, Q.quantize_dynamic.default):
             continue
         src = node.args[0]
         if not isinstance(src, torch.fx.Node) or src.op != "call_function":
             continue
         name = getattr(src.target, "__name__", str(src.target)).split(".")[0]
-        if name not in _EXACT and not _qlower_integer(str(src.target)):
-            found.append(node)
+        if name in _EXACT or _qlower_integer(str(src.target)):
+            continue
+        if node.target is Q.quantize.default:
+            found.append((node, node.args[3], node.args[4]))
+        else:
+            found += [(u, 0, 255) for u in node.users if u.target is operator.getitem and u.args[1] == 0]
     return found
 
 
@@ -655,11 +666,10 @@ def _quantum_flip_gain(ref_cm, x: torch.Tensor) -> float:
     if not isinstance(base, torch.Tensor) or not base.is_floating_point():
         return 0.0
     gain = 0.0
-    for name in [n.name for n in _island_outputs(gm)]:
+    for name, qmin, qmax in [(n.name, lo, hi) for n, lo, hi in _island_outputs(gm)]:
         for by, one_per_row in itertools.product((1, -1), (False, True)):
             shifted = copy.deepcopy(gm)
             node = next(n for n in shifted.graph.nodes if n.name == name)
-            qmin, qmax = node.args[3], node.args[4]
             with shifted.graph.inserting_after(node):
                 moved = shifted.graph.call_function(_shift_quanta, (node, by, qmin, qmax, one_per_row))
             node.replace_all_uses_with(moved, delete_user_cb=lambda user: user is not moved)
