@@ -440,41 +440,28 @@ def test_compile_failure_falls_back_per_cluster(monkeypatch, small_net):
         torch.testing.assert_close(cm(*x), small_net(*x))
 
 
-def test_per_token_linear_runs_its_gemm_in_openvino_and_stays_exact():
-    """The run-time-scale ops (per-token quantization) are refused — OpenVINO's rewrites of
-    division/multiplication by run-time values changed the outputs — and run in PyTorch; the
-    integer GEMM between them still runs in OpenVINO, and the model equals the reference."""
+@pytest.mark.parametrize("activations, refused, integer_linears", [
+    ("per-token", ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"), 2),
+    ("dynamic", ("qlower::quantize_dynamic", "qlower::linear_dynamic"), 0),
+])
+def test_run_time_quantization_stays_in_pytorch_and_exact(activations, refused, integer_linears):
+    """The run-time-scale ops (per-token or dynamic quantization, a linear multiplying by a
+    run-time scale) are refused — OpenVINO's rewrites of division/multiplication by run-time
+    values changed the outputs — and run in PyTorch; a per-token linear's integer GEMM between
+    them still runs in OpenVINO; the model equals the reference."""
     from qlower.quantize import QuantConfig
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
     x = torch.randn(2, 10, 64)
-    ep = qlower.quantize(model, (x,), [(torch.randn(2, 10, 64),) for _ in range(2)], QuantConfig(activations="per-token"))
+    ep = qlower.quantize(model, (x,), [(torch.randn(2, 10, 64),) for _ in range(2)],
+                         QuantConfig(activations=activations))
     ov = qlower.compile(ep, (x,), backend="openvino")
     ref = qlower.compile(ep, (x,), backend="reference")
     report = ov.report()
     reasons = " ".join(str(c.reason) for c in report.fallbacks)
-    for op in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc"):
+    for op in refused:
         assert f"{op}: OpenVINO rewrites" in reasons
-    assert sum(c.ops.get("qlower::linear", 0) for c in report.compiled) == 2
-    for seed in range(3):
-        xi = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(seed)) * 3
-        assert torch.equal(ov(xi), ref(xi))
-
-
-def test_dynamic_linear_stays_in_pytorch_and_exact():
-    """An explicit QuantConfig(activations="dynamic") on OpenVINO: the run-time quantization and
-    the linear that multiplies by its run-time scale are refused with the reason and run in
-    PyTorch; the model equals the reference."""
-    from qlower.quantize import QuantConfig
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
-    x = torch.randn(2, 10, 64)
-    ep = qlower.quantize(model, (x,), [(torch.randn(2, 10, 64),) for _ in range(2)], QuantConfig(activations="dynamic"))
-    ov = qlower.compile(ep, (x,), backend="openvino")
-    ref = qlower.compile(ep, (x,), backend="reference")
-    reasons = " ".join(str(c.reason) for c in ov.report().fallbacks)
-    for op in ("qlower::quantize_dynamic", "qlower::linear_dynamic"):
-        assert f"{op}: OpenVINO rewrites" in reasons
+    assert sum(c.ops.get("qlower::linear", 0) for c in report.compiled) == integer_linears
     for seed in range(3):
         xi = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(seed)) * 3
         assert torch.equal(ov(xi), ref(xi))
