@@ -570,10 +570,12 @@ def test_engine_native_pipeline_hook_adapts_only_the_default_pipeline():
     """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm and
     softmax, which OpenVINO cannot run canonically) under numerics='openvino' only,
     and a user's explicit passes= are run as given (integer ops again)."""
-    from qlower.passes import IntegerLayerNorm, IntegerSoftmax, LowerPerTokenLinear, LowerQDQ, default_pipeline
+    from qlower.passes import (IntegerLayerNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear, LowerQDQ,
+                               default_pipeline)
     native = OpenVinoBackend(OvOptions(numerics="openvino")).pipeline(default_pipeline())
-    assert not any(isinstance(p, (LowerQDQ, LowerPerTokenLinear, IntegerLayerNorm, IntegerSoftmax)) for p in native)
-    assert len(native) == len(default_pipeline()) - 4
+    dropped = (LowerQDQ, LowerPerTokenLinear, LowerDynamicLinear, IntegerLayerNorm, IntegerSoftmax)
+    assert not any(isinstance(p, dropped) for p in native)
+    assert len(native) == len(default_pipeline()) - len(dropped)
     canonical = OpenVinoBackend().pipeline(default_pipeline())
     assert [type(p) for p in canonical] == [type(p) for p in default_pipeline()]
     entry = ZOO["cnn"]

@@ -130,9 +130,9 @@ class OpenVinoBackend:
         int8 lowering (no qlower integer ops); canonical numerics run the default pipeline."""
         if not self.options.native:
             return passes
-        from ...passes import IntegerLayerNorm, IntegerSoftmax, LowerPerTokenLinear, LowerQDQ
-        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerQDQ, IntegerLayerNorm,
-                                                        IntegerSoftmax))]
+        from ...passes import IntegerLayerNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear, LowerQDQ
+        return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerDynamicLinear, LowerQDQ,
+                                                        IntegerLayerNorm, IntegerSoftmax))]
 
     def adjust_observers(self, observed) -> None:
         """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly
