@@ -8,7 +8,7 @@ import torch
 
 import qlower
 from qlower import numerics
-from qlower.passes import AttachQParams, LowerDynamicLinear, PassContext
+from qlower.passes import LowerDynamicLinear, PassContext
 from qlower.quantize import QuantConfig
 
 from conftest import skip_numerics_unless_exact_here
@@ -20,7 +20,7 @@ Q = torch.ops.qlower
 # ------------------------------------------------------------------------------ numerics
 def test_qparams_widen_the_range_to_zero_and_round_the_zero_point():
     s, zp = numerics.dynamic_qparams(torch.tensor([1.0, 2.0, 5.1]))          # positive only: lo = 0
-    assert (s.item(), zp.item()) == (torch.tensor(5.1) .div(255).item(), 0)
+    assert (s.item(), zp.item()) == (torch.tensor(5.1).div(255).item(), 0)
     s, zp = numerics.dynamic_qparams(torch.tensor([-3.0, -1.0]))             # negative only: hi = 0
     assert zp.item() == 255 and s.item() == torch.tensor(3.0).div(255).item()
     s, zp = numerics.dynamic_qparams(torch.zeros(4, 3))                        # hi == lo: scale 1

@@ -110,8 +110,13 @@ def _(x, x_zp, w, w_zp, bias, stride, padding, dilation, groups):
 @torch.library.custom_op(f"{_NS}::linear", mutates_args=())
 def linear(x: torch.Tensor, x_zp: int, w: torch.Tensor, w_zp: torch.Tensor,
            bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _linear_accumulator(x, x_zp, w, w_zp, bias, "linear")
+
+
+def _linear_accumulator(x, x_zp, w, w_zp, bias, op: str) -> torch.Tensor:
+    """int32 sum((x - zx) * (w - zw)) over the last dim (+ int32 bias), w [out, in]."""
     acc = torch.matmul(_centered(x, x_zp), _centered(w, w_zp, 0).t())
-    return _to_int32(acc, bias, acc.dim() - 1, "linear")
+    return _to_int32(acc, bias, acc.dim() - 1, op)
 
 
 @linear.register_fake
@@ -293,8 +298,8 @@ def linear_dynamic(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
                    w_zp: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """A linear layer on a dynamically quantized input: the int32 accumulator
     sum((q - zp) * (w - zw)) dequantized as numerics.dequantize_dynamic_accumulator (+ bias)."""
-    acc = torch.matmul(_centered(q, zero_point), _centered(w, w_zp, 0).t())
-    return numerics.dequantize_dynamic_accumulator(_to_int32(acc, None, 0, "linear_dynamic"), scale, w_scale, bias)
+    acc = _linear_accumulator(q, zero_point, w, w_zp, None, "linear_dynamic")
+    return numerics.dequantize_dynamic_accumulator(acc, scale, w_scale, bias)
 
 
 @linear_dynamic.register_fake

@@ -27,13 +27,13 @@ from torch.fx import GraphModule, Node
 from .. import numerics
 from ..fx import add_constant, call
 from .base import PassContext
-from .lower_per_token import LowerPerTokenLinear, _run_time_input, integer_weight
+from .lower_per_token import RunTimeLinearLowering, _run_time_input, integer_weight
 from .lower_qdq import arg
 
 qlower = torch.ops.qlower
 
 
-class LowerDynamicLinear(LowerPerTokenLinear):
+class LowerDynamicLinear(RunTimeLinearLowering):
     name = "lower_dynamic_linear"
 
     @staticmethod

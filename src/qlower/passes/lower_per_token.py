@@ -39,8 +39,17 @@ def _run_time_input(node: Node, dequantize) -> Node | None:
     return None
 
 
-class LowerPerTokenLinear(Pass):
-    name = "lower_per_token_linear"
+class RunTimeLinearLowering(Pass):
+    """The walk both run-time schemes share: every linear/addmm/matmul whose activation the
+    scheme's dequantize made (`run_time_input`), matmuls with a constant weight first rewritten
+    to linear, each then handed to `_lower`. Subclasses: LowerPerTokenLinear, LowerDynamicLinear."""
+
+    @staticmethod
+    def run_time_input(node: Node) -> Node | None:
+        raise NotImplementedError
+
+    def _lower(self, gm: GraphModule, node: Node, ctx: PassContext) -> bool:
+        raise NotImplementedError
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
@@ -59,6 +68,10 @@ class LowerPerTokenLinear(Pass):
         if changed:
             gm.graph.eliminate_dead_code()
         return changed
+
+
+class LowerPerTokenLinear(RunTimeLinearLowering):
+    name = "lower_per_token_linear"
 
     @staticmethod
     def run_time_input(node: Node) -> Node | None:
