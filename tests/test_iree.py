@@ -703,6 +703,22 @@ def test_every_zoo_model_int8_fixed_equals_the_reference_bit_for_bit(name):
             assert_equal(w, o)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hf-bert", "hf-gpt2", "hf-vit"])
+def test_hf_model_int8_fixed_equals_the_reference_bit_for_bit(name):
+    """transformers' BERT, GPT-2 and ViT (seeded configs) under `int8`: integer residual adds and
+    LayerNorms since eval-mode dropouts are dropped before annotation (before: 5 float LayerNorms
+    each, 7e-7 to 1e-6 off the reference). hf-llama is not in the list: its RMSNorm, rotary
+    embedding, SiLU and attention stay float under `int8` (docs/iree.md)."""
+    pytest.importorskip("transformers")
+    entry = ZOO[name]
+    program = qlower.quantize(entry.model(), entry.inputs(2), [entry.inputs(2, seed=s) for s in range(2, 6)])
+    ref, got = (qlower.compile(program, entry.inputs(2), backend=b, profile="fixed") for b in ("reference", "iree"))
+    assert got.report().fallbacks == [] and [c.backend for c in got.report().compiled] == ["iree"]
+    for seed in (11, 12):
+        assert_equal(ref(*entry.inputs(2, seed=seed)), got(*entry.inputs(2, seed=seed)))
+
+
 # ------------------------------------------------------------------ dynamic batch (issue 16)
 BATCH = torch.export.Dim("batch", min=1, max=64)
 

@@ -2,6 +2,7 @@
 from .attach_qparams import AttachQParams
 from .base import Pass, PassContext
 from .canonicalize_qdq import CanonicalizeQDQ
+from .drop_eval_dropout import DropEvalDropout
 from .drop_metadata_asserts import DropMetadataAsserts
 from .fold_empty_tensors import FoldEmptyTensors
 from .fold_float_constants import FoldFloatConstants
@@ -22,10 +23,10 @@ from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
-    return [InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [DropEvalDropout(), InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropEvalDropout", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ", "CanonicalizeQDQ",
            "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]

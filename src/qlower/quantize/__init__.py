@@ -8,6 +8,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 from ..capture import capture, check_example_inputs
 from ..errors import QuantizeError
+from ..passes.base import PassContext
+from ..passes.drop_eval_dropout import DropEvalDropout
 from ..shapes import dynamic_spec, user_input_values
 from .attention import decompose_attention
 from .calibrate import calibrate
@@ -62,6 +64,7 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     if config.quantize_attention:
         ep = decompose_attention(ep)
     gm = ep.module()
+    _drop_eval_dropouts(gm)
     state_names = [name for name, _ in gm.named_buffers()]
     with _state_restored(gm, state_names):
         rewrite_float(gm, calibration, config)
@@ -74,6 +77,13 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     insert_run_time_qdq(converted, config.activations)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
+
+
+def _drop_eval_dropouts(gm: torch.fx.GraphModule) -> None:
+    """Identity dropouts out before annotation: they hide a linear's quantized output from the
+    residual add that reads it (passes/drop_eval_dropout.py)."""
+    if DropEvalDropout().run(gm, PassContext()):
+        gm.recompile()
 
 
 def rewrite_float(gm: torch.fx.GraphModule, calibration, config: QuantConfig) -> None:

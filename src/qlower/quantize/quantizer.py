@@ -38,7 +38,7 @@ RANGE_PRESERVING_OPS = {
     aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default,
     aten.reshape.default, aten.view.default, aten.flatten.using_ints, aten.permute.default,
     aten.transpose.int, aten.squeeze.dim, aten.unsqueeze.default, aten.contiguous.default,
-    aten.slice.Tensor, aten.select.int,
+    aten.slice.Tensor, aten.select.int, aten.clone.default,
 }
 CONCAT_OPS = {aten.cat.default, aten.concat.default}
 # Multi-output shape ops: their pieces (getitem nodes) share the input's qparams, as the pieces
