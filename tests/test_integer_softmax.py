@@ -117,3 +117,77 @@ def test_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale
         xi = torch.randn(3, 6, 50, generator=torch.Generator().manual_seed(seed)) * (1 + 3 * seed)
         xi[0, 0] = 0.7   # a constant row
         assert torch.equal(cm(xi), ref(xi))
+
+
+# ------------------------------------------------------------------ masked (attention's padding mask)
+class QMaskedSoftmax(QSoftmax):
+    """softmax(masked_fill(x, ~keep, fill)) as quantize_attention decomposes a boolean attn_mask."""
+
+    def __init__(self, *args, fill=float("-inf"), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fill = fill
+
+    def forward(self, x, keep):
+        d = qd.dequantize_per_tensor(qd.quantize_per_tensor(x, *self.q), *self.q)
+        return torch.softmax(d.masked_fill(~keep, self.fill), -1)
+
+
+def padding_keep(batch: int, length: int, seed: int = 0, empty_row: bool = False) -> torch.Tensor:
+    """[batch, 1, 1, length]: True for each row's first n keys (n drawn), as a padding mask."""
+    n = torch.randint(1, length + 1, (batch,), generator=torch.Generator().manual_seed(seed))
+    if empty_row:
+        n[0] = 0
+    return (torch.arange(length)[None] < n[:, None])[:, None, None, :]
+
+
+def test_masked_softmax_uses_the_exp_table_over_kept_entries():
+    """Positive: the masked form becomes one softmax_integer with the keep mask (the not and the
+    masked_fill gone); masked entries are exactly 0, kept ones within the table's bound of the
+    float softmax; a row with nothing kept is NaN, as eager; idempotent."""
+    model = QMaskedSoftmax(torch.uint8, 100, 0.06)
+    x, keep = torch.randn(2, 4, 16, 40) * 3, padding_keep(2, 40)
+    gm, ctx = lowered(model, x, keep)
+    assert len(integer_softmaxes(gm)) == 1 and ctx.rewrites["masked softmax of an 8-bit value -> exp table"] == 1
+    assert not any(n.target in (torch.ops.aten.masked_fill.Scalar, torch.ops.aten.bitwise_not.default)
+                   for n in gm.graph.nodes)
+    got, want = gm(x, keep), model(x, keep)
+    assert bool((got.masked_select(~keep.expand_as(got)) == 0).all())
+    assert float((got - want).abs().max()) <= (40 + 1) / 2 ** 17
+    assert not IntegerSoftmax().run(gm, PassContext())   # idempotent
+    empty = padding_keep(2, 40, empty_row=True)
+    assert torch.equal(gm(x, empty).isnan(), model(x, empty).isnan()) and bool(gm(x, empty)[0].isnan().all())
+
+
+def test_masked_codes_above_the_kept_maximum_do_not_push_kept_entries_down():
+    """The row maximum is over kept codes: with the masked code 255 in the max, the kept codes
+    (k = 205..255 away, scale 0.06: exp(-12.3) and below) would all read table zeros."""
+    table = numerics.softmax_exp_table(0.06)
+    q = torch.tensor([[255, 0, 50, 30]], dtype=torch.uint8)
+    keep = torch.tensor([[False, True, True, True]])
+    p = numerics.softmax_integer(q, table, keep)
+    assert float(p[0, 0]) == 0 and torch.equal(p[:, 1:], numerics.softmax_integer(q[:, 1:], table))
+
+
+def test_masked_fill_with_another_value_keeps_the_float_softmax():
+    """Near miss: a large negative fill (an additive-mask idiom) is not a mask: its entries count."""
+    model = QMaskedSoftmax(fill=-1e4)
+    x, keep = torch.randn(2, 8) * 3, torch.tensor([[True] * 6 + [False] * 2] * 2)
+    gm, ctx = lowered(model, x, keep)
+    assert not integer_softmaxes(gm) and torch.equal(gm(x, keep), model(x, keep))
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2)])
+def test_masked_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
+    """Every backend runs the masked form bit for bit like the reference (OpenVINO refuses
+    softmax_integer and runs it in PyTorch), with a fully masked row (NaN) among them."""
+    model = QMaskedSoftmax(dtype, zp, scale)
+    x, keep = torch.randn(3, 2, 5, 50), padding_keep(3, 50)
+    ref = qlower.compile(model, (x, keep), backend="reference")
+    cm = qlower.compile(model, (x, keep), backend=backend)
+    if backend != "openvino":
+        assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled) and not cm.report().fallbacks
+    for seed in range(3):
+        xi = torch.randn(3, 2, 5, 50, generator=torch.Generator().manual_seed(seed)) * (1 + 3 * seed)
+        ki = padding_keep(3, 50, seed, empty_row=seed == 2)
+        torch.testing.assert_close(cm(xi, ki), ref(xi, ki), rtol=0, atol=0, equal_nan=True)

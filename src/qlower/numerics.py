@@ -253,10 +253,20 @@ def softmax_exp_table(scale: float) -> torch.Tensor:
     return torch.round(torch.exp(-float(scale) * k) * 2.0 ** SOFTMAX_EXP_BITS).to(torch.int32)
 
 
-def softmax_integer(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of an 8-bit value from an exp table (module docstring)."""
-    k = q.amax(-1, keepdim=True).to(torch.int32) - q.to(torch.int32)
-    e = table[k.to(torch.int64)]
+def softmax_integer(q: torch.Tensor, table: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last dim of an 8-bit value from an exp table (module docstring).
+
+    keep (bool, broadcastable to q): the masked softmax `softmax(masked_fill(x, ~keep, -inf))`,
+    attention's padding mask. The row maximum is taken over kept codes only (a masked code above
+    it would push every kept entry down the table, to 0 for a range wider than ~11 e-folds),
+    masked entries count 0, and a row with nothing kept is 0/0 = NaN, as eager's softmax of -inf."""
+    codes = q.to(torch.int32)
+    if keep is None:
+        e = table[(codes.amax(-1, keepdim=True) - codes).to(torch.int64)]
+    else:
+        lo, hi = dtype_range(q.dtype)
+        top = codes.masked_fill(~keep, lo).amax(-1, keepdim=True)
+        e = table[(top - codes).clamp(0, hi - lo).to(torch.int64)] * keep.to(torch.int32)
     total = e.sum(-1, keepdim=True, dtype=torch.int32)
     return e.to(torch.float32) / total.to(torch.float32)
 

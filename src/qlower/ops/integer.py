@@ -215,14 +215,14 @@ def _(q, scale, zero_point, weight, bias, eps):
 
 
 @torch.library.custom_op(f"{_NS}::softmax_integer", mutates_args=())
-def softmax_integer(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of an 8-bit value from an int32 exp table, fp32 out
-    (numerics.softmax_integer)."""
-    return numerics.softmax_integer(q, table)
+def softmax_integer(q: torch.Tensor, table: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Softmax over the last dim of an 8-bit value from an int32 exp table, fp32 out; `keep`
+    (bool, broadcastable to q) masks entries out (numerics.softmax_integer)."""
+    return numerics.softmax_integer(q, table, keep)
 
 
 @softmax_integer.register_fake
-def _(q, table):
+def _(q, table, keep=None):
     return q.new_empty(q.shape, dtype=torch.float32)
 
 

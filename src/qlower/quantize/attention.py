@@ -44,13 +44,22 @@ def decompose_attention(ep: torch.export.ExportedProgram) -> torch.export.Export
     """The program with every scaled_dot_product_attention in its math form (unchanged if none)."""
     if not any(n.target is SDPA for n in ep.graph.nodes):
         return ep
+    if ep.graph_signature.buffers_to_mutate or any(_writes_in_place(n) for n in ep.graph.nodes):
+        # torch 2.13's re-trace rejects programs that write their state in place (a KV-cache
+        # decode step's index_copy_ into the cache: "expected compiled_fn to be GraphModule");
+        # known, and int8's default, so not a warning
+        logging.getLogger("qlower").info("quantize_attention: attention left in float (the program writes buffers)")
+        return ep
     try:
         return ep.run_decompositions({SDPA: _sdpa_math})
-    except Exception as exc:  # noqa: BLE001  (torch's re-trace; measured: KV-cache programs that write buffers)
-        # torch 2.13's re-trace rejects some programs that write buffers in place (a KV-cache
-        # decode step: "expected compiled_fn to be GraphModule"); attention then stays float,
-        # which is what the canonical presets do anyway, and the user is told once.
+    except Exception as exc:  # noqa: BLE001  (torch's re-trace)
+        # attention then stays float, as in the transformer presets, and the user is told.
         logging.getLogger("qlower").warning(
             "quantize_attention: attention left in float (torch could not decompose this program: %s)",
             str(exc).strip().splitlines()[-1][:160])
         return ep
+
+
+def _writes_in_place(node) -> bool:
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and schema.is_mutable

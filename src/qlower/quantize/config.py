@@ -110,9 +110,15 @@ class QuantConfig:
     # softmax probabilities span many decades that one uint8 scale cannot hold (docs/accuracy.md).
     quantize_activation_matmul: bool = True
     # Decompose torch's scaled_dot_product_attention into its matmuls before annotation so
-    # that they are quantized too (quantize/attention.py). Off keeps it one float op. Set by the
-    # OpenVINO backend's engine-native mode for named presets, where it closes the gap to NNCF.
-    quantize_attention: bool = False
+    # that they are quantized too (quantize/attention.py), as an attention written with matmul
+    # and softmax is: with quantize_activation_matmul the int8 program is then integer from Q·Kᵀ
+    # to P·V (integer_softmax, masked too), the same bits on every backend. A float SDPA's ulps
+    # differ between engines and flip the codes of the linear after it (HF BERT int8: 2.5e-3
+    # between IREE and the reference). Cost on ONNX Runtime (Zen 3, one thread, batch 1):
+    # hf-bert +7%, hf-vit +5%, hf-gpt2 -1% (docs/accuracy.md). Off keeps SDPA one float op (the
+    # transformer presets, whose activation matmuls are float anyway). Programs that write
+    # buffers (KV-cache decode steps) keep it float: torch cannot re-trace them.
+    quantize_attention: bool = True
     # Operands of a matmul of two activations quantized int8-symmetric (zero point 0) instead of
     # with the activation dtype, except softmax outputs (non-negative: uint8, zero point 0). Set
     # by the OpenVINO backend's engine-native mode: its low-precision transformations make a
@@ -174,17 +180,17 @@ class QuantConfig:
                    # transformers with explicit attention (decoder, transformer, bert, vit; batch
                    # 1, onnxruntime, one thread) float matmuls were 5-7% faster and 0.7-3.6 dB
                    # more accurate (docs/performance-history.md, sixth run).
-                   "transformer": QuantConfig(observer="histogram", quantize_add=False, activations="per-token",
+                   "transformer": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False, activations="per-token",
                                               requantize_outputs=False, smoothquant=SmoothQuant(),
                                               quantize_activation_matmul=False),
                    # the static form of the above: faster (no per-row max / division), less accurate
-                   "transformer-static": QuantConfig(observer="histogram", quantize_add=False,
+                   "transformer-static": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False,
                                                      requantize_outputs=False, smoothquant=SmoothQuant(),
                                                      quantize_activation_matmul=False),
                    # ONNX Runtime's dynamic scheme (one range per linear input, computed at run
                    # time) with the rest as above: as fast as ORT's own `quantize_dynamic` model
                    # (one DynamicQuantizeMatMul per linear), bit-exact with the reference backend
-                   "transformer-dynamic": QuantConfig(observer="histogram", quantize_add=False,
+                   "transformer-dynamic": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False,
                                                       activations="dynamic", requantize_outputs=False,
                                                       smoothquant=SmoothQuant(), quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),

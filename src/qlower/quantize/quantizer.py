@@ -7,7 +7,9 @@ symmetric per-output-channel, bias int32 with scale fp32(sx * sw) (derived, zero
 - matmul/bmm, add/mul (tensor operands): every tensor input, output (relu fused as above).
 - ops that cannot widen the range (relu, pools, reshape family, concat): output shares the
   input's qparams, so they run on integers unchanged.
-Everything else (softmax, layer_norm, gelu, ...) stays float: its inputs are dequantized.
+- layer_norm, with quantize_add: a float input (an embedding sum) is quantized, for
+  integer_layer_norm.
+Everything else (softmax, gelu, ...) stays float: its inputs are dequantized.
 """
 from __future__ import annotations
 
@@ -137,6 +139,8 @@ class QlowerQuantizer(Quantizer):
                 self._annotate_block_op(node)
             elif node.target is aten.addmm.default:
                 self._annotate_addmm(node)
+            elif node.target is aten.layer_norm.default:
+                self._annotate_layer_norm(node)
         for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
             if node.op != "call_function" or _annotated(node):
                 continue
@@ -286,6 +290,16 @@ class QlowerQuantizer(Quantizer):
         if operand.op == "call_function" and operand.target in (aten.softmax.int, aten._softmax.default):
             return self.act_spec
         return self.act_sym_spec
+
+    def _annotate_layer_norm(self, node: Node) -> None:
+        """With an integer residual stream (quantize_add), a LayerNorm whose input is a float
+        value (an embedding sum: gathers and fp32 adds, the same bits on every engine) has that
+        input quantized, so integer_layer_norm computes it: a float LayerNorm's ulps differ
+        between engines and flip the codes of the linears it feeds. Inputs that already carry
+        qparams (a quantized residual add) are left to share them."""
+        x = node.args[0]
+        if self.config.quantize_add and _is_float_tensor(x) and not _from_quantized(x):
+            node.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: self.act_spec}, None, _annotated=True)
 
     def _annotate_addmm(self, node: Node) -> None:
         """addmm(bias, x, W) with W [in, out] a parameter (HF GPT-2's Conv1D): W per-channel on

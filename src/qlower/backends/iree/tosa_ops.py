@@ -800,6 +800,9 @@ def _softmax_check(node: Node) -> str | None:
     table = _const(node, table_n)
     if q_n.meta["val"].dtype not in _QUANT_DTYPES:
         return "softmax of a non-8-bit value is not lowered here"
+    keep = full_args(node)[2:3]
+    if keep and keep[0] is not None and keep[0].meta["val"].dtype != torch.bool:
+        return "the softmax's keep mask must be boolean"
     if table is None or table.numel() != 256 or int(table[0]) != 2 ** 16 or int(table[1:].max()) >= 2 ** 16 \
             or int(table.min()) < 0:
         return "the exp table must hold 2^16 at 0 and values below 2^16 elsewhere"
@@ -811,17 +814,31 @@ def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
     """numerics.softmax_integer: tosa.reduce_max of the stored codes (the offset keeps order),
     k = max - q in i32, the int32 table read as two byte tables through tosa.table (i8 -> i8 is
     TOSA's exact lookup; the entry T[0] = 2^16 is the one with a third byte, added where k = 0),
-    i32 tosa.reduce_sum, then one divf of the two sitofp."""
-    q_n, table_n = full_args(node)[:2]
+    i32 tosa.reduce_sum, then one divf of the two sitofp. Masked (`keep`): the codes widened to
+    i32 with masked ones set to -128 (below every stored code) by arithmetic on the widened
+    mask, i32 reduce_max, k clamped into the table, entries times the mask."""
+    q_n, table_n, *rest = full_args(node)
+    keep_n = rest[0] if rest else None
     b = em.b
     q = em.value(q_n)
     sym = list(q_n.meta["val"].shape)
     row_sym, shape = sym[:-1] + [1], q.shape
     row, axis = shape[:-1] + [1], len(shape) - 1
     i8, i32, f32 = torch.int8, torch.int32, torch.float32
-    top = b.tosa.reduce_max(q.value, axis, results=[b.ttype(row, i8)])
-    top = b.broadcast(Val(top, i8, row), row_sym, sym).value
-    k = b.arith.subi(b.arith.extsi(b.ttype(shape, i32), top), b.arith.extsi(b.ttype(shape, i32), q.value))
+    codes = b.arith.extsi(b.ttype(shape, i32), q.value)
+    if keep_n is None:
+        top = b.tosa.reduce_max(q.value, axis, results=[b.ttype(row, i8)])
+        top = b.broadcast(Val(top, i8, row), row_sym, sym).value
+        k = b.arith.subi(b.arith.extsi(b.ttype(shape, i32), top), codes)
+    else:
+        keep = b.broadcast(em.value(keep_n), list(keep_n.meta["val"].shape), sym).value
+        kept = b.arith.extui(b.ttype(shape, i32), keep)
+        lowest = b.splat(shape, i32, -128, like=codes)
+        masked = b.arith.addi(b.arith.muli(b.arith.subi(codes, lowest), kept), lowest)
+        top = b.tosa.reduce_max(masked, axis, results=[b.ttype(row, i32)])
+        top = b.broadcast(Val(top, i32, row), row_sym, sym).value
+        k = b.arith.subi(top, codes, results=[b.ttype(shape, i32)])   # top: a linalg.broadcast op
+        k = b.arith.minsi(b.arith.maxsi(k, b.splat(shape, i32, 0, like=codes)), b.splat(shape, i32, 255, like=codes))
     index = b.arith.trunci(b.ttype(shape, i8), b.arith.subi(k, b.splat(shape, i32, 128, like=k)))
     table = em.constant(table_n).to(torch.int64)
 
@@ -836,6 +853,8 @@ def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
     # failed to verify with a dynamic batch: "condition is signless i1 or has matching shape")
     top_entry = b.arith.muli(b.arith.extui(b.ttype(shape, i32), at_max), b.splat(shape, i32, 2 ** 16, like=k))
     e = b.arith.addi(e, top_entry)
+    if keep_n is not None:
+        e = b.arith.muli(e, kept)
     total = b.tosa.reduce_sum(e, axis, results=[b.ttype(row, i32)])
     total = b.broadcast(Val(b.arith.sitofp(b.ttype(row, f32), total), f32, row), row_sym, sym).value
     return Val(b.arith.divf(b.arith.sitofp(b.ttype(shape, f32), e), total), f32, shape)

@@ -413,12 +413,20 @@ def layer_norm_integer(x, scale: float, zero_point: int, weight, bias, eps: floa
 
 
 @lowers(q.softmax_integer.default)
-def softmax_integer(x, table):
+def softmax_integer(x, table, keep=None):
     """numerics.softmax_integer: int32 ReduceMax and Sub give k = max - q, a lookup reads the
-    int32 exp table (_lookup), int32 ReduceSum, then one IEEE Div of the two casts."""
+    int32 exp table (_lookup), int32 ReduceSum, then one IEEE Div of the two casts. Masked:
+    Where puts the dtype's lowest code at masked entries before the max, k is clipped into the
+    table, and masked entries become 0 before the sum."""
     codes = op.Cast(x, to=_INT32)
-    k = op.Sub(op.ReduceMax(codes, i64([-1]), keepdims=1), codes)
-    e = _lookup(value_of(table), k)
+    if keep is None:
+        k = op.Sub(op.ReduceMax(codes, i64([-1]), keepdims=1), codes)
+        e = _lookup(value_of(table), k)
+    else:
+        lo, hi = numerics.dtype_range(torch.uint8 if x.dtype == ir.DataType.UINT8 else torch.int8)
+        top = op.ReduceMax(op.Where(keep, codes, const(np.int32(lo))), i64([-1]), keepdims=1)
+        k = op.Clip(op.Sub(top, codes), const(np.int32(0)), const(np.int32(hi - lo)))
+        e = op.Where(keep, _lookup(value_of(table), k), const(np.int32(0)))
     total = op.ReduceSum(e, i64([-1]), keepdims=1)
     return op.Div(op.Cast(e, to=_FLOAT), op.Cast(total, to=_FLOAT))
 
