@@ -7,6 +7,7 @@ import qlower
 from qlower.errors import PassError
 from qlower.fx import add_constant
 from qlower.meta import QPARAMS_KEY, QParams
+from qlower.passes.drop_eval_dropout import DROPOUTS
 from qlower.passes import (AttachQParams, CanonicalizeQDQ, LowerQDQ, Pass, PassContext, PassManager,
                            default_pipeline)
 
@@ -280,7 +281,6 @@ class ResidualWithDropout(torch.nn.Module):
 
 
 def _dropouts(gm) -> int:
-    from qlower.passes.drop_eval_dropout import DROPOUTS
     return sum(n.target in DROPOUTS for n in gm.graph.nodes)
 
 
@@ -321,13 +321,8 @@ def test_eval_dropout_does_not_keep_the_residual_add_float(model, quantize_atten
                               QuantConfig(quantize_attention=quantize_attention))
     adds = [n for n in program.graph.nodes if n.target is torch.ops.aten.add.Tensor]
     assert len(adds) == 1 and all("quantize" in str(a.target) for a in adds[0].args), adds[0].args
-    assert not any(n.target in _dropout_targets() for n in program.graph.nodes)
+    assert not any(n.target in DROPOUTS for n in program.graph.nodes)
     assert [u.target for u in adds[0].users] == [torch.ops.quantized_decomposed.quantize_per_tensor.default]
-
-
-def _dropout_targets():
-    from qlower.passes.drop_eval_dropout import DROPOUTS
-    return DROPOUTS
 
 
 # ---------------------------------------------------------------- InlineGradModeRegions

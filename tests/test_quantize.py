@@ -220,7 +220,8 @@ def test_int8_preset_makes_masked_sdpa_integer_and_bit_exact(backend):
     program is integer from the projections to P·V — two integer matmuls, one masked
     softmax_integer, no float softmax — and each backend equals the reference in every bit (a
     float SDPA's ulps differ between engines and flip the codes after it)."""
-    pytest.importorskip("iree.compiler") if backend == "iree" else None
+    if backend == "iree":
+        pytest.importorskip("iree.compiler")
     torch.manual_seed(0)
     model, x = Sdpa(kv_heads=4).eval(), _sdpa_inputs("bool")
     cal = [_sdpa_inputs("bool", seed=s) for s in range(4)]
