@@ -60,17 +60,20 @@ def test_padding_tokens_do_not_change_real_tokens(compiled, name):
     assert int8_shift <= fp32_shift + 1e-5
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "vit"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "llama"])
 def test_int8_program_is_integer_and_onnxruntime_equals_the_reference(name):
-    """`int8` makes transformers' BERT, GPT-2 and ViT integer programs (no float LayerNorm,
-    softmax or SDPA: eval dropouts dropped, attention decomposed, the embedding sum quantized for
-    its LayerNorm), which onnxruntime computes bit for bit like the reference backend."""
+    """`int8` makes transformers' BERT, GPT-2, ViT and LLaMA integer programs (no float
+    LayerNorm, RMSNorm, softmax or SDPA: eval dropouts dropped, attention decomposed, the
+    embedding quantized for its norm), which onnxruntime computes bit for bit like the reference
+    backend."""
     model = hf.build(name)
     program = qlower.quantize(model, inputs(name, 0), [inputs(name, i) for i in range(1, 5)], backend="onnxruntime")
     ref, got = (qlower.compile(program, inputs(name, 0), backend=b) for b in ("reference", "onnxruntime"))
     ops = {op.split(".")[0] for op in ref.report().op_counts}
-    assert not ops & {"aten::layer_norm", "aten::softmax", "aten::scaled_dot_product_attention", "aten::dropout"}, ops
-    assert "qlower::softmax_integer" in ops and "qlower::layer_norm_integer" in ops
+    assert not ops & {"aten::layer_norm", "aten::softmax", "aten::scaled_dot_product_attention", "aten::dropout",
+                      "aten::rsqrt", "aten::mean"}, ops
+    norm = "qlower::rms_norm_integer" if name == "llama" else "qlower::layer_norm_integer"
+    assert "qlower::softmax_integer" in ops and norm in ops
     assert not got.report().fallbacks and len(got.report().compiled) == 1
     for seed in (100, 101):
         assert torch.equal(got(*inputs(name, seed)), ref(*inputs(name, seed)))

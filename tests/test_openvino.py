@@ -567,13 +567,13 @@ def test_canonical_numerics_keep_integer_ops_which_openvino_runs_in_float():
 
 
 def test_engine_native_pipeline_hook_adapts_only_the_default_pipeline():
-    """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm and
-    softmax, which OpenVINO cannot run canonically) under numerics='openvino' only,
+    """The backend's pipeline hook drops the integer lowering (and the integer LayerNorm, RMSNorm
+    and softmax, which OpenVINO cannot run canonically) under numerics='openvino' only,
     and a user's explicit passes= are run as given (integer ops again)."""
-    from qlower.passes import (IntegerLayerNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear, LowerQDQ,
-                               default_pipeline)
+    from qlower.passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear,
+                               LowerPerTokenLinear, LowerQDQ, default_pipeline)
     native = OpenVinoBackend(OvOptions(numerics="openvino")).pipeline(default_pipeline())
-    dropped = (LowerQDQ, LowerPerTokenLinear, LowerDynamicLinear, IntegerLayerNorm, IntegerSoftmax)
+    dropped = (LowerQDQ, LowerPerTokenLinear, LowerDynamicLinear, IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax)
     assert not any(isinstance(p, dropped) for p in native)
     assert len(native) == len(default_pipeline()) - len(dropped)
     canonical = OpenVinoBackend().pipeline(default_pipeline())

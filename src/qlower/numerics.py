@@ -29,6 +29,8 @@ Contract (all tensors on CPU):
   y = fp32(t) / D, then y * weight clamped to +-FP32_MAX, then + bias (fp32, one rounding each;
   the clamp keeps every backend from fusing the multiply into the add):
   (x - mean)/sqrt(var + eps) rewritten so that the statistics are exact integers.
+- RMSNorm likewise, without the mean: t = N*d, V = N*S2 (int64), D as above, y = fp32(t) / D,
+  then y * weight clamped: x / sqrt(mean(x^2) + eps) = N*d / sqrt(N*S2 + eps*N^2/s^2).
 - softmax over the last dim of an 8-bit per-tensor value q (scale s): k = max(q) - q in [0, 255],
   E = T[k] with T[k] = RNE(2^16 * exp(-s*k)) (int32, computed in float64 once), S = sum E (int32,
   exact), p = fp32(E) / fp32(S) (one IEEE division): softmax's exp(x - max) / sum on a 2^-16 grid.
@@ -231,6 +233,23 @@ def layer_norm_integer(q: torch.Tensor, scale: float, zero_point: int, weight: t
     s2 = (d * d).sum(-1, keepdim=True, dtype=torch.int32)
     t = n * d - s1
     v = n * s2.to(torch.int64) - s1.to(torch.int64) * s1.to(torch.int64)
+    return _normalized(t, v, scale, n, eps, weight, bias)
+
+
+def rms_norm_integer(q: torch.Tensor, scale: float, zero_point: int, weight: torch.Tensor | None,
+                     eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of an 8-bit per-tensor quantized value (module docstring):
+    layer_norm_integer without the mean, x / sqrt(mean(x^2) + eps) = N*d / sqrt(N*S2 + eps*N^2/s^2)."""
+    n = q.shape[-1]
+    d = q.to(torch.int32) - int(zero_point)
+    s2 = (d * d).sum(-1, keepdim=True, dtype=torch.int32)
+    return _normalized(n * d, n * s2.to(torch.int64), scale, n, eps, weight, None)
+
+
+def _normalized(t: torch.Tensor, v: torch.Tensor, scale: float, n: int, eps: float,
+                weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """fp32(t) / sqrt(fp32(fp32(v) + eps term)), then the affine: the float tail both integer
+    norms share, each step one IEEE operation."""
     total = v.to(torch.float32) + torch.tensor(layer_norm_eps_term(scale, n, eps), dtype=torch.float32)
     # fp64 sqrt rounded to fp32 is the correctly rounded fp32 sqrt (53 >= 2*24 + 2); PyTorch's
     # own fp32 sqrt is not (measured, AMD EPYC: 202,029 of 2^20 random inputs differ)

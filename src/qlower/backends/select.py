@@ -58,9 +58,10 @@ EXACT_FLOAT_OPS = frozenset({
     "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::clone", "aten::contiguous",
     "aten::alias", "aten::detach", "aten::relu", "aten::max_pool2d", "aten::max_pool1d",
     "aten::neg", "aten::abs", "getitem",
-    # canonical float islands (integer_layer_norm, integer_softmax): integer statistics and
-    # single IEEE operations, bit-exact on every engine that runs them (openvino refuses them)
-    "qlower::layer_norm_integer", "qlower::softmax_integer",
+    # canonical float islands (integer_layer_norm, integer_rms_norm, integer_softmax): integer
+    # statistics and single IEEE operations, bit-exact on every engine that runs them (openvino
+    # refuses them)
+    "qlower::layer_norm_integer", "qlower::rms_norm_integer", "qlower::softmax_integer",
 })
 
 

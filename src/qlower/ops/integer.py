@@ -214,6 +214,19 @@ def _(q, scale, zero_point, weight, bias, eps):
     return q.new_empty(q.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NS}::rms_norm_integer", mutates_args=())
+def rms_norm_integer(q: torch.Tensor, scale: float, zero_point: int, weight: Optional[torch.Tensor],
+                     eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of an 8-bit value from an exact integer sum of squares, fp32 out
+    (numerics.rms_norm_integer)."""
+    return numerics.rms_norm_integer(q, scale, zero_point, weight, eps)
+
+
+@rms_norm_integer.register_fake
+def _(q, scale, zero_point, weight, eps):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
 @torch.library.custom_op(f"{_NS}::softmax_integer", mutates_args=())
 def softmax_integer(q: torch.Tensor, table: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax over the last dim of an 8-bit value from an int32 exp table, fp32 out; `keep`

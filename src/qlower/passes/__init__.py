@@ -11,6 +11,7 @@ from .fold_scale_into_dequantize import FoldScaleIntoDequantize
 from .functionalize_state import FunctionalizeState
 from .inline_grad_mode_regions import InlineGradModeRegions
 from .integer_layer_norm import IntegerLayerNorm
+from .integer_rms_norm import IntegerRMSNorm
 from .integer_softmax import IntegerSoftmax
 from .lower_dynamic_linear import LowerDynamicLinear
 from .lower_per_token import LowerPerTokenLinear
@@ -24,9 +25,9 @@ from .tabulate_pointwise import TabulatePointwise
 
 def default_pipeline() -> list[Pass]:
     return [DropEvalDropout(), InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
-            FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerSoftmax()]
+            FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerRMSNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
            "AttachQParams", "DropEvalDropout", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ", "CanonicalizeQDQ",
-           "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerSoftmax"]
+           "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerRMSNorm", "IntegerSoftmax"]

@@ -7,8 +7,8 @@ symmetric per-output-channel, bias int32 with scale fp32(sx * sw) (derived, zero
 - matmul/bmm, add/mul (tensor operands): every tensor input, output (relu fused as above).
 - ops that cannot widen the range (relu, pools, reshape family, concat): output shares the
   input's qparams, so they run on integers unchanged.
-- layer_norm, with quantize_add: a float input (an embedding sum) is quantized, for
-  integer_layer_norm.
+- layer_norm and a written-out RMSNorm, with quantize_add: a float input (an embedding sum, a
+  token embedding) is quantized, for integer_layer_norm / integer_rms_norm.
 Everything else (softmax, gelu, ...) stays float: its inputs are dequantized.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .. import blockops  # noqa: F401  (registers the block ops annotated below)
 from .. import numerics
 from ..axis import SHAPE_OPS, derive
 from ..meta import QParams
+from ..patterns import match_rms_norm
 from .config import QuantConfig
 from .observers import MSEObserver, PercentileObserver
 
@@ -141,6 +142,8 @@ class QlowerQuantizer(Quantizer):
                 self._annotate_addmm(node)
             elif node.target is aten.layer_norm.default:
                 self._annotate_layer_norm(node)
+            elif node.target is aten.pow.Tensor_Scalar:
+                self._annotate_rms_norm(node)
         for node in model.graph.nodes:  # second sweep: ops sharing their input's qparams
             if node.op != "call_function" or _annotated(node):
                 continue
@@ -300,6 +303,20 @@ class QlowerQuantizer(Quantizer):
         x = node.args[0]
         if self.config.quantize_add and _is_float_tensor(x) and not _from_quantized(x):
             node.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: self.act_spec}, None, _annotated=True)
+
+    def _annotate_rms_norm(self, pow_node: Node) -> None:
+        """The same for a written-out RMSNorm (patterns.match_rms_norm) whose input is a float
+        value (LLaMA's token embedding): both its readers, pow and the normalizing mul, take one
+        quantized x, so integer_rms_norm computes it."""
+        norm = match_rms_norm(pow_node)
+        x = pow_node.args[0]
+        if norm is None or norm.scaled is not x or not self.config.quantize_add \
+                or not _is_float_tensor(x) or _from_quantized(x):
+            return
+        pow_node.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: self.act_spec}, None, _annotated=True)
+        scale = norm.nodes[4]
+        scale.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: SharedQuantizationSpec((x, pow_node))}, None,
+                                                            _annotated=True)
 
     def _annotate_addmm(self, node: Node) -> None:
         """addmm(bias, x, W) with W [in, out] a parameter (HF GPT-2's Conv1D): W per-channel on

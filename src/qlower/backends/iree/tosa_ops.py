@@ -705,14 +705,17 @@ def emit_table(em: TosaEmitter, node: Node) -> Val:
 
 def _layer_norm_check(node: Node) -> str | None:
     """int8/uint8 input, static last dim, fp32 constant weight and bias (or none)"""
-    args = full_args(node)
-    if args[0].meta["val"].dtype not in _QUANT_DTYPES:
-        return "LayerNorm of a non-8-bit value is not lowered here"
-    if dims(args[0].meta["val"].shape)[-1] == DYN:
+    return _integer_norm_check(node, full_args(node)[3:5])
+
+
+def _integer_norm_check(node: Node, affine: list) -> str | None:
+    q_n = full_args(node)[0]
+    if q_n.meta["val"].dtype not in _QUANT_DTYPES:
+        return "a norm of a non-8-bit value is not lowered here"
+    if dims(q_n.meta["val"].shape)[-1] == DYN:
         return "the normalized dim must be static"
-    for affine in args[3:5]:
-        if affine is not None and _const(node, affine) is None:
-            return "weight and bias must be constants"
+    if any(a is not None and _const(node, a) is None for a in affine):
+        return "weight and bias must be constants"
     return None
 
 
@@ -724,6 +727,22 @@ def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
     the multiply and the add, which LLVM would otherwise contract into one FMA (measured on this
     backend: a single-use `x*y` feeding `- z*z` was contracted, 988 of 4096 results differed)."""
     q_n, scale, zp, weight, bias, eps = full_args(node)
+    return _emit_integer_norm(em, q_n, scale, zp, weight, bias, eps, centered=True)
+
+
+def _rms_norm_check(node: Node) -> str | None:
+    """int8/uint8 input, static last dim, an fp32 constant weight (or none)"""
+    return _integer_norm_check(node, full_args(node)[3:4])
+
+
+@tosa_lowering("qlower::rms_norm_integer", check=_rms_norm_check, dynamic_dims=True)
+def emit_rms_norm_integer(em: TosaEmitter, node: Node) -> Val:
+    """numerics.rms_norm_integer: the LayerNorm's emission without S1 (t = N*d, V = N*S2)."""
+    q_n, scale, zp, weight, eps = full_args(node)
+    return _emit_integer_norm(em, q_n, scale, zp, weight, None, eps, centered=False)
+
+
+def _emit_integer_norm(em: TosaEmitter, q_n: Node, scale, zp, weight, bias, eps, centered: bool) -> Val:
     b = em.b
     q = em.value(q_n)
     sym = list(q_n.meta["val"].shape)
@@ -732,14 +751,17 @@ def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
     shape, row = q.shape, q.shape[:-1] + [1]
     i32, i64, f32 = torch.int32, torch.int64, torch.float32
     d = b.arith.subi(b.ext_i32(q).value, b.splat(shape, i32, int(zp) - q.offset, like=b.ext_i32(q).value))
-    s1 = b.tosa.reduce_sum(d, len(shape) - 1, results=[b.ttype(row, i32)])
     s2 = b.tosa.reduce_sum(b.arith.muli(d, d), len(shape) - 1, results=[b.ttype(row, i32)])
-    s1_full = b.broadcast(Val(s1, i32, row), row_sym, sym).value
-    t = b.arith.subi(b.arith.muli(d, b.splat(shape, i32, n, like=d)), s1_full)
-    s1_wide, s2_wide = (b.arith.extsi(b.ttype(row, i64), v) for v in (s1, s2))
-    v = b.arith.subi(b.arith.muli(s2_wide, b.splat(row, i64, n, like=s2_wide)), b.arith.muli(s1_wide, s1_wide))
+    t = b.arith.muli(d, b.splat(shape, i32, n, like=d))
+    s2_wide = b.arith.extsi(b.ttype(row, i64), s2)
+    v = b.arith.muli(s2_wide, b.splat(row, i64, n, like=s2_wide))
+    if centered:
+        s1 = b.tosa.reduce_sum(d, len(shape) - 1, results=[b.ttype(row, i32)])
+        t = b.arith.subi(t, b.broadcast(Val(s1, i32, row), row_sym, sym).value)
+        s1_wide = b.arith.extsi(b.ttype(row, i64), s1)
+        v = b.arith.subi(v, b.arith.muli(s1_wide, s1_wide))
     total = b.arith.addf(b.arith.sitofp(b.ttype(row, f32), v),
-                         b.splat(row, f32, numerics.layer_norm_eps_term(float(scale), n, float(eps)), like=s1))
+                         b.splat(row, f32, numerics.layer_norm_eps_term(float(scale), n, float(eps)), like=s2))
     denom = b.broadcast(Val(_correctly_rounded_sqrt(b, total, row), f32, row), row_sym, sym).value
     y = b.arith.divf(b.arith.sitofp(b.ttype(shape, f32), t), denom)
     affine_shape = [1] * (len(shape) - 1) + [n]

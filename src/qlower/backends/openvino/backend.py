@@ -130,9 +130,10 @@ class OpenVinoBackend:
         int8 lowering (no qlower integer ops); canonical numerics run the default pipeline."""
         if not self.options.native:
             return passes
-        from ...passes import IntegerLayerNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear, LowerQDQ
+        from ...passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear,
+                               LowerPerTokenLinear, LowerQDQ)
         return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerDynamicLinear, LowerQDQ,
-                                                        IntegerLayerNorm, IntegerSoftmax))]
+                                                        IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax))]
 
     def adjust_observers(self, observed) -> None:
         """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly

@@ -251,7 +251,7 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc",
                  "qlower::quantize_dynamic", "qlower::dequantize_dynamic", "qlower::linear_dynamic",
-                 "qlower::layer_norm_integer", "qlower::softmax_integer"):
+                 "qlower::layer_norm_integer", "qlower::rms_norm_integer", "qlower::softmax_integer"):
         cap.register(name, _divides_at_run_time)
     refine([name for name in cap.ops if not name.startswith("qlower::")], _int64_values_stay_int32)   # qlower ops make no int64
     refine(list(cap.ops), _no_empty_tensor)

@@ -386,19 +386,36 @@ def layer_norm_integer(x, scale: float, zero_point: int, weight, bias, eps: floa
     from numpy's), Div, Mul, Add: single IEEE operations in separate kernels, which ONNX Runtime
     never fuses into an FMA, so the clamp of y * w is left out where it cannot bind (|w| * sqrt(N)
     below FLT_MAX, the largest |y| being sqrt(N - 1))."""
+    return _integer_norm(x, scale, zero_point, weight, bias, eps, centered=True)
+
+
+@lowers(q.rms_norm_integer.default)
+def rms_norm_integer(x, scale: float, zero_point: int, weight, eps: float):
+    """numerics.rms_norm_integer: the LayerNorm's lowering without S1 (t = N*d, V = N*S2); the
+    largest |y| is sqrt(N), so the same clamp rule holds."""
+    return _integer_norm(x, scale, zero_point, weight, None, eps, centered=False)
+
+
+def _integer_norm(x, scale: float, zero_point: int, weight, bias, eps: float, centered: bool):
     n = int(x.shape[-1])
-    if n * 255 ** 2 < 2 ** 24:
+    exact_in_fp32 = n * 255 ** 2 < 2 ** 24
+    if exact_in_fp32:
         d = op.DequantizeLinear(x, const(1.0, np.float32), const(zero_point, np_dtype(x)))
-        s1 = op.ReduceSum(d, i64([-1]), keepdims=1)
+        s1 = op.ReduceSum(d, i64([-1]), keepdims=1) if centered else None
         s2 = op.ReduceSumSquare(d, i64([-1]), keepdims=1)
-        t = op.Sub(op.Mul(d, const(float(n), np.float32)), s1)
+        t = op.Mul(d, const(float(n), np.float32))
     else:
         d = op.Sub(op.Cast(x, to=_INT32), const(zero_point, np.int32))
-        s1 = op.ReduceSum(d, i64([-1]), keepdims=1)
+        s1 = op.ReduceSum(d, i64([-1]), keepdims=1) if centered else None
         s2 = op.ReduceSum(op.Mul(d, d), i64([-1]), keepdims=1)
-        t = op.Cast(op.Sub(op.Mul(d, const(n, np.int32)), s1), to=_FLOAT)
-    s1_wide = op.Cast(s1, to=_INT64)
-    v = op.Sub(op.Mul(op.Cast(s2, to=_INT64), const(n, np.int64)), op.Mul(s1_wide, s1_wide))
+        t = op.Mul(d, const(n, np.int32))
+    v = op.Mul(op.Cast(s2, to=_INT64), const(n, np.int64))
+    if centered:
+        t = op.Sub(t, s1)
+        s1_wide = op.Cast(s1, to=_INT64)
+        v = op.Sub(v, op.Mul(s1_wide, s1_wide))
+    if not exact_in_fp32:
+        t = op.Cast(t, to=_FLOAT)
     total = op.Add(op.Cast(v, to=_FLOAT), const(numerics.layer_norm_eps_term(scale, n, eps), np.float32))
     y = op.Div(t, op.Sqrt(total))
     if weight is not None:
