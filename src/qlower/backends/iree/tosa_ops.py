@@ -672,15 +672,16 @@ _FILL_REFUSAL = ("one value everywhere on a dynamic shape: IREE 3.13 sums such a
 
 
 def _table_check(node: Node) -> str | None:
-    """int8/uint8 codes, a constant table of int8/uint8 entries; on a dynamic shape, not all one
-    value (_FILL_REFUSAL)"""
+    """int8/uint8 codes, a constant table of int8/uint8 or fp32 entries; on a dynamic shape, an
+    8-bit table not all one value (_FILL_REFUSAL)"""
     q_n, table_n = full_args(node)[:2]
     table = _const(node, table_n)
     if q_n.meta["val"].dtype not in _QUANT_DTYPES:
         return "lookup of non-8-bit codes is not lowered"
-    if table is None or table.dtype not in _QUANT_DTYPES:
-        return "the table must be an int8/uint8 constant"
-    if bool((table == table.flatten()[0]).all()) and DYN in dims(q_n.meta["val"].shape):
+    if table is None or table.dtype not in (*_QUANT_DTYPES, torch.float32):
+        return "the table must be an int8/uint8 or fp32 constant"
+    if table.dtype != torch.float32 and bool((table == table.flatten()[0]).all()) \
+            and DYN in dims(q_n.meta["val"].shape):
         return f"a table of {_FILL_REFUSAL}"
     return None
 
@@ -692,15 +693,40 @@ def emit_table(em: TosaEmitter, node: Node) -> Val:
     each stored with the output's offset. A table of one value everywhere (x * 0, a clamp to one
     code) is that value's constant splat: IREE 3.13 turns a tosa.table whose entries are all equal
     into a linalg.fill, which it sums wrongly (_FILL_REFUSAL; a matmul after it was 20 quanta off
-    everywhere), found by the IREE fuzz run, twenty-first session."""
+    everywhere), found by the IREE fuzz run, twenty-first session. An fp32 table is read as four
+    byte tables of its bit patterns (_float_lookup)."""
     q_n, table_n = full_args(node)[:2]
     q, table = em.value(q_n), em.constant(table_n)
+    if table.dtype == torch.float32:
+        return _float_lookup(em.b, q, table)
     out_offset = offset_of(table.dtype)
     entries = (table.to(torch.int32) - out_offset).to(torch.int8).contiguous().numpy()
     if (entries == entries[0]).all():
         return Val(em.b.splat(q.shape, torch.int8, int(entries[0]), like=q.value), table.dtype, q.shape, out_offset)
     out = em.b.tosa.table(em.b.ttype(q.shape, torch.int8), q.value, em.b.const(entries))
     return Val(out, table.dtype, q.shape, out_offset)
+
+
+def _float_lookup(b, q: Val, table: torch.Tensor) -> Val:
+    """fp32 entries by exact integer data movement: each byte of the entries' bit patterns through
+    its own tosa.table (a byte the same in every entry — the sign and high exponent bits, often —
+    is a splat: no all-equal tosa.table, _FILL_REFUSAL), or-ed together at its shift in i32, then
+    one bitcast."""
+    shape, i8, i32 = q.shape, torch.int8, torch.int32
+    bits = table.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    word = None
+    for shift in (0, 8, 16, 24):
+        entries = (((bits >> shift) & 255) - 128).to(torch.int8).contiguous().numpy()
+        if (entries == entries[0]).all():
+            value = (int(entries[0]) + 128) << shift
+            byte = b.splat(shape, i32, value - 2 ** 32 if value >= 2 ** 31 else value, like=q.value)
+        else:
+            looked_up = b.tosa.table(b.ttype(shape, i8), q.value, b.const(entries))
+            byte = b.arith.addi(b.arith.extsi(b.ttype(shape, i32), looked_up), b.splat(shape, i32, 128, like=q.value))
+            if shift:
+                byte = b.arith.shli(byte, b.splat(shape, i32, shift, like=q.value))
+        word = byte if word is None else b.arith.ori(word, byte)
+    return Val(b.arith.bitcast(b.ttype(shape, torch.float32), word), torch.float32, shape)
 
 
 def _layer_norm_check(node: Node) -> str | None:
