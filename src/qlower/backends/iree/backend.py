@@ -41,6 +41,7 @@ from .unit_step_slices import UnitStepSlices
 from .unsafe_index import UnsafeIndex
 from .matrix_transposes import MatrixTransposes
 from .outer_products import OuterProducts
+from .separate_float_products import SeparateFloatProducts
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
@@ -196,12 +197,13 @@ class IreeBackend:
         torch's (iree-compile mis-sizes torch-mlir's for some sizes), `_unsafe_index` as
         `index`, `mT` / `mH` / `adjoint` as `transpose`, float products with a reduction size of 1
         as broadcast multiplies (data tiling misread some), accumulating scatters (mean, and sums
-        and products into their input) into a neutral tensor (IREE lost repeated indices)."""
+        and products into their input) into a neutral tensor (IREE lost repeated indices), and
+        float products read by a sum kept apart (IREE contracts them into FMAs)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
                 DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
                 BatchedMatmuls(), _decompose_ops_iree_lacks(), _reflection_pads_decomposed(), UnsafeIndex(),
                 MatrixTransposes(), OuterProducts(),
-                AccumulatingScatters()]
+                AccumulatingScatters(), SeparateFloatProducts()]
 
     def compile(self, gm: GraphModule) -> Executable:
         """Cluster, emit and compile; a cluster iree-compile fails on, where the error names the
