@@ -222,3 +222,19 @@ def test_fp32_table_is_bit_exact_on_every_backend(backend, dtype):
     assert torch.equal(cm(x, up), want)
     codes = qd.dequantize_per_tensor(qd.quantize_per_tensor(x, *model.q), *model.q)
     assert torch.equal(want, F.silu(codes))   # the table holds PyTorch's SiLU of each code
+
+
+@pytest.mark.skipif("iree" not in _backends(), reason="the iree extra is not installed")
+def test_fp32_table_on_iree_with_a_dynamic_batch():
+    """The byte tables and the constant bytes' splats (linalg.fill on a dynamic shape) at batch
+    1, 3 and 8 from one module."""
+    batch = torch.export.Dim("batch", min=1, max=16)
+    model = FloatIsland(F.silu)
+    x, up = torch.randn(2, 128) * 4, torch.randn(2, 128)
+    dyn = {"x": {0: batch}, "up": {0: batch}}
+    ref = qlower.compile(model, (x, up), backend="reference", dynamic_shapes=dyn)
+    cm = qlower.compile(model, (x, up), backend="iree", dynamic_shapes=dyn)
+    assert cm.report().fallbacks == [] and "qlower::table" in cm.report().compiled[0].ops
+    for b in (1, 3, 8):
+        xi, ui = torch.randn(b, 128) * 4, torch.randn(b, 128)
+        assert torch.equal(cm(xi, ui), ref(xi, ui))

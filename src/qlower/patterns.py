@@ -23,6 +23,11 @@ class RmsNorm:
     nodes: tuple[Node, ...]     # pow .. the last mul, in graph order
     output: Node                # the last mul (the weighted one when there is a weight)
 
+    @property
+    def normalizing_mul(self) -> Node:
+        """x * rsqrt(...): the second reader of x."""
+        return self.nodes[4]
+
 
 def _sole_user(node: Node) -> Node | None:
     users = list(node.users)
@@ -47,7 +52,7 @@ def match_rms_norm(pow_node: Node) -> RmsNorm | None:
         return None
     mean = _sole_user(pow_node)
     if mean is None or mean.target is not aten.mean.dim or mean.args[0] is not pow_node \
-            or [d % val.dim() for d in mean.args[1]] != [val.dim() - 1] \
+            or not isinstance(mean.args[1], (list, tuple)) or [d % val.dim() for d in mean.args[1]] != [val.dim() - 1] \
             or not (len(mean.args) > 2 and mean.args[2] or mean.kwargs.get("keepdim")):
         return None
     add = _sole_user(mean)

@@ -314,9 +314,8 @@ class QlowerQuantizer(Quantizer):
                 or not _is_float_tensor(x) or _from_quantized(x):
             return
         pow_node.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: self.act_spec}, None, _annotated=True)
-        scale = norm.nodes[4]
-        scale.meta[ANNOTATION_KEY] = QuantizationAnnotation({x: SharedQuantizationSpec((x, pow_node))}, None,
-                                                            _annotated=True)
+        norm.normalizing_mul.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+            {x: SharedQuantizationSpec((x, pow_node))}, None, _annotated=True)
 
     def _annotate_addmm(self, node: Node) -> None:
         """addmm(bias, x, W) with W [in, out] a parameter (HF GPT-2's Conv1D): W per-channel on
