@@ -22,6 +22,7 @@ aten = torch.ops.aten
 
 SHAPE_OPS = {
     aten.permute.default, aten.transpose.int, aten.t.default, aten.reshape.default, aten.view.default,
+    aten._unsafe_view.default,   # what a traced matmul's decomposition reshapes its product with
     aten.flatten.using_ints, aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.dim,
     aten.squeeze.dims, aten.slice.Tensor, aten.select.int, aten.narrow.default,
     aten.index_select.default, aten.expand.default, aten.repeat.default, aten.flip.default,
@@ -87,7 +88,8 @@ def derive(target, args: tuple, in_shape: tuple[int, ...], qp: QParams) -> QPara
     if target in (aten.transpose.int, aten.t.default):
         d0, d1 = (0, 1) if target is aten.t.default else (_norm(args[0], rank), _norm(args[1], rank))
         return replace(qp, axis=d1 if axis == d0 else d0 if axis == d1 else axis)
-    if target in (aten.reshape.default, aten.view.default, aten.flatten.using_ints, aten.unflatten.int):
+    if target in (aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
+                  aten.unflatten.int):
         out = _out_shape(target, args, in_shape)
         new = _reshape_axis(in_shape, out, axis)
         return new if isinstance(new, str) else replace(qp, axis=new)

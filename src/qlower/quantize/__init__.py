@@ -11,7 +11,7 @@ from ..errors import QuantizeError
 from ..passes.base import PassContext
 from ..passes.drop_eval_dropout import DropEvalDropout
 from ..shapes import dynamic_spec, user_input_values
-from .attention import decompose_attention
+from .attention import decompose_attention, decompose_attention_in_module, writes_state
 from .calibrate import calibrate
 from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
@@ -64,6 +64,8 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     if config.quantize_attention:
         ep = decompose_attention(ep)
     gm = ep.module()
+    if config.quantize_attention and writes_state(ep):
+        decompose_attention_in_module(gm)
     _drop_eval_dropouts(gm)
     state_names = [name for name, _ in gm.named_buffers()]
     with _state_restored(gm, state_names):

@@ -12,7 +12,10 @@ BEFORE:  o = aten.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=0, 
 AFTER:   a = matmul(q * scale, kᵀ) (+ mask or a causal -inf mask, or -inf where a bool mask is False)
          o = matmul(softmax(a, -1), v)
 (grouped-query attention repeats k, v per head group first.) Float function unchanged up to
-the rounding of a different summation order (tests/test_quantize.py).
+the rounding of a different summation order (tests/test_quantize.py). A program that writes its
+state in place (a KV-cache decode step) cannot be re-traced by torch 2.13, so there the same
+decomposition is spliced into the FX module (decompose_attention_in_module), whose traced matmuls
+reshape with `_unsafe_view` (a shape op to the axis helper and the dequantize propagation).
 """
 from __future__ import annotations
 
@@ -40,15 +43,16 @@ def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
     return torch.matmul(torch.softmax(a, -1), v)
 
 
+def writes_state(ep: torch.export.ExportedProgram) -> bool:
+    """Does the program write its state (a KV cache's index_copy_)? torch 2.13's re-trace
+    rejects those ("expected compiled_fn to be GraphModule"): decompose_attention_in_module."""
+    return bool(ep.graph_signature.buffers_to_mutate) or any(_writes_in_place(n) for n in ep.graph.nodes)
+
+
 def decompose_attention(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """The program with every scaled_dot_product_attention in its math form (unchanged if none)."""
-    if not any(n.target is SDPA for n in ep.graph.nodes):
-        return ep
-    if ep.graph_signature.buffers_to_mutate or any(_writes_in_place(n) for n in ep.graph.nodes):
-        # torch 2.13's re-trace rejects programs that write their state in place (a KV-cache
-        # decode step's index_copy_ into the cache: "expected compiled_fn to be GraphModule");
-        # known, and int8's default, so not a warning
-        logging.getLogger("qlower").info("quantize_attention: attention left in float (the program writes buffers)")
+    """The program with every scaled_dot_product_attention in its math form (unchanged if none,
+    or if it writes its state: that one is decomposed on its module instead)."""
+    if not any(n.target is SDPA for n in ep.graph.nodes) or writes_state(ep):
         return ep
     try:
         return ep.run_decompositions({SDPA: _sdpa_math})
@@ -58,6 +62,19 @@ def decompose_attention(ep: torch.export.ExportedProgram) -> torch.export.Export
             "quantize_attention: attention left in float (torch could not decompose this program: %s)",
             str(exc).strip().splitlines()[-1][:160])
         return ep
+
+
+def decompose_attention_in_module(gm: torch.fx.GraphModule) -> None:
+    """The same decomposition spliced into an FX module (KV-cache decode steps, which torch
+    cannot re-trace as a program): the op traced on its node's values (DecomposeBlockOps with
+    this one entry). An attention whose decomposition would read a symbolic size stays float,
+    with the reason logged."""
+    from ..passes import PassContext
+    from ..passes.decompose_block_ops import DecomposeBlockOps
+    ctx = PassContext()
+    DecomposeBlockOps(lambda node: False, why="quantize_attention", table={SDPA: _sdpa_math}).run(gm, ctx)
+    for refusal in ctx.refusals:
+        logging.getLogger("qlower").info("quantize_attention: attention left in float (%s)", refusal.reason)
 
 
 def _writes_in_place(node) -> bool:
