@@ -1482,8 +1482,9 @@ def test_float_op_sized_by_another_input_is_passed_its_size(dynamic):
     ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic_shapes)
                 for b in ("reference", "iree"))
     report = got.report()
-    assert len(report.compiled) == 1 and "qlower::linear" in report.compiled[0].ops
-    assert "aten::slice.Tensor" in report.compiled[0].ops and not report.fallbacks
+    assert len(report.compiled) == 1 and "qlower::linear" in report.compiled[0].ops and not report.fallbacks
+    # static: the position slice and its embedding are constants, folded once (fold_float_constants)
+    assert ("aten::slice.Tensor" in report.compiled[0].ops) == dynamic
     if dynamic:
         cluster = next(m for m in got._executable.module.modules() if getattr(m, "mlir", None))
         assert "arith.index_cast %dim : index to i64" in cluster.mlir and "(%arg0: i64) -> tensor<1x?xi64>" in cluster.mlir

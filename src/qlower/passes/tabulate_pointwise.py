@@ -127,7 +127,8 @@ def _float_region_ending_at(gm: GraphModule, end: Node) -> tuple[Node, list[Node
     """(the dequantize, the region's nodes in graph order, `end` last) when `end` is an fp32
     pointwise region of one 8-bit per-tensor dequantize that holds an inexactly rounded op and
     is not quantized next (the quantized form is the integer table's), else None."""
-    if not _pointwise(end) or end.meta.get("val") is None or end.meta["val"].dtype != torch.float32 \
+    val = end.meta.get("val")
+    if not _pointwise(end) or not isinstance(val, torch.Tensor) or val.dtype != torch.float32 \
             or any(u.target is qlower.quantize.default for u in end.users):
         return None
     found = _region_ending_at(gm, end, exits=set(end.users))
