@@ -62,6 +62,8 @@ EXACT_FLOAT_OPS = frozenset({
     # statistics and single IEEE operations, bit-exact on every engine that runs them (openvino
     # refuses them)
     "qlower::layer_norm_integer", "qlower::rms_norm_integer", "qlower::softmax_integer",
+    # an fp32 table (tabulate_pointwise, a float-result region): a gather of stored entries
+    "qlower::table",
 })
 
 
