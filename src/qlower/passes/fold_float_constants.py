@@ -46,22 +46,20 @@ def _foldable(gm: GraphModule, node: Node) -> list[torch.Tensor] | None:
     values = [constant_value(gm, n) for n in inputs]
     if any(v is None or not (v.is_floating_point() or v.dtype in _POSITION_DTYPES) for v in values):
         return None
-    if not any(v.is_floating_point() for v in values) and not _position_result(node):
-        return None
+    if not any(v.is_floating_point() for v in values) and not _float_or_position(node.meta.get("val")):
+        return None   # an op on positions only must give a float or position value too
     return values
+
+
+def _float_or_position(val) -> bool:
+    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.dtype in _POSITION_DTYPES)
 
 
 def _small_constant_tensor(node: Node) -> bool:
     """A factory's result of static size <= FACTORY_MAX_ELEMENTS, float or position-typed."""
     val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.dtype in _POSITION_DTYPES) \
-        and all(isinstance(d, int) for d in val.shape) and val.numel() <= FACTORY_MAX_ELEMENTS
-
-
-def _position_result(node: Node) -> bool:
-    """An op on position values only: its result must be float or position-typed too."""
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.dtype in _POSITION_DTYPES)
+    return _float_or_position(val) and all(isinstance(d, int) for d in val.shape) \
+        and val.numel() <= FACTORY_MAX_ELEMENTS
 
 
 class FoldFloatConstants(Pass):
