@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import pytest
@@ -36,6 +37,11 @@ class SmallNet(torch.nn.Module):
         y = torch.relu(self.conv2(y) + y)
         return self.fc(y.mean((2, 3)))
 
+
+# The engines installed here (onnxruntime always): the bit-exact-on-every-backend tests' list
+ENGINES = ["onnxruntime"] + \
+    (["iree"] if importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime") else []) + \
+    (["openvino"] if importlib.util.find_spec("openvino") else [])
 
 HOST_VNNI = qlower.backends.onnxruntime.cpu.has_vnni()   # this CPU's, read before any test forces it
 

@@ -12,6 +12,8 @@ import qlower
 from qlower import numerics
 from qlower.passes import IntegerLayerNorm, PassContext, PassManager, default_pipeline
 
+from conftest import ENGINES
+
 qd = torch.ops.quantized_decomposed
 HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
 
@@ -108,12 +110,9 @@ def test_integer_statistics_handle_constant_rows_and_the_whole_code_range():
     torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)
 
 
-def _backends():
-    return ["onnxruntime"] + (["iree"] if HAS_IREE else []) + \
-        (["openvino"] if importlib.util.find_spec("openvino") else [])
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
 @pytest.mark.parametrize("n", [96, 300])   # onnxruntime: fp32 sums (N <= 258) and int32 sums
 def test_integer_layer_norm_is_bit_exact_on_every_backend(backend, dtype, n):

@@ -3,8 +3,6 @@ family) over an 8-bit per-tensor value, computed from an exact integer sum of sq
 (numerics.rms_norm_integer): the pattern's positive case and near misses, idempotence, the
 numerics against the float RMSNorm, bit-exactness on every installed backend, and the
 quantizer's side (a float RMSNorm input is quantized under `int8`)."""
-import importlib.util
-
 import pytest
 import torch
 
@@ -12,8 +10,9 @@ import qlower
 from qlower import numerics
 from qlower.passes import IntegerRMSNorm, PassContext, PassManager, default_pipeline
 
+from conftest import ENGINES
+
 qd = torch.ops.quantized_decomposed
-HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
 REWRITE = "rms_norm of an 8-bit value -> integer sum of squares"
 
 
@@ -153,12 +152,9 @@ def test_integer_sum_of_squares_handles_zero_rows_and_the_whole_code_range():
     torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)
 
 
-def _backends():
-    return ["onnxruntime"] + (["iree"] if HAS_IREE else []) + \
-        (["openvino"] if importlib.util.find_spec("openvino") else [])
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
 @pytest.mark.parametrize("n", [96, 300])   # onnxruntime: fp32 sums (N <= 258) and int32 sums
 def test_integer_rms_norm_is_bit_exact_on_every_backend(backend, dtype, n):

@@ -10,6 +10,8 @@ import qlower
 from qlower import numerics
 from qlower.passes import IntegerSoftmax, PassContext, PassManager, default_pipeline
 
+from conftest import ENGINES
+
 qd = torch.ops.quantized_decomposed
 HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
 
@@ -98,12 +100,9 @@ def test_exp_table_edges():
     assert float(p[1, 0]) == float(table[255]) / float(2 * table[255] + 2 * 2 ** 16)
 
 
-def _backends():
-    return ["onnxruntime"] + (["iree"] if HAS_IREE else []) + \
-        (["openvino"] if importlib.util.find_spec("openvino") else [])
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2), (torch.uint8, 0, 2.0)])
 def test_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
     """OpenVINO refuses the op (its division is a reciprocal multiply) and runs it in PyTorch."""
@@ -176,7 +175,7 @@ def test_masked_fill_with_another_value_keeps_the_float_softmax():
     assert not integer_softmaxes(gm) and torch.equal(gm(x, keep), model(x, keep))
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2)])
 def test_masked_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
     """Every backend runs the masked form bit for bit like the reference (OpenVINO refuses

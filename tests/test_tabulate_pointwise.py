@@ -2,7 +2,6 @@
 Checked on every code of the input dtype: the pass's positive cases, the near misses it must
 leave alone, idempotence, numerics identical before/after, and the lookup bit-exact on every
 installed backend."""
-import importlib.util
 
 import pytest
 import torch
@@ -12,6 +11,8 @@ import qlower
 from qlower import numerics
 from qlower.errors import NumericsError
 from qlower.passes import PassContext, PassManager, TabulatePointwise, default_pipeline
+
+from conftest import ENGINES
 
 qd = torch.ops.quantized_decomposed
 RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
@@ -131,16 +132,9 @@ def test_table_lookup_numerics_and_typed_error():
         numerics.table_lookup(q, table[:10])
 
 
-def _backends():
-    names = ["onnxruntime"]
-    if importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"):
-        names.append("iree")
-    if importlib.util.find_spec("openvino"):
-        names.append("openvino")
-    return names
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtypes", DTYPES, ids=lambda d: f"{str(d[0])[6:]}-{str(d[1])[6:]}")
 def test_table_is_bit_exact_on_every_backend(backend, dtypes):
     # power-of-two scales: OpenVINO quantizes those canonically, so the whole island is one cluster
@@ -207,7 +201,7 @@ def test_float_result_near_misses_stay_float(name):
     assert torch.equal(gm(x, up), model(x, up))
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
 def test_fp32_table_is_bit_exact_on_every_backend(backend, dtype):
     """SiLU on every code: engines' own SiLU kernels differ from PyTorch's in the last bit on
@@ -224,7 +218,7 @@ def test_fp32_table_is_bit_exact_on_every_backend(backend, dtype):
     assert torch.equal(want, F.silu(codes))   # the table holds PyTorch's SiLU of each code
 
 
-@pytest.mark.skipif("iree" not in _backends(), reason="the iree extra is not installed")
+@pytest.mark.skipif("iree" not in ENGINES, reason="the iree extra is not installed")
 def test_fp32_table_on_iree_with_a_dynamic_batch():
     """The byte tables and the constant bytes' splats (linalg.fill on a dynamic shape) at batch
     1, 3 and 8 from one module."""
