@@ -168,7 +168,7 @@ def test_integer_rms_norm_is_bit_exact_on_every_backend(backend, dtype, n):
         assert any("qlower::rms_norm_integer" in c.ops for c in cm.report().compiled)
     for seed in range(3):
         xi = torch.randn(4, 7, n, generator=torch.Generator().manual_seed(seed)) * (1 + seed)
-        xi[0, 0] = 0.0   # a row of zero codes' neighbourhood
+        xi[0, 0] = 0.0   # a row of zero-point codes: d = 0, y = 0 (eps keeps the root positive)
         with torch.no_grad():
             assert torch.equal(cm(xi), ref(xi))
 

@@ -28,7 +28,7 @@ from .. import numerics
 from ..fx import call
 from ..meta import QPARAMS_KEY
 from ..patterns import RmsNorm, match_rms_norm
-from .base import Pass, PassContext, is_eight_bit_dequantize
+from .base import Pass, PassContext, is_eight_bit_dequantize, replace_and_drop
 
 aten = torch.ops.aten
 qlower = torch.ops.qlower
@@ -51,12 +51,9 @@ class IntegerRMSNorm(Pass):
                 new = call(gm, qlower.rms_norm_integer.default,
                            (dq.args[0], float(qp.scale[0]), int(qp.zero_point[0]), norm.weight, norm.eps),
                            like=norm.output)
-            norm.output.replace_all_uses_with(new)
-            for old in reversed(norm.nodes):
-                gm.graph.erase_node(old)
-            for x in {norm.squared, norm.scaled}:
-                if not x.users:
-                    gm.graph.erase_node(x)
+            replace_and_drop(gm, norm.output, new, list(norm.nodes[:-1]), norm.squared)
+            if norm.scaled is not norm.squared and not norm.scaled.users:   # PT2E's second dequantize
+                gm.graph.erase_node(norm.scaled)
             ctx.rewrites["rms_norm of an 8-bit value -> integer sum of squares"] += 1
             changed = True
         return changed

@@ -34,7 +34,8 @@ _SUMS = frozenset({_aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.s
 _PRODUCTS = frozenset({_aten.mul.Tensor, _aten.mul.Scalar, _aten.square.default, torch.ops.qlower.dequantize.default})
 
 
-def _fp32(node) -> bool:
+def _float(node) -> bool:
+    """A floating-point tensor value (any width: the contraction is not fp32's alone)."""
     val = node.meta.get("val") if isinstance(node, Node) else None
     return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
 
@@ -53,9 +54,9 @@ class SeparateFloatProducts(Pass):
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in _SUMS or not _fp32(node):
+            if node.op != "call_function" or node.target not in _SUMS or not _float(node):
                 continue
-            for operand in dict.fromkeys(a for a in node.args[:2] if _fp32(a) and _is_product(a)):
+            for operand in dict.fromkeys(a for a in node.args[:2] if _float(a) and _is_product(a)):
                 with gm.graph.inserting_before(node):
                     barrier = call(gm, _aten.clamp_min.default, (operand, float("-inf")), like=operand)
                 node.replace_input_with(operand, barrier)
