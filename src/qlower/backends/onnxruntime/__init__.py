@@ -420,14 +420,19 @@ class OnnxRuntimeBackend:
         kernel (MatMulIntegerToFloat) runs them exactly as u8 x u8, as fast as 7-bit u8 x s8
         from 32 rows up on an AVX2 AMD EPYC (1.33x slower for one row: SmolLM2's decode step
         1.12x), and 7 bits cost SmolLM2-135M 6.6 dB of logits SQNR (22.2 -> 15.5 dB, top-1
-        89.8% -> 86.3%; docs/accuracy.md). An explicit QuantConfig is respected; 8-bit weights
+        89.8% -> 86.3%; docs/accuracy.md). The dynamic preset (`transformer-dynamic`, the speed
+        preset in ORT's own scheme) takes 7 bits in its linears too, as ORT advises for
+        `quantize_dynamic` without VNNI (`reduce_range`): DynamicQuantizeMatMul's u8 x u8 path
+        is 1.08-1.16x slower than its u8 x s8 one at the zoo's 32-row shapes (Zen 3, one
+        thread), the zoo transformers 0.98-1.14x; 7 bits cost them 0.6-3.7 dB of SQNR
+        (docs/performance.md). An explicit QuantConfig is respected; 8-bit weights
         in static ops then run on the exact u8 x u8 path (convs and requantized linears lose
         their fused kernel)."""
         if preset and not cpu.has_vnni() and config.weight_bits == 8:
-            run_time = config.run_time_activations
+            per_token = config.activations == "per-token"
             adjusted = dataclasses.replace(config, weight_bits=7,
-                                           per_token_weight_bits=config.linear_weight_bits if run_time else None)
-            return adjusted, ("7-bit weights" + (f" outside {config.activations} linears" if run_time else "")
+                                           per_token_weight_bits=config.linear_weight_bits if per_token else None)
+            return adjusted, ("7-bit weights" + (" outside per-token linears" if per_token else "")
                               + ": this CPU lacks VNNI, so ONNX Runtime's fused int8 kernels are exact only with "
                               "7-bit weights")
         return config, None
