@@ -318,6 +318,7 @@ class TosaEmitter:
                                                       for o in outs]))
                 with ir.InsertionPoint(fn.add_entry_block()):
                     self._bind_inputs(inputs, fn.arguments)
+                    self._import_float_nodes()
                     self._emit_nodes()
                     func.ReturnOp([self._boundary_out(self.value(o)) for o in outs])
                 if sum_inputs:
@@ -399,6 +400,18 @@ class TosaEmitter:
         i64 = self.b.ir.IntegerType.get_signless(64)
         return self.b.arith.index_cast(i64, self.b.index(val))
 
+    def _import_float_nodes(self) -> None:
+        """Import every float op `_emit_float` will import (all but the reshapes and expands
+        qlower emits itself) at once: one torch-mlir pipeline run for the whole cluster
+        (torch_import.float_node_functions), named in graph order."""
+        from .tosa_ops import FLOAT_SHAPE_OPS
+        from .torch_import import float_node_functions
+        nodes = [n for n in self.sub.graph.nodes if n.op == "call_function" and kind_of(n) == "torch"
+                 and n.target is not operator.getitem and schema_name(n) not in FLOAT_SHAPE_OPS]
+        named = [(n, f"float_{i}") for i, n in enumerate(nodes)]
+        functions, self._imported_module = float_node_functions(self.sub, named) if named else ({}, None)
+        self.imported = {n: (name, functions[n]) for n, name in named}
+
     def _emit_float(self, node: Node):
         """A float op inside an integer cluster: imported alone (FX importer), lowered to linalg
         by torch-mlir's pipeline, moved into this module as a private function and called.
@@ -413,8 +426,11 @@ class TosaEmitter:
         reshaped = float_shape_op(self, node)
         if reshaped is not None:
             return reshaped
-        name = f"float_{len(self.float_functions)}"
-        fn, runtime, _ = float_node_function(self.sub, node, name)
+        if node in self.imported:
+            name, (fn, runtime) = self.imported.pop(node)
+        else:   # a float reshape / expand float_shape_op could not size
+            name = f"float_lone_{len(self.float_functions)}"
+            fn, runtime, _ = float_node_function(self.sub, node, name)
         self.module_ip.insert(fn.operation.detach_from_parent())
         self.float_functions.append(name)
         results = list(fn.type.results)

@@ -999,7 +999,7 @@ def emit_reshape(em: TosaEmitter, node: Node) -> Val:
     return _to_output_shape(em, em.value(node.all_input_nodes[0]), node, _input_shape(node))
 
 
-_FLOAT_SHAPE_OPS = _RESHAPES + ("aten::expand",)
+FLOAT_SHAPE_OPS = _RESHAPES + ("aten::expand",)
 
 
 def emits_float_shape_op(node: Node, available: frozenset) -> bool:
@@ -1007,7 +1007,7 @@ def emits_float_shape_op(node: Node, available: frozenset) -> bool:
     a reshape or expand whose symbolic output sizes are sums / products of those (bloom's
     `4*batch`; BERT's mask expanded to [batch, 1, seq, seq])."""
     val = node.meta.get("val")
-    return schema_name(node) in _FLOAT_SHAPE_OPS and isinstance(val, torch.Tensor) and \
+    return schema_name(node) in FLOAT_SHAPE_OPS and isinstance(val, torch.Tensor) and \
         all(isinstance(d, int) or computable_from(d, available) for d in val.shape)
 
 
@@ -1019,7 +1019,7 @@ def float_shape_op(em: TosaEmitter, node: Node) -> Val | None:
     two dynamic dims became a cast fixing one to 1; an expand to a size that none of the lone
     op's inputs has cannot be computed inside its function (BERT's mask, ViT's class token)."""
     name, val = schema_name(node), node.meta.get("val")
-    if name not in _FLOAT_SHAPE_OPS or not isinstance(val, torch.Tensor):
+    if name not in FLOAT_SHAPE_OPS or not isinstance(val, torch.Tensor):
         return None
     x = node.all_input_nodes[0]
     try:
