@@ -366,16 +366,28 @@ def test_quantize_power_of_two_scale_bit_exact(dtype, zp, scale):
     assert_equal(ref, got)
 
 
-def test_quantize_non_power_of_two_refused_canonical_and_declared_native():
-    """Canonical profile: quantize with a scale whose reciprocal is inexact runs in PyTorch (exact).
-    numerics='openvino': it runs in OpenVINO and the report declares the engine-native rounding;
-    its deviation from canonical is at most 1 LSB."""
+def test_quantize_non_power_of_two_exact_canonical_and_declared_native(monkeypatch):
+    """Canonical profile: quantize with a scale whose reciprocal is inexact runs in OpenVINO,
+    written out as an IEEE division the plugin keeps (legalize.exact_quantize,
+    runner.compile_onnx), equal to the reference on 600 ties and 20,000 random values. Near
+    miss: the same model with the plugin free to rewrite the Divide is off by one LSB in
+    places. numerics='openvino': OpenVINO's own QuantizeLinear, declared engine-native in the
+    report, at most 1 LSB from canonical."""
+    from qlower.backends.openvino import backend as ov_backend
     g = torch.Generator().manual_seed(0)
     scale = 0.0123457
     x = torch.cat([(torch.arange(-300, 300) + 0.5) * scale, torch.randn(20000, generator=g) * scale * 60])
     ref, got, exe = compile_both(Q(scale, 11, U8), x)
-    assert [c.backend for c in exe.clusters] == ["pytorch"] and "power-of-two" in exe.clusters[0].reason
+    assert_all_on_openvino(exe)
     assert_equal(ref, got)
+    real = ov_backend.compile_onnx
+    monkeypatch.setattr(ov_backend, "compile_onnx", lambda model_bytes, config, ieee_division: real(model_bytes, config))
+    ov_backend._COMPILED.clear()
+    ref, got, exe = compile_both(Q(scale, 11, U8), x)
+    assert_all_on_openvino(exe)
+    assert int((ref != got).sum()) > 0
+    monkeypatch.undo()
+    ov_backend._COMPILED.clear()
     ref, got, exe = compile_both(Q(scale, 11, U8), x, options=OvOptions(numerics="openvino"))
     assert_all_on_openvino(exe)
     assert any("engine-native" in n and "quantize" in n for n in exe.notes)
@@ -427,7 +439,7 @@ def test_zoo_transformer_int8_matches_reference(quantized_zoo):
 def test_compile_failure_falls_back_per_cluster(monkeypatch, small_net):
     from qlower.backends.openvino import backend as ov_backend
 
-    def broken(model_bytes, config):
+    def broken(model_bytes, config, ieee_division):
         raise RuntimeError("synthetic OpenVINO compile failure")
     monkeypatch.setattr(ov_backend, "compile_onnx", broken)
     ov_backend._COMPILED.clear()
@@ -476,10 +488,10 @@ def _quantize_scales(cm) -> list[float]:
     return scales
 
 
-def test_power_of_two_activation_scales_keep_the_cnn_in_one_exact_cluster():
-    """Quantizing for openvino (canonical numerics) rounds every activation scale up to a power
-    of two, which OpenVINO quantizes exactly: no quantize is refused, one cluster, and the
-    outputs equal the reference backend on the same program."""
+def test_calibrated_activation_scales_keep_the_cnn_in_one_exact_cluster():
+    """Quantizing for openvino (canonical numerics) keeps the calibrated activation scales —
+    they were rounded up to powers of two until OpenVINO's Divide was kept a division — and
+    no quantize is refused: one cluster, outputs equal to the reference backend."""
     import math
     entry = ZOO["cnn"]
     model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
@@ -488,7 +500,7 @@ def test_power_of_two_activation_scales_keep_the_cnn_in_one_exact_cluster():
     report = ov.report()
     assert len(report.compiled) == 1 and not report.fallbacks
     scales = _quantize_scales(ov)
-    assert scales and all(math.frexp(s)[0] == 0.5 for s in scales)
+    assert scales and any(math.frexp(s)[0] != 0.5 for s in scales)
     ref = qlower.compile(ep, x, backend="reference")
     for seed in range(3):
         xi = entry.inputs(1, seed=70 + seed)
@@ -496,8 +508,8 @@ def test_power_of_two_activation_scales_keep_the_cnn_in_one_exact_cluster():
 
 
 def test_engine_native_numerics_keep_calibrated_scales():
-    """Near miss: with numerics='openvino' (OpenVINO's own rounding, declared in the report)
-    the calibrated scales are kept, not snapped."""
+    """With numerics='openvino' (OpenVINO's own rounding, declared in the report) the
+    calibrated scales are kept too."""
     import math
     entry = ZOO["cnn"]
     model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
@@ -517,11 +529,14 @@ def test_engine_native_hands_the_qdq_program_to_openvinos_int8_kernels(name):
     """numerics='openvino': LowerQDQ does not run (the cluster holds quantize/dequantize around
     float conv/linear, no qlower integer op), every conv/linear layer runs in u8 on the CPU plugin, the
     report declares the engine-native numerics, and the outputs stay close to the same program
-    on the reference backend (not bit-exact: OpenVINO's own requantization)."""
+    on the reference backend (not bit-exact: OpenVINO's own requantization and reciprocal
+    quantize; measured cosine cnn 0.9998, transformer 0.9979-0.9981 with calibrated scales —
+    0.99998 on the power-of-two scales canonical quantization used to pick)."""
     entry = ZOO[name]
     model, x, cal = entry.model(), entry.inputs(1), entry.calibration(4)
-    ep = qlower.quantize(model, x, cal, "int8", backend="openvino")
-    cm = qlower.compile(ep, x, backend="openvino", backend_options=OvOptions(numerics="openvino"))
+    native = OvOptions(numerics="openvino")
+    ep = qlower.quantize(model, x, cal, "int8", backend="openvino", backend_options=native)
+    cm = qlower.compile(ep, x, backend="openvino", backend_options=native)
     (cluster,) = cm.report().clusters
     assert cluster.backend == "openvino" and cluster.status == "compiled"
     assert "qlower::dequantize" in cluster.ops
@@ -536,7 +551,7 @@ def test_engine_native_hands_the_qdq_program_to_openvinos_int8_kernels(name):
         xi = entry.inputs(1, seed=80 + seed)
         got, want = cm(*xi), ref(*xi)
         cosine = torch.nn.functional.cosine_similarity(got.flatten().double(), want.flatten().double(), dim=0)
-        assert cosine > 0.999, (name, float(cosine))
+        assert cosine > 0.997, (name, float(cosine))
 
 
 def test_engine_native_save_load_round_trip(tmp_path):

@@ -10,9 +10,10 @@ Measured (one-op graphs against the reference backend), with legalize.py's formu
   every partial sum, sum|w - zw| * max|x - zx| + |bias|, stays below 2^24;
 - mean: the division by the element count n is a multiply by fp32(1/n); exact when n is a
   power of two, or odd and < 4096 (the quotient is then >= 1/(2n) from a tie), else refused;
-- quantize: OpenVINO divides by a constant as a multiply by its fp32 reciprocal, so RNE(x *
-  fp32(1/s)) differs from the canonical RNE(fp32(x / s)) by 1 LSB on a few elements per
-  million; accepted only where s is a power of two (the reciprocal is exact). The "openvino"
+- quantize: OpenVINO's QuantizeLinear multiplies by the fp32 reciprocal, so RNE(x * fp32(1/s))
+  differs from the canonical RNE(fp32(x / s)) by 1 LSB on a few elements per million; a
+  quantize with one constant scale is written out (legalize.exact_quantize: Div, kept an IEEE
+  division by runner.compile_onnx) and exact; a per-channel one stays refused. The "openvino"
   engine-native profile (Q/DQ form, OpenVINO's own int8 lowering) accepts it always and says
   so in the report.
 """
@@ -51,22 +52,15 @@ def _refine(base, check):
     return predicate
 
 
-def _power_of_two(values) -> bool:
-    for v in values.reshape(-1).tolist():
-        m, e = math.frexp(v)
-        if m != 0.5 or not -125 <= e - 1 <= 125:   # exact reciprocal, normal fp32 both ways
-            return False
-    return True
-
-
 def _canonical_quantize(node: Node) -> str | None:
-    """one power-of-two scale only (canonical); any scale with numerics='openvino'"""
+    """one constant scale (written out as an IEEE division, canonical); any scale with
+    numerics='openvino'"""
     scale = full_args(node)[1]
     gm = node.graph.owning_module
     value = constant_value(gm, scale) if gm is not None else None
-    if value is None or value.numel() != 1 or not _power_of_two(value):
-        return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for power-of-two scales " \
-               "(use OvOptions(numerics='openvino') to accept its rounding)"
+    if value is None or value.numel() != 1:
+        return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for one constant scale, " \
+               "written out as a division (use OvOptions(numerics='openvino') to accept its rounding)"
     return None
 
 

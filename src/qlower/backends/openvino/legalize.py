@@ -7,11 +7,13 @@ QuantizeLinear multiplies by fp32(1/s) instead of dividing (1-LSB differences). 
 function of two 8-bit values, so it becomes a 256 x 256 lookup table computed by qlower's own
 canonical kernel: Gather(table, (a - lo) * 256 + (b - lo)). Exact by construction.
 
-QuantizeLinear with a power-of-two scale (requantize's Cast(acc) -> Mul(M) -> QuantizeLinear(1,
-zp), the integer mean's, a quantize whose scale is 2^k): OpenVINO adds the zero point before
-rounding (ties of odd zero points go the wrong way) and folds a preceding multiply into its
-FakeQuantize, re-associating (measured: 12 of 6.5M requantized values off by one). Mul(2^-k) ->
-Round -> Add(zp) -> Clip -> Cast computes RNE(x / 2^k) + zp as written (0 of 6.5M).
+QuantizeLinear with a scalar scale (requantize's Cast(acc) -> Mul(M) -> QuantizeLinear(1, zp),
+the integer mean's, an activation's): OpenVINO adds the zero point before rounding (ties of odd
+zero points go the wrong way), multiplies by fp32(1/s) instead of dividing, and folds a
+preceding multiply into its FakeQuantize, re-associating (measured: 12 of 6.5M requantized
+values off by one). Mul(2^-k) (a power-of-two scale: exact) or Div(s) (kept a division by the
+backend: runner.compile_onnx) -> Round -> Add(zp) -> Clip -> Cast computes RNE(x / s) + zp as
+written (0 of 6.5M).
 
 Softmax / LogSoftmax: OpenVINO's kernels give NaN only at a row's NaN / +inf elements and 0
 (-inf) at the others, where PyTorch's whole row is NaN (measured: [inf, -inf, -inf] -> [nan, 0,
@@ -161,17 +163,19 @@ def _power_of_two(v: float) -> bool:
 
 
 def exact_quantize(model: onnx.ModelProto) -> int:
-    """QuantizeLinear with a scalar power-of-two scale (requantize's and mean's scale 1 included)
-    => Mul(1/s) -> Round -> Add(zp) -> Clip -> Cast, NaN -> qmin (the canonical rule) unless the
-    input comes from an integer. OpenVINO's own QuantizeLinear adds the zero point before
-    rounding (ties go the wrong way for odd zero points: measured) and folds a preceding
-    multiply into its FakeQuantize (12 of 6.5M requantized values off by one)."""
+    """QuantizeLinear with a scalar scale (requantize's and mean's scale 1 included) => Mul(1/s)
+    for a power-of-two s, else Div(s) -> Round -> Add(zp) -> Clip -> Cast, NaN -> qmin (the
+    canonical rule) unless the input comes from an integer. OpenVINO's own QuantizeLinear
+    multiplies by fp32(1/s), adds the zero point before rounding (ties go the wrong way for odd
+    zero points: measured) and folds a preceding multiply into its FakeQuantize (12 of 6.5M
+    requantized values off by one). The Div is exact only where the backend keeps it a
+    division (runner.compile_onnx's `ieee_division`)."""
     graph = model.graph
     consts, prod = _constants(graph), _producers(graph)
     nodes, inits, rewritten = [], [], 0
     for node in graph.node:
         qp = _scalar_qparams(consts, node) if node.op_type == "QuantizeLinear" else None
-        if qp is None or not _power_of_two(qp[0]):
+        if qp is None:
             nodes.append(node)
             continue
         src = prod.get(node.input[0])
@@ -183,9 +187,13 @@ def exact_quantize(model: onnx.ModelProto) -> int:
                   numpy_helper.from_array(np.array(lo, np.float32), f"{base}_lo"),
                   numpy_helper.from_array(np.array(hi, np.float32), f"{base}_hi")]
         x = node.input[0]
-        if qp[0] != 1.0:
+        if qp[0] != 1.0 and _power_of_two(qp[0]):
             inits.append(numpy_helper.from_array(np.array(1.0 / qp[0], np.float32), f"{base}_inv"))
             nodes.append(helper.make_node("Mul", [x, f"{base}_inv"], [f"{base}_x"]))   # exact: 2^-k
+            x = f"{base}_x"
+        elif qp[0] != 1.0:
+            inits.append(numpy_helper.from_array(np.array(qp[0], np.float32), f"{base}_s"))
+            nodes.append(helper.make_node("Div", [x, f"{base}_s"], [f"{base}_x"]))
             x = f"{base}_x"
         nodes += [helper.make_node("Round", [x], [f"{base}_r"]),
                   helper.make_node("Add", [f"{base}_r", f"{base}_z"], [f"{base}_a"]),
@@ -239,7 +247,7 @@ def ieee_softmax(model: onnx.ModelProto) -> int:
 def legalize(model: onnx.ModelProto) -> dict[str, int]:
     """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first)."""
     return {"add/mul -> lookup table": table_add_mul(model),
-            "QuantizeLinear (power-of-two scale) -> Round/Add/Clip/Cast": exact_quantize(model),
+            "QuantizeLinear (scalar scale) -> Mul or Div/Round/Add/Clip/Cast": exact_quantize(model),
             "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model)}
 
 
