@@ -15,7 +15,11 @@ Measured (one-op graphs against the reference backend), with legalize.py's formu
   quantize with one constant scale is written out (legalize.exact_quantize: Div, kept an IEEE
   division by runner.compile_onnx) and exact; a per-channel one stays refused. The "openvino"
   engine-native profile (Q/DQ form, OpenVINO's own int8 lowering) accepts it always and says
-  so in the report.
+  so in the report;
+- layer_norm_integer / rms_norm_integer: exact for rows of at most 258 elements (the fp32-
+  statistics form; longer rows differed on a few rows) with the Divide kept a division;
+  softmax_integer: exact (rows of 50 to 1,000, masked too). Per-token and dynamic
+  quantization stay refused (run-time scales regrouped).
 """
 from __future__ import annotations
 
