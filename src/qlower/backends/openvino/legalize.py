@@ -244,11 +244,59 @@ def ieee_softmax(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+_INTEGER_PROGRAM = frozenset({"QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger"})
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    """The model holds Q/DQ or integer GEMM ops (read before legalize rewrites them)."""
+    return any(n.op_type in _INTEGER_PROGRAM for n in model.graph.node)
+
+
+def separate_float_products(model: onnx.ModelProto, quantized: bool) -> int:
+    """In a quantized program, a float product read by another product or by a sum goes through
+    Max(-inf, p) (the constant first: the identity on every fp32 value there, NaN included).
+    Measured on the CPU plugin, 2^16 values: (x·s)·c with constants s, c regrouped as
+    x·(s·c) — 22,095 off two roundings — and x·w + b contracted into an FMA — 15,182 off; 0
+    with the Max between (hf-llama int8's rotary `q·cos + rotate_half(q)·sin` after a
+    dequantize: 124 logits off the reference without it). `Max(p, -inf)` and `Clip` give
+    numbers for NaN there. Float programs (`quantized` False) are left alone (compared within
+    float tolerance)."""
+    graph = model.graph
+    if not quantized:
+        return 0
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in
+             [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    float_products = {n.output[0] for n in graph.node
+                      if n.op_type == "Mul" and types.get(n.output[0]) == TensorProto.FLOAT}
+    low = "__ov_separate_float_products_low"
+    nodes, rewritten, barriers = [], 0, {}
+    for node in graph.node:
+        if node.op_type in ("Mul", "Add", "Sub") and types.get(node.output[0]) == TensorProto.FLOAT:
+            for i, name in enumerate(node.input):
+                if name in float_products:
+                    if name not in barriers:
+                        barriers[name] = f"{name}__separated"
+                        nodes.append(helper.make_node("Max", [low, name], [barriers[name]]))
+                    node.input[i] = barriers[name]
+                    rewritten += 1
+        nodes.append(node)
+    if rewritten:
+        graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), low))
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten
+
+
 def legalize(model: onnx.ModelProto) -> dict[str, int]:
-    """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first)."""
+    """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first;
+    the products are separated last, the dequantizes' multiplies among them)."""
+    quantized = is_quantized(model)
     return {"add/mul -> lookup table": table_add_mul(model),
             "QuantizeLinear (scalar scale) -> Mul or Div/Round/Add/Clip/Cast": exact_quantize(model),
-            "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model)}
+            "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model),
+            "float product -> Max(-inf, p) -> product or sum": separate_float_products(model, quantized)}
 
 
 def exact_dequantize(model: onnx.ModelProto) -> int:

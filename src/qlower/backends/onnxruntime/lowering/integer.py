@@ -424,12 +424,6 @@ def _integer_norm(x, scale: float, zero_point: int, weight, bias, eps: float, ce
         finite = float(np.finfo(np.float32).max)
         if w is None or float(np.abs(w).max()) * math.sqrt(n) >= finite:
             y = op.Clip(y, const(-finite, np.float32), const(finite, np.float32))
-        elif bias is not None and not contrib_ops_allowed():
-            # standard ONNX (the openvino backend): OpenVINO contracts Mul + Add into an FMA
-            # (measured: 15,182 of 65,536 fp32 x*w + b differ from two roundings). Max(-inf, p),
-            # the constant first, keeps them apart and is the identity on every fp32 value there,
-            # NaN and +-inf included (with the constant second it returns -inf for NaN).
-            y = op.Max(const(float("-inf"), np.float32), y)
     if bias is not None:
         y = op.Add(y, bias)
     return y
