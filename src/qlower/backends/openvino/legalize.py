@@ -15,6 +15,11 @@ values off by one). Mul(2^-k) (a power-of-two scale: exact) or Div(s) (kept a di
 backend: runner.compile_onnx) -> Round -> Add(zp) -> Clip -> Cast computes RNE(x / s) + zp as
 written (0 of 6.5M).
 
+Float products of a quantized program (a dequantize's multiply, LLaMA's rotary, a LayerNorm's
+affine tail): the plugin regroups (x*s)*c with constants and contracts x*w + b into an FMA;
+Max(-inf, p), the constant first, stands between a float Mul and the Mul / Add / Sub reading it
+(`separate_float_products`).
+
 Softmax / LogSoftmax: OpenVINO's kernels give NaN only at a row's NaN / +inf elements and 0
 (-inf) at the others, where PyTorch's whole row is NaN (measured: [inf, -inf, -inf] -> [nan, 0,
 0], [1, 2, inf] -> [0, 0, nan], [nan, 1, 2] -> [nan, 0, 0]). `ieee_softmax` adds
