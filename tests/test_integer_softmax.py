@@ -105,12 +105,13 @@ def test_exp_table_edges():
 @pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2), (torch.uint8, 0, 2.0)])
 def test_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
-    """OpenVINO too, since its Divide is kept an IEEE division (canonical numerics)."""
+    """OpenVINO refuses the op (its division is a reciprocal multiply) and runs it in PyTorch."""
     model = QSoftmax(dtype, zp, scale)
     x = torch.randn(3, 6, 50)
     ref = qlower.compile(model, (x,), backend="reference")
     cm = qlower.compile(model, (x,), backend=backend)
-    assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled)
+    if backend != "openvino":
+        assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled)
     for seed in range(3):
         xi = torch.randn(3, 6, 50, generator=torch.Generator().manual_seed(seed)) * (1 + 3 * seed)
         xi[0, 0] = 0.7   # a constant row
@@ -177,13 +178,14 @@ def test_masked_fill_with_another_value_keeps_the_float_softmax():
 @pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("dtype, zp, scale", [(torch.uint8, 131, 0.0213), (torch.int8, -3, 0.2)])
 def test_masked_integer_softmax_is_bit_exact_on_every_backend(backend, dtype, zp, scale):
-    """Every backend runs the masked form bit for bit like the reference, with a fully masked
-    row (NaN) among them."""
+    """Every backend runs the masked form bit for bit like the reference (OpenVINO refuses
+    softmax_integer and runs it in PyTorch), with a fully masked row (NaN) among them."""
     model = QMaskedSoftmax(dtype, zp, scale)
     x, keep = torch.randn(3, 2, 5, 50), padding_keep(3, 50)
     ref = qlower.compile(model, (x, keep), backend="reference")
     cm = qlower.compile(model, (x, keep), backend=backend)
-    assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled) and not cm.report().fallbacks
+    if backend != "openvino":
+        assert any("qlower::softmax_integer" in c.ops for c in cm.report().compiled) and not cm.report().fallbacks
     for seed in range(3):
         xi = torch.randn(3, 2, 5, 50, generator=torch.Generator().manual_seed(seed)) * (1 + 3 * seed)
         ki = padding_keep(3, 50, seed, empty_row=seed == 2)

@@ -36,6 +36,7 @@ from ..clusters import (compile_isolating_rejected, float_inputs, install_consta
                         split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
+from .pow2_scales import snap_to_power_of_two
 from .split_accumulation import SplitAccumulation
 from ..onnxruntime.translate import fx_nodes_of
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
@@ -56,7 +57,7 @@ class OvOptions:
     performance_hint: str = "LATENCY"
     min_cluster_size: int = 1
     # "canonical": only ops measured bit-exact against the reference kernels run in OpenVINO
-    # (a per-channel activation quantize runs in PyTorch). "openvino": the engine-native
+    # (quantize with a non-power-of-two scale runs in PyTorch). "openvino": the engine-native
     # profile: the Q/DQ program runs on OpenVINO's int8 kernels with its own arithmetic; the
     # report says so (capability.NATIVE_DEVIATION). Never chosen unless asked for.
     numerics: str = "canonical"
@@ -134,6 +135,12 @@ class OpenVinoBackend:
         return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerDynamicLinear, LowerQDQ,
                                                         IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax))]
 
+    def adjust_observers(self, observed) -> None:
+        """Canonical numerics: power-of-two activation scales, which OpenVINO quantizes exactly
+        (pow2_scales.py); engine-native numerics keep the calibrated scales."""
+        if self.options.numerics == "canonical":
+            snap_to_power_of_two(observed)
+
     def legalize_passes(self) -> list:
         """Block ops the CPU plugin lacks, decomposed; canonical numerics: linears whose fp32
         accumulation could round split over their input features (split_accumulation.py); a
@@ -150,14 +157,11 @@ class OpenVinoBackend:
         return True
 
     def _compiled(self, model_bytes: bytes):
-        """Canonical numerics keep every Divide an IEEE division (the plugin otherwise multiplies
-        by the reciprocal); the engine-native profile leaves the plugin its rewrites."""
         config = self.options.config()
-        ieee_division = not self.options.native
-        key = hashlib.sha256(model_bytes).hexdigest() + repr(sorted(config.items())) + f"|ieee_division={ieee_division}"
+        key = hashlib.sha256(model_bytes).hexdigest() + repr(sorted(config.items()))
         compiled = _COMPILED.get(key)
         if compiled is None:
-            compiled = _COMPILED[key] = compile_onnx(model_bytes, config, ieee_division)
+            compiled = _COMPILED[key] = compile_onnx(model_bytes, config)
         return compiled
 
     def compile(self, gm: GraphModule) -> Executable:

@@ -10,16 +10,11 @@ Measured (one-op graphs against the reference backend), with legalize.py's formu
   every partial sum, sum|w - zw| * max|x - zx| + |bias|, stays below 2^24;
 - mean: the division by the element count n is a multiply by fp32(1/n); exact when n is a
   power of two, or odd and < 4096 (the quotient is then >= 1/(2n) from a tie), else refused;
-- quantize: OpenVINO's QuantizeLinear multiplies by the fp32 reciprocal, so RNE(x * fp32(1/s))
-  differs from the canonical RNE(fp32(x / s)) by 1 LSB on a few elements per million; a
-  quantize with one constant scale is written out (legalize.exact_quantize: Div, kept an IEEE
-  division by runner.compile_onnx) and exact; a per-channel one stays refused. The "openvino"
+- quantize: OpenVINO divides by a constant as a multiply by its fp32 reciprocal, so RNE(x *
+  fp32(1/s)) differs from the canonical RNE(fp32(x / s)) by 1 LSB on a few elements per
+  million; accepted only where s is a power of two (the reciprocal is exact). The "openvino"
   engine-native profile (Q/DQ form, OpenVINO's own int8 lowering) accepts it always and says
-  so in the report;
-- layer_norm_integer / rms_norm_integer: exact for rows of at most 258 elements (the fp32-
-  statistics form; longer rows differed on a few rows) with the Divide kept a division;
-  softmax_integer: exact (rows of 50 to 1,000, masked too). Per-token and dynamic
-  quantization stay refused (run-time scales regrouped).
+  so in the report.
 """
 from __future__ import annotations
 
@@ -56,15 +51,22 @@ def _refine(base, check):
     return predicate
 
 
+def _power_of_two(values) -> bool:
+    for v in values.reshape(-1).tolist():
+        m, e = math.frexp(v)
+        if m != 0.5 or not -125 <= e - 1 <= 125:   # exact reciprocal, normal fp32 both ways
+            return False
+    return True
+
+
 def _canonical_quantize(node: Node) -> str | None:
-    """one constant scale (written out as an IEEE division, canonical); any scale with
-    numerics='openvino'"""
+    """one power-of-two scale only (canonical); any scale with numerics='openvino'"""
     scale = full_args(node)[1]
     gm = node.graph.owning_module
     value = constant_value(gm, scale) if gm is not None else None
-    if value is None or value.numel() != 1:
-        return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for one constant scale, " \
-               "written out as a division (use OvOptions(numerics='openvino') to accept its rounding)"
+    if value is None or value.numel() != 1 or not _power_of_two(value):
+        return "OpenVINO quantizes by multiplying with fp32(1/s): exact only for power-of-two scales " \
+               "(use OvOptions(numerics='openvino') to accept its rounding)"
     return None
 
 
@@ -248,9 +250,9 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     if numerics == "canonical":
         refine(("qlower::quantize",), _canonical_quantize)
     for name in ("qlower::token_scale", "qlower::quantize_per_token", "qlower::dequantize_per_token_acc",
-                 "qlower::quantize_dynamic", "qlower::dequantize_dynamic", "qlower::linear_dynamic"):
+                 "qlower::quantize_dynamic", "qlower::dequantize_dynamic", "qlower::linear_dynamic",
+                 "qlower::layer_norm_integer", "qlower::rms_norm_integer", "qlower::softmax_integer"):
         cap.register(name, _divides_at_run_time)
-    refine(("qlower::layer_norm_integer", "qlower::rms_norm_integer"), _statistics_exact_in_fp32)
     refine([name for name in cap.ops if not name.startswith("qlower::")], _int64_values_stay_int32)   # qlower ops make no int64
     refine(list(cap.ops), _no_empty_tensor)
     refine(list(cap.ops), _measured_wrong_in_openvino)
@@ -400,20 +402,8 @@ def _ieee_attention(node: Node) -> str | None:
            "fully masked rows): decomposed into MatMul / Softmax / MatMul, which keep IEEE semantics"
 
 
-def _statistics_exact_in_fp32(node: Node) -> str | None:
-    """a row of n < 2^24 / 255^2 (n <= 258): the lowering's fp32 statistics form"""
-    # Measured against the reference backend, canonical numerics (every Divide kept a division,
-    # the affine Mul kept apart from the Add): 0 of 7,224 outputs differ at n = 258, while the
-    # int32-statistics form of longer rows differed on 1-4 rows of 28 (n = 259: 427 of 7,252
-    # outputs, n = 300: 221-906 of 8,400, up to 7e-7) — not understood; refused.
-    n = node.args[0].meta["val"].shape[-1]
-    if isinstance(n, int) and n * 255 ** 2 < 2 ** 24:
-        return None
-    return f"OpenVINO's integer norm statistics are measured exact for rows of at most 258 elements (this one: {n})"
-
-
 def _divides_at_run_time(node: Node) -> str | None:
-    """never: run-time scales (per-token and dynamic quantization)"""
+    """never: run-time scales (per-token and dynamic quantization, integer LayerNorm and softmax)"""
     # Measured on a two-linear per-token model against the reference backend: with these ops in
     # OpenVINO the outputs differed (its graph transformations turn a division by a run-time
     # value into a multiply by the reciprocal, and regroup the products of the accumulator and the two scales);

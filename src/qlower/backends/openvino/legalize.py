@@ -7,18 +7,11 @@ QuantizeLinear multiplies by fp32(1/s) instead of dividing (1-LSB differences). 
 function of two 8-bit values, so it becomes a 256 x 256 lookup table computed by qlower's own
 canonical kernel: Gather(table, (a - lo) * 256 + (b - lo)). Exact by construction.
 
-QuantizeLinear with a scalar scale (requantize's Cast(acc) -> Mul(M) -> QuantizeLinear(1, zp),
-the integer mean's, an activation's): OpenVINO adds the zero point before rounding (ties of odd
-zero points go the wrong way), multiplies by fp32(1/s) instead of dividing, and folds a
-preceding multiply into its FakeQuantize, re-associating (measured: 12 of 6.5M requantized
-values off by one). Mul(2^-k) (a power-of-two scale: exact) or Div(s) (kept a division by the
-backend: runner.compile_onnx) -> Round -> Add(zp) -> Clip -> Cast computes RNE(x / s) + zp as
-written (0 of 6.5M).
-
-Float products of a quantized program (a dequantize's multiply, LLaMA's rotary, a LayerNorm's
-affine tail): the plugin regroups (x*s)*c with constants and contracts x*w + b into an FMA;
-Max(-inf, p), the constant first, stands between a float Mul and the Mul / Add / Sub reading it
-(`separate_float_products`).
+QuantizeLinear with a power-of-two scale (requantize's Cast(acc) -> Mul(M) -> QuantizeLinear(1,
+zp), the integer mean's, a quantize whose scale is 2^k): OpenVINO adds the zero point before
+rounding (ties of odd zero points go the wrong way) and folds a preceding multiply into its
+FakeQuantize, re-associating (measured: 12 of 6.5M requantized values off by one). Mul(2^-k) ->
+Round -> Add(zp) -> Clip -> Cast computes RNE(x / 2^k) + zp as written (0 of 6.5M).
 
 Softmax / LogSoftmax: OpenVINO's kernels give NaN only at a row's NaN / +inf elements and 0
 (-inf) at the others, where PyTorch's whole row is NaN (measured: [inf, -inf, -inf] -> [nan, 0,
@@ -168,19 +161,17 @@ def _power_of_two(v: float) -> bool:
 
 
 def exact_quantize(model: onnx.ModelProto) -> int:
-    """QuantizeLinear with a scalar scale (requantize's and mean's scale 1 included) => Mul(1/s)
-    for a power-of-two s, else Div(s) -> Round -> Add(zp) -> Clip -> Cast, NaN -> qmin (the
-    canonical rule) unless the input comes from an integer. OpenVINO's own QuantizeLinear
-    multiplies by fp32(1/s), adds the zero point before rounding (ties go the wrong way for odd
-    zero points: measured) and folds a preceding multiply into its FakeQuantize (12 of 6.5M
-    requantized values off by one). The Div is exact only where the backend keeps it a
-    division (runner.compile_onnx's `ieee_division`)."""
+    """QuantizeLinear with a scalar power-of-two scale (requantize's and mean's scale 1 included)
+    => Mul(1/s) -> Round -> Add(zp) -> Clip -> Cast, NaN -> qmin (the canonical rule) unless the
+    input comes from an integer. OpenVINO's own QuantizeLinear adds the zero point before
+    rounding (ties go the wrong way for odd zero points: measured) and folds a preceding
+    multiply into its FakeQuantize (12 of 6.5M requantized values off by one)."""
     graph = model.graph
     consts, prod = _constants(graph), _producers(graph)
     nodes, inits, rewritten = [], [], 0
     for node in graph.node:
         qp = _scalar_qparams(consts, node) if node.op_type == "QuantizeLinear" else None
-        if qp is None:
+        if qp is None or not _power_of_two(qp[0]):
             nodes.append(node)
             continue
         src = prod.get(node.input[0])
@@ -192,13 +183,9 @@ def exact_quantize(model: onnx.ModelProto) -> int:
                   numpy_helper.from_array(np.array(lo, np.float32), f"{base}_lo"),
                   numpy_helper.from_array(np.array(hi, np.float32), f"{base}_hi")]
         x = node.input[0]
-        if qp[0] != 1.0 and _power_of_two(qp[0]):
+        if qp[0] != 1.0:
             inits.append(numpy_helper.from_array(np.array(1.0 / qp[0], np.float32), f"{base}_inv"))
             nodes.append(helper.make_node("Mul", [x, f"{base}_inv"], [f"{base}_x"]))   # exact: 2^-k
-            x = f"{base}_x"
-        elif qp[0] != 1.0:
-            inits.append(numpy_helper.from_array(np.array(qp[0], np.float32), f"{base}_s"))
-            nodes.append(helper.make_node("Div", [x, f"{base}_s"], [f"{base}_x"]))
             x = f"{base}_x"
         nodes += [helper.make_node("Round", [x], [f"{base}_r"]),
                   helper.make_node("Add", [f"{base}_r", f"{base}_z"], [f"{base}_a"]),
@@ -249,59 +236,11 @@ def ieee_softmax(model: onnx.ModelProto) -> int:
     return rewritten
 
 
-_INTEGER_PROGRAM = frozenset({"QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger"})
-
-
-def is_quantized(model: onnx.ModelProto) -> bool:
-    """The model holds Q/DQ or integer GEMM ops (read before legalize rewrites them)."""
-    return any(n.op_type in _INTEGER_PROGRAM for n in model.graph.node)
-
-
-def separate_float_products(model: onnx.ModelProto, quantized: bool) -> int:
-    """In a quantized program, a float product read by another product or by a sum goes through
-    Max(-inf, p) (the constant first: the identity on every fp32 value there, NaN included).
-    Measured on the CPU plugin, 2^16 values: (x·s)·c with constants s, c regrouped as
-    x·(s·c) — 22,095 off two roundings — and x·w + b contracted into an FMA — 15,182 off; 0
-    with the Max between (hf-llama int8's rotary `q·cos + rotate_half(q)·sin` after a
-    dequantize: 124 logits off the reference without it). `Max(p, -inf)` and `Clip` give
-    numbers for NaN there. Float programs (`quantized` False) are left alone (compared within
-    float tolerance)."""
-    graph = model.graph
-    if not quantized:
-        return 0
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in
-             [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    float_products = {n.output[0] for n in graph.node
-                      if n.op_type == "Mul" and types.get(n.output[0]) == TensorProto.FLOAT}
-    low = "__ov_separate_float_products_low"
-    nodes, rewritten, barriers = [], 0, {}
-    for node in graph.node:
-        if node.op_type in ("Mul", "Add", "Sub") and types.get(node.output[0]) == TensorProto.FLOAT:
-            for i, name in enumerate(node.input):
-                if name in float_products:
-                    if name not in barriers:
-                        barriers[name] = f"{name}__separated"
-                        nodes.append(helper.make_node("Max", [low, name], [barriers[name]]))
-                    node.input[i] = barriers[name]
-                    rewritten += 1
-        nodes.append(node)
-    if rewritten:
-        graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), low))
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return rewritten
-
-
 def legalize(model: onnx.ModelProto) -> dict[str, int]:
-    """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first;
-    the products are separated last, the dequantizes' multiplies among them)."""
-    quantized = is_quantized(model)
+    """All exact-integer rewrites, in order (the table rewrite consumes its DequantizeLinears first)."""
     return {"add/mul -> lookup table": table_add_mul(model),
-            "QuantizeLinear (scalar scale) -> Mul or Div/Round/Add/Clip/Cast": exact_quantize(model),
-            "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model),
-            "float product -> Max(-inf, p) -> product or sum": separate_float_products(model, quantized)}
+            "QuantizeLinear (power-of-two scale) -> Round/Add/Clip/Cast": exact_quantize(model),
+            "DequantizeLinear -> int32 Sub, Mul": exact_dequantize(model)}
 
 
 def exact_dequantize(model: onnx.ModelProto) -> int:

@@ -30,25 +30,12 @@ def core():
     return ov.Core()
 
 
-# OpenVINO's runtime attribute that keeps its ConvertDivide / ConvertDivideWithConstant
-# transformations from turning x / y into x * y^-1 (ov::disable_divide_conversion; the rt_info
-# key is the attribute's type name and version)
-_NONCONVERTIBLE_DIVIDE = "nonconvertable_divide_0"
-
-
-def compile_onnx(model_bytes: bytes, config: dict, ieee_division: bool = False):
+def compile_onnx(model_bytes: bytes, config: dict):
     """ONNX bytes -> an OpenVINO CompiledModel on the CPU plugin. The model is read from memory
     by the ONNX frontend (`read_model(model=bytes, weights=b"")`): measured against
-    `ov.convert_model` on a file (docs/openvino.md), same graph, no temporary file.
-    `ieee_division`: every Divide stays a division (measured, 4,096 fp32 quotients: x / y
-    1,035 and x / 3 1,376 differ from IEEE division as the plugin's reciprocal multiplies, 0
-    with the attribute set)."""
+    `ov.convert_model` on a file (docs/openvino.md), same graph, no temporary file."""
     c = core()
     model = c.read_model(model=model_bytes, weights=b"")
-    if ieee_division:
-        for op in model.get_ops():
-            if op.get_type_name() == "Divide":
-                op.get_rt_info()[_NONCONVERTIBLE_DIVIDE] = True
     return c.compile_model(model, "CPU", config)
 
 
