@@ -43,7 +43,7 @@ ENGINES = ["onnxruntime"] + \
     (["iree"] if importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime") else []) + \
     (["openvino"] if importlib.util.find_spec("openvino") else [])
 
-HOST_VNNI = qlower.backends.onnxruntime.cpu.has_vnni()   # this CPU's, read before any test forces it
+HOST_VNNI = qlower.core.cpu.has_vnni()   # this CPU's, read before any test forces it
 
 
 @pytest.fixture(params=[True, False], ids=["vnni", "no-vnni"])
@@ -52,7 +52,7 @@ def vnni(request, monkeypatch):
     weights in the fused u8 x s8 kernels) and off (u8 weights, or 7-bit ones). The emitted
     form is checked on every CPU; the numerics of the VNNI form only where it is exact
     (`skip_numerics_unless_exact_here`)."""
-    from qlower.backends.onnxruntime import cpu
+    from qlower.core import cpu
     monkeypatch.setattr(cpu, "has_vnni", lambda: request.param)
     return request.param
 

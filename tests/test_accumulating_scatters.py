@@ -1,11 +1,11 @@
-"""AccumulatingScatters (shared legalization) and the accumulating scatters on every backend:
+"""ScatterIntoNeutral (shared legalization) and the accumulating scatters on every backend:
 found in the nineteenth session, scatter_reduce "mean" was silently wrong on ONNX Runtime,
 OpenVINO and IREE, and IREE lost repeated indices of every scatter accumulating into its input."""
 import pytest
 import torch
 
 import qlower
-from qlower.backends.accumulating_scatters import AccumulatingScatters
+from qlower.passes.scatter_into_neutral import ScatterIntoNeutral
 from qlower.passes import PassContext
 
 from conftest import Fn
@@ -34,11 +34,11 @@ def test_mean_is_written_as_sums_into_zeros(include_self):
     x, index, src = _inputs()
     fn = lambda x, i, s: torch.scatter_reduce(x, 0, i, s, "mean", include_self=include_self)   # noqa: E731
     gm = torch.export.export(Fn(fn), (x, index, src)).module()
-    assert AccumulatingScatters(frozenset({"mean"})).run(gm, PassContext())
+    assert ScatterIntoNeutral(frozenset({"mean"})).run(gm, PassContext())
     assert _scatters(gm) == [("sum", False), ("sum", False)]
     torch.testing.assert_close(gm(x, index, src), fn(x, index, src))
     before = str(gm.graph)
-    assert not AccumulatingScatters().run(gm, PassContext()) and str(gm.graph) == before   # idempotent
+    assert not ScatterIntoNeutral().run(gm, PassContext()) and str(gm.graph) == before   # idempotent
 
 
 def test_near_misses_stay():
@@ -49,8 +49,8 @@ def test_near_misses_stay():
                           + torch.scatter_reduce(x, 0, i, s, "prod", include_self=False)
                           + torch.scatter_reduce(x, 0, i, s, "amax") + torch.scatter_reduce(x, 0, i, s, "sum"))
     gm = torch.export.export(Fn(fn), (x, index, src)).module()
-    assert not AccumulatingScatters(frozenset({"mean"})).run(gm, PassContext())
-    assert AccumulatingScatters().run(gm, PassContext())   # all: the include_self sum is written out
+    assert not ScatterIntoNeutral(frozenset({"mean"})).run(gm, PassContext())
+    assert ScatterIntoNeutral().run(gm, PassContext())   # all: the include_self sum is written out
     assert ("sum", True) not in _scatters(gm)
     torch.testing.assert_close(gm(x, index, src), fn(x, index, src))
 

@@ -10,7 +10,7 @@ import torch
 
 import qlower
 from qlower.errors import ArtifactError
-from qlower.runtime import artifact
+from qlower import artifact
 
 from conftest import calib
 

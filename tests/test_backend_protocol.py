@@ -140,7 +140,7 @@ def test_no_backend_name_is_compared_outside_backends():
 def test_unit_step_slices_pass_contract():
     """iree's legalization pass: positive (x[:, 0:1:2], one element), near misses (x[:, 0:3:2]
     takes two; a step-1 slice), idempotent, values unchanged."""
-    from qlower.backends.iree.unit_step_slices import UnitStepSlices
+    from qlower.passes.iree.unit_step_single_element_slices import UnitStepSingleElementSlices
     from qlower.passes import PassManager
 
     class Slices(torch.nn.Module):
@@ -149,12 +149,12 @@ def test_unit_step_slices_pass_contract():
     a, b = torch.randn(1, 1, 10), torch.randn(1, 3, 10)
     gm = torch.export.export(Slices(), (a, b)).module()
     want = gm(a, b)
-    ctx = PassManager([UnitStepSlices()]).run(gm, PassContext())
+    ctx = PassManager([UnitStepSingleElementSlices()]).run(gm, PassContext())
     steps = [n.args[4] if len(n.args) > 4 else 1 for n in gm.graph.nodes
              if n.op == "call_function" and n.target is torch.ops.aten.slice.Tensor]
     # positives: one element with an end past it (1:3:2 is element 1; -2::5 is element 1)
     assert sorted(steps) == [1, 1, 1, 1, 2] and sum(ctx.rewrites.values()) == 3
-    assert not UnitStepSlices().run(gm, PassContext())          # idempotent
+    assert not UnitStepSingleElementSlices().run(gm, PassContext())          # idempotent
     got = gm(a, b)
     assert all(torch.equal(w, g) for w, g in zip(want, got))
 
@@ -163,7 +163,7 @@ def test_outer_products_pass_contract():
     """iree's legalization pass: positives (matmul, mm, linear with and without bias, addmm with a
     reduction size of 1), near misses (a reduction of 2; a 1-D operand; an integer product),
     idempotent, values unchanged (bit-exact without a bias: one product either way)."""
-    from qlower.backends.iree.outer_products import OuterProducts
+    from qlower.passes.iree.outer_products_as_mul import OuterProductsAsMul
     from qlower.passes import PassManager
 
     class Products(torch.nn.Module):
@@ -174,11 +174,11 @@ def test_outer_products_pass_contract():
     args = (torch.randn(4, 12), torch.randn(1, 5), torch.randn(5), torch.randn(2, 5), torch.randint(-5, 5, (3, 3)))
     gm = torch.export.export(Products(), args).module()
     want = gm(*args)
-    ctx = PassManager([OuterProducts()]).run(gm, PassContext())
+    ctx = PassManager([OuterProductsAsMul()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 5
     left = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "matmul" in str(n.target)]
     assert len(left) == 3, left   # the K = 2 product, the 1-D operand, the integer product
-    assert not OuterProducts().run(gm, PassContext())          # idempotent
+    assert not OuterProductsAsMul().run(gm, PassContext())          # idempotent
     got = gm(*args)
     assert all(torch.equal(w, g) for w, g in zip(want[:3] + want[5:], got[:3] + got[5:]))
     assert all(torch.allclose(w, g, rtol=1e-6, atol=1e-6) for w, g in zip(want[3:5], got[3:5]))   # + bias
@@ -187,7 +187,7 @@ def test_outer_products_pass_contract():
 def test_drop_noop_ceil_mode_pass_contract():
     """iree's legalization pass: positive (8x8, k2 s2: no partial window), near miss (7x7: ceil
     mode adds a window, kept), idempotent, values unchanged."""
-    from qlower.backends.iree.drop_noop_ceil_mode import DropNoopCeilMode
+    from qlower.passes.iree.drop_noop_ceil_mode import DropNoopCeilMode
     from qlower.passes import PassManager
 
     class Pools(torch.nn.Module):

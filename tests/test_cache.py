@@ -7,7 +7,7 @@ import torch
 
 import qlower
 import qlower.backends.onnxruntime as ortb
-from qlower.backends.onnxruntime import cache
+from qlower.core import cache
 from qlower.errors import QlowerError
 
 KEY_A, KEY_B = "a" * 64, "b" * 64

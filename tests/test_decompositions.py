@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime.decompositions import DECOMPOSITIONS
+from qlower.onnx.decompositions import DECOMPOSITIONS
 
 from conftest import Fn
 
@@ -171,7 +171,7 @@ def test_every_decomposition_is_tested_here():
     """A new entry in DECOMPOSITIONS needs its case in this file (linear algebra: in
     test_linear_algebra.py)."""
     import inspect
-    from qlower.backends.onnxruntime import linear_algebra
+    from qlower.onnx import linear_algebra
     source = inspect.getsource(inspect.getmodule(test_every_decomposition_is_tested_here))
     for op in set(DECOMPOSITIONS) - set(linear_algebra.DECOMPOSITIONS):
         name = op._schema.name.split("::")[-1]
@@ -203,8 +203,8 @@ def test_repeat_interleave_with_tensor_repeats_and_an_output_size():
 def _only_when_case(fn, *xs, decomposed: bool, summed: bool = False):
     """One cluster in ONNX Runtime with eager's values; `decomposed` says whether the exporter's
     re-trace ran (a conditional decomposition's other calls keep the op as torchlib translates it)."""
-    from qlower.backends.onnxruntime import translate
-    from qlower.backends.onnxruntime.decompositions import decomposes
+    from qlower.onnx import translate
+    from qlower.onnx.decompositions import decomposes
     ep = torch.export.export(Fn(fn), xs)
     picked = [n for n in ep.graph.nodes if n.op == "call_function" and decomposes(n)]
     assert bool(picked) == decomposed and translate._needs_decomposition(ep) == decomposed
@@ -255,7 +255,7 @@ def test_cumprod_keeps_signed_zeros_and_special_values():
 
 def test_cumprod_of_a_long_dim_stays_in_pytorch():
     """Near miss: longer than MAX_PAIRWISE the pairwise form would be quadratic in memory."""
-    from qlower.backends.onnxruntime.decompositions import MAX_PAIRWISE
+    from qlower.onnx.decompositions import MAX_PAIRWISE
     x = torch.randn(2, MAX_PAIRWISE + 1)
     cm = qlower.compile(Fn(lambda x: torch.cumprod(x, 1) * 2), (x,), backend="onnxruntime")
     assert [list(c.ops) for c in cm.report().fallbacks] == [["cumprod"]]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime.direct_forms import rename_to_direct_forms
+from qlower.onnx.direct_forms import rename_to_direct_forms
 
 aten = torch.ops.aten
 
@@ -112,7 +112,7 @@ def _calls(gm):
 
 
 def test_batch_norm_and_global_pooling_become_what_torch_onnx_decomposes_them_into():
-    from qlower.backends.onnxruntime.translate import exporter_decompositions
+    from qlower.onnx.translate import exporter_decompositions
     torch.manual_seed(0)
     module, x = ConvBnPool().eval(), torch.randn(2, 3, 8, 8)
     ours = torch.export.export(module, (x,))
@@ -137,7 +137,7 @@ def test_near_misses_keep_batch_norm_or_pooling(make):
 
 def test_a_cnn_cluster_translates_to_the_same_answers_with_and_without_the_full_re_trace(monkeypatch):
     from qlower.backends import onnxruntime as ortb
-    from qlower.backends.onnxruntime import translate
+    from qlower.onnx import translate
     calls = []
     original = torch.export.ExportedProgram.run_decompositions
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",

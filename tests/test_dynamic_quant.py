@@ -205,7 +205,7 @@ def test_onnxruntime_form_is_ort_dynamic_models_and_fuses_into_dynamic_quantize_
 def test_standard_onnx_form_is_bit_exact_too():
     """Without contrib ops (what a standard-ONNX engine reads): MatMulInteger, Cast, the scale
     product and the bias add, in the numerics' order."""
-    from qlower.backends.onnxruntime.lowering.onnx_ops import standard_onnx_only
+    from qlower.onnx.lowering.onnx_ops import standard_onnx_only
     ep, x = _quantized(seed=2)
     ref = qlower.compile(ep, (x,), backend="reference")
     with standard_onnx_only():
@@ -240,7 +240,7 @@ def test_preset_without_vnni_runs_7_bit_weights_on_the_u8_s8_kernel(monkeypatch)
     reference on every CPU. With VNNI: 8 bits. Near miss: the per-token `transformer` preset
     keeps 8 bits in its linears (tests/test_per_token.py)."""
     import onnx
-    from qlower.backends.onnxruntime import cpu
+    from qlower.core import cpu
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))
     monkeypatch.setattr(cpu, "has_vnni", lambda: False)
     ep = qlower.quantize(Qkv().eval(), (x,), _calibration((2, 7, 32)), "transformer-dynamic", backend="onnxruntime")

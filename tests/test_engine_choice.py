@@ -12,11 +12,11 @@ import torch
 import qlower
 from qlower import api
 from qlower.backends import AUTO_CANDIDATES, AutoSettings, EngineSelector, ReferenceBackend, auto_backends
-from qlower.backends import select
+from qlower import engine_choice as select
 from qlower.backends.base import Executable
 from qlower.errors import BackendError, QlowerError
 from qlower.report import CompileReport
-from qlower.report.compile_report import EngineTrial
+from qlower.core.types import EngineTrial
 
 from conftest import calib
 
@@ -393,7 +393,7 @@ def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(
     assert "on this machine (qlower's disk cache); not measured again" in again.report().engine_choice
     assert again.report().engine_trials == measured.report().engine_trials
     # tamper with the stored decision: it no longer matches its digest
-    from qlower.backends.onnxruntime import cache
+    from qlower.core import cache
     (entry,) = cache.cache_dir().glob("*.auto.json")
     entry.write_text(entry.read_text().replace('"fast"', '"slow"'))
     third = EngineSelector(AutoSettings(), persist=True)

@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qlower.backends.onnxruntime.flatten_rows import flatten_rows
+from qlower.onnx.flatten_rows import flatten_rows
 
 B, S, N = 2, 4, 8
 

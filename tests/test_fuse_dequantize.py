@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime import cpu
-from qlower.backends.onnxruntime.fuse_dequantize import FuseDequantize
+from qlower.core import cpu
+from qlower.passes.onnxruntime.fuse_dequantize import FuseDequantize
 from qlower.passes import PassContext, PassManager
 
 from conftest import calib, skip_numerics_unless_exact_here

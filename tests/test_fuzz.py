@@ -900,7 +900,7 @@ def test_regression_int8_activations_conv_without_vnni(monkeypatch):
     regression too; the values are bit-exact on this CPU."""
     import onnx
     from onnx import numpy_helper
-    from qlower.backends.onnxruntime import cpu
+    from qlower.core import cpu
     monkeypatch.setattr(cpu, "has_vnni", lambda: False)
     prog = Program(in_shape=(1, 6, 8, 5), ops=(Op("conv", (0,), (12, 3, 3, 2, 1, 6, True)), Op("flatten", (1,))),
                    weights="const", inputs="positive", seed=17649, act="int8", quantize_mul=True)
@@ -1379,7 +1379,7 @@ def test_regression_iree_static_batched_int8_matmul_chain():
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
     """A grouped conv whose one window in H stops short of the input (x [B, 5, 4, 9], kernel 3,
-    dilation 2, padding 1), B dynamic, fp32: SingleWindowConvs wrote out its padding with
+    dilation 2, padding 1), B dynamic, fp32: PadSingleWindowConvs wrote out its padding with
     aten.constant_pad_nd, whose fake kernel specialized B to the example's 2 — the IREE module
     was static, and at batch 3 the model returned a batch-2 output, silently. Found by the IREE
     fuzz run on the fifteenth session's final code (the pass is the fourteenth's); the padded
@@ -1469,7 +1469,7 @@ def test_regression_iree_global_average_pool_after_a_broadcast_weight():
     """RMSNorm (its weight a broadcast product) then a global average pool: iree-compile 3.13
     crashed on the mean over two dims (segmentation fault with data tiling, "'vector.contract'
     op invalid accumulator/result vector shape" without), the capability had accepted the
-    cluster (fuzz, twelfth session). Fixed by SingleDimReductions (iree legalization)."""
+    cluster (fuzz, twelfth session). Fixed by MergeReductionDims (iree legalization)."""
     _check(Program(in_shape=(2, 5, 6, 5), ops=(Op("softmax", (0,), (1,)), Op("conv", (0,), (10, 3, 2, 2, 1, 5, False)),
                                                Op("rms", (0,), ()), Op("gap", (3,), (False,)), Op("reshape", (4,), (5, 1))),
                    weights="huge", inputs="const", seed=1008, act="int8", per_channel=False, weight_bits=7,

@@ -313,8 +313,8 @@ def test_boolean_mask_arithmetic_on_iree(op):
     """Mask arithmetic imports and matches (it was refused wholesale as "boolean-only": 15
     PyTorch fallbacks on a MiniLM-size encoder). Measured op by op, three forms fail in
     iree-compile as they are and are legalized: `&` and `^` (aten.__and__ / __xor__) run as
-    bitwise_and / bitwise_xor (BitwiseOperators), a boolean tensor created from a shape
-    (torch-mlir's dense<true> literal) as int32 != 0 (BooleanConstants)."""
+    bitwise_and / bitwise_xor (NameBitwiseOperators), a boolean tensor created from a shape
+    (torch-mlir's dense<true> literal) as int32 != 0 (BoolConstantsAsIntCompare)."""
     x, m = torch.randn(2, 4, 4), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     model = _Mask(op)
     cm = qlower.compile(model, (x, m), backend="iree")
@@ -341,19 +341,19 @@ def test_boolean_constants_pass_contract():
     """Positive (new_ones / full / ones_like / full_like with bool results, fill values
     True/False), near misses (zeros of bool: compiles as it is; int creation ops), values bit
     for bit, idempotence; then on IREE: one cluster, equal to eager."""
-    from qlower.backends.iree.boolean_constants import BooleanConstants
+    from qlower.passes.iree.bool_constants_as_int_compare import BoolConstantsAsIntCompare
     from qlower.passes import PassContext, PassManager
     x, m = torch.randn(2, 4, 4), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     gm = torch.export.export(_BooleanConstants(), (x, m)).module()
     want = gm(x, m)
-    ctx = PassManager([BooleanConstants()]).run(gm, PassContext())
+    ctx = PassManager([BoolConstantsAsIntCompare()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 4
     created = [n for n in gm.graph.nodes if n.op == "call_function" and "zeros" not in str(n.target)
                and n.target in (torch.ops.aten.new_ones.default, torch.ops.aten.full.default,
                                 torch.ops.aten.ones_like.default, torch.ops.aten.full_like.default)]
     assert len(created) == 4 and all(n.meta["val"].dtype is torch.int32 for n in created)
     assert torch.equal(gm(x, m), want)
-    assert not PassManager([BooleanConstants()]).run(gm, PassContext()).rewrites   # idempotent
+    assert not PassManager([BoolConstantsAsIntCompare()]).run(gm, PassContext()).rewrites   # idempotent
     cm = qlower.compile(_BooleanConstants(), (x, m), backend="iree")
     assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
     assert torch.equal(cm(x, m), _BooleanConstants()(x, m))
@@ -368,12 +368,12 @@ def test_bitwise_operators_pass_contract():
     """Positive (`&`, `^`, tensor and scalar forms, integers), near misses (`|`, bitwise_and
     already), values bit for bit, idempotence; then on IREE: one cluster, equal to eager
     (`bitwise_xor.Scalar` fails in iree-compile like `__xor__`: a 0-d constant operand)."""
-    from qlower.backends.iree.bitwise_operators import BitwiseOperators
+    from qlower.passes.iree.name_bitwise_operators import NameBitwiseOperators
     from qlower.passes import PassContext, PassManager
     i, j = torch.randint(-50, 50, (2, 8)), torch.randint(-50, 50, (2, 8))
     gm = torch.export.export(_IntegerBitwise(), (i, j)).module()
     want = gm(i, j)
-    ctx = PassManager([BitwiseOperators()]).run(gm, PassContext())
+    ctx = PassManager([NameBitwiseOperators()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 8   # 2 __and__, 4 __xor__.Tensor, __xor__.Scalar, bitwise_xor.Scalar
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     aten = torch.ops.aten
@@ -381,7 +381,7 @@ def test_bitwise_operators_pass_contract():
                           aten.bitwise_xor.Scalar}
     assert aten.__or__.Tensor in targets   # `|` compiles as it is: left alone
     assert torch.equal(gm(i, j), want)
-    assert not PassManager([BitwiseOperators()]).run(gm, PassContext()).rewrites   # idempotent
+    assert not PassManager([NameBitwiseOperators()]).run(gm, PassContext()).rewrites   # idempotent
     cm = qlower.compile(_IntegerBitwise(), (i, j), backend="iree")
     assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
     assert torch.equal(cm(i, j), _IntegerBitwise()(i, j))
@@ -828,7 +828,7 @@ def test_ceil_mode_noop_rule_matches_pytorch_output_sizes():
     """drop_noop_ceil_mode's rule (ceil_mode=True changes nothing) against PyTorch's own output
     sizes, over pools where ceil mode does and does not matter; the rewrite then flips exactly
     the no-op ones (torch-mlir mis-sizes those, docs/iree.md)."""
-    from qlower.backends.pool_geometry import ceil_mode_is_noop, drop_noop_ceil_mode
+    from qlower.pool_geometry import ceil_mode_is_noop, drop_noop_ceil_mode
 
     class Pools(torch.nn.Module):
         def __init__(self, k, s, p, d):
@@ -1027,7 +1027,7 @@ def test_float_pool_with_one_short_window_is_refused_up_front(kind, n, k, s, ref
 def test_float_conv_with_one_short_window_runs_on_iree(h, k, s, p):
     """A float conv2d whose single window stops short of the input's end was refused (torch-mlir
     mis-sizes it: 19 of 144 convs of H 3-8 x W 6, kernel 1-3, stride 1-4, padding 0-1 failed in
-    iree-compile; MobileViT fp32 kept one PyTorch fallback). SingleWindowConvs crops the padded
+    iree-compile; MobileViT fp32 kept one PyTorch fallback). PadSingleWindowConvs crops the padded
     input to the window: measured, all 144 compile and match; here five of the former
     failures, one cluster each, equal to eager within float rounding."""
     torch.manual_seed(0)
@@ -1044,7 +1044,7 @@ def test_single_window_convs_pass_contract():
     """Positive (H has one window stopping short: cropped, its padding written out), near misses
     (kernel 1; a window ending at the input's end; two windows), values bit for bit,
     idempotence."""
-    from qlower.backends.iree.single_window_convs import SingleWindowConvs, short_single_window_dims
+    from qlower.passes.iree.pad_single_window_convs import PadSingleWindowConvs, short_single_window_dims
     from qlower.passes import PassContext, PassManager
 
     class Convs(torch.nn.Module):
@@ -1063,15 +1063,15 @@ def test_single_window_convs_pass_contract():
     convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.conv2d.default]
     assert [short_single_window_dims(n) for n in convs] == [[0], [], [], []]
     want = gm(x)
-    ctx = PassManager([SingleWindowConvs()]).run(gm, PassContext())
+    ctx = PassManager([PadSingleWindowConvs()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 1
     assert sum(n.target is torch.ops.aten.constant_pad_nd.default for n in gm.graph.nodes) == 1
     torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
-    assert not PassManager([SingleWindowConvs()]).run(gm, PassContext()).rewrites   # idempotent
+    assert not PassManager([PadSingleWindowConvs()]).run(gm, PassContext()).rewrites   # idempotent
     # a dynamic batch stays symbolic: constant_pad_nd's own fake kernel had specialized it
     dynamic = torch.export.export(Convs().eval(), (torch.randn(2, 2, 3, 6),),
                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)).module()
-    PassManager([SingleWindowConvs()]).run(dynamic, PassContext())
+    PassManager([PadSingleWindowConvs()]).run(dynamic, PassContext())
     (x_node,) = [n for n in dynamic.graph.nodes if n.op == "placeholder" and n.name == "x"]
     pad = next(n for n in dynamic.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default)
     assert not isinstance(x_node.meta["val"].shape[0], int) and not isinstance(pad.meta["val"].shape[0], int)
@@ -1082,7 +1082,7 @@ def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch)
     disk cache instead of running iree-compile; a corrupted entry fails its digest and is
     compiled again; outputs are identical either way."""
     from qlower.backends.iree import compiler
-    from qlower.backends.onnxruntime import cache
+    from qlower.core import cache
     entry = ZOO["cnn"]
     model, x = entry.model(), entry.inputs(1)
     monkeypatch.setattr(compiler, "_VMFB", cache.LRUCache())   # earlier tests compiled this module too
@@ -1296,7 +1296,7 @@ class _ScoresTimesValues(torch.nn.Module):
 def test_rank3_float_matmul_with_a_dynamic_batch_stays_in_the_int8_cluster():
     """torch-mlir cannot decompose a lone rank-3 x rank-3 `aten.matmul` with a dynamic batch
     ("marked as backend illegal"): the capability accepted it and the whole int8 cluster fell
-    back at compile time. BatchedMatmuls writes it as `aten.bmm` (the same product): one
+    back at compile time. MatmulToBmm writes it as `aten.bmm` (the same product): one
     cluster, bit-exact at other sizes."""
     got = _one_int8_cluster_bit_exact_at_other_sizes(_ScoresTimesValues())
     assert "aten::bmm" in got.report().compiled[0].ops
@@ -1307,7 +1307,7 @@ def test_batched_matmuls_pass_contract():
     """Positive (rank-3 x rank-3, equal batch, static or symbolic), near misses (broadcast batch,
     rank-3 x rank-2, rank 4), values bit for bit, idempotence; a broadcast-batch one with a
     dynamic batch is refused alone in an int8 module with its reason."""
-    from qlower.backends.iree.batched_matmuls import BatchedMatmuls
+    from qlower.passes.iree.matmul_to_bmm import MatmulToBmm
     from qlower.backends.iree.torch_import import not_importable_alone
     from qlower.passes import PassContext, PassManager
 
@@ -1319,13 +1319,13 @@ def test_batched_matmuls_pass_contract():
     batch = torch.export.Dim("batch", min=1, max=8)
     gm = torch.export.export(Products(), args, dynamic_shapes=({0: batch}, {0: batch}, None, None, None)).module()
     want = gm(*args)
-    ctx = PassManager([BatchedMatmuls()]).run(gm, PassContext())
+    ctx = PassManager([MatmulToBmm()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 1
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in
              (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default)]
     assert [n.target is torch.ops.aten.bmm.default for n in calls] == [True, False, False, False]
     assert all(torch.equal(g, w) for g, w in zip(gm(*args), want))
-    assert not PassManager([BatchedMatmuls()]).run(gm, PassContext()).rewrites   # idempotent
+    assert not PassManager([MatmulToBmm()]).run(gm, PassContext()).rewrites   # idempotent
     broadcast = calls[1]   # [1, 3, 4] @ [B, 4, 5]
     assert "broadcasting a dynamic batch" in not_importable_alone(broadcast)
     assert not_importable_alone(calls[2]) is None
@@ -1760,7 +1760,7 @@ def test_multi_dim_reduction_of_a_broadcast_product_compiles(case):
     """iree-compile 3.13 fails on a sum/mean over several dims of a product with a broadcast
     operand ("'vector.contract' op invalid accumulator/result vector shape"; a segmentation
     fault with data tiling) and the cluster fell back whole — found by the IREE fuzz run (RMSNorm
-    then a global average pool). SingleDimReductions writes it over one merged dim: it compiles
+    then a global average pool). MergeReductionDims writes it over one merged dim: it compiles
     and matches eager."""
     fn = _REDUCTIONS_OF_A_BROADCAST_PRODUCT[case]
     x = torch.randn(2, 5, 6, 5, generator=torch.Generator().manual_seed(1))
@@ -1774,15 +1774,15 @@ def test_multi_dim_reduction_of_a_broadcast_product_compiles(case):
 def test_single_dim_reductions_pass_contract():
     """Positive (several dims, permuted when not trailing), near misses (one dim, symbolic
     shapes, integer input), values, idempotence."""
-    from qlower.backends.iree.single_dim_reductions import SingleDimReductions
+    from qlower.passes.iree.merge_reduction_dims import MergeReductionDims
     from qlower.passes import PassContext, PassManager
 
     def run(fn, x, dynamic_shapes=None):
         gm = torch.export.export(_OneOp(fn), (x,), dynamic_shapes=dynamic_shapes).module()
         want = gm(x)
-        ctx = PassManager([SingleDimReductions()]).run(gm, PassContext())
+        ctx = PassManager([MergeReductionDims()]).run(gm, PassContext())
         torch.testing.assert_close(gm(x), want, rtol=1e-6, atol=1e-6)
-        again = PassManager([SingleDimReductions()]).run(gm, PassContext())
+        again = PassManager([MergeReductionDims()]).run(gm, PassContext())
         assert not again.rewrites   # idempotent
         return sum(ctx.rewrites.values()), {n.target for n in gm.graph.nodes}
     x = torch.randn(2, 5, 6, 5)
@@ -1836,7 +1836,7 @@ class _Upsample(torch.nn.Module):
 def test_bilinear_upsampling_runs_on_iree(size, align_corners, dynamic):
     """IREE 3.13 lowers no `upsample_bilinear2d` (MobileViT's feature-map resize: its clusters
     failed to compile and fell back whole): it is decomposed with torch's own decomposition,
-    whose `_unsafe_index` gathers run as `index` (UnsafeIndex). One cluster, no fallback, equal
+    whose `_unsafe_index` gathers run as `index` (UnsafeIndexAsIndex). One cluster, no fallback, equal
     to eager within float rounding — at other batches when the batch is dynamic."""
     model = _Upsample(size, align_corners)
     g = torch.Generator().manual_seed(0)
@@ -1855,7 +1855,7 @@ def test_bilinear_upsampling_runs_on_iree(size, align_corners, dynamic):
 def test_unsafe_index_pass_contract():
     """Positive (`_unsafe_index` → `index`), near miss (`index` already), values bit for bit,
     idempotence."""
-    from qlower.backends.iree.unsafe_index import UnsafeIndex
+    from qlower.passes.iree.unsafe_index_as_index import UnsafeIndexAsIndex
     from qlower.passes import PassContext, PassManager
 
     class Gathers(torch.nn.Module):
@@ -1865,12 +1865,12 @@ def test_unsafe_index_pass_contract():
     x, i = torch.randn(4, 4), torch.tensor([3, 0, 2, 1])
     gm = torch.export.export(Gathers(), (x, i)).module()
     want = gm(x, i)
-    ctx = PassManager([UnsafeIndex()]).run(gm, PassContext())
+    ctx = PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext())
     assert sum(ctx.rewrites.values()) == 1
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten._unsafe_index.Tensor not in targets and targets.count(torch.ops.aten.index.Tensor) == 2
     assert torch.equal(gm(x, i), want)
-    assert not PassManager([UnsafeIndex()]).run(gm, PassContext()).rewrites   # idempotent
+    assert not PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext()).rewrites   # idempotent
 
 
 def test_kv_cache_update_runs_on_iree_step_by_step():
@@ -2003,17 +2003,17 @@ def test_matrix_transposes_contract():
     """mT / mH / adjoint (torch-mlir leaves them as an illegal `torch.operator`: the whole cluster
     fell back) become transpose(-2, -1): one IREE cluster, eager's values; a complex input is a
     near miss (a conjugate too); a second run changes nothing."""
-    from qlower.backends.iree.matrix_transposes import MatrixTransposes
+    from qlower.passes.iree.matrix_transpose_as_transpose import MatrixTransposeAsTranspose
     from qlower.passes import PassContext
     model, x = _MatrixTransposes(), torch.randn(3, 4, 4)
     gm = torch.export.export(model, (x,)).module()
-    assert MatrixTransposes().run(gm, PassContext()) is True
+    assert MatrixTransposeAsTranspose().run(gm, PassContext()) is True
     assert not [n for n in gm.graph.nodes if n.target in (torch.ops.aten.mT.default, torch.ops.aten.mH.default,
                                                           torch.ops.aten.adjoint.default)]
-    assert MatrixTransposes().run(gm, PassContext()) is False
+    assert MatrixTransposeAsTranspose().run(gm, PassContext()) is False
     assert torch.equal(gm(x), model(x))
     complex_gm = torch.export.export(Fn(lambda z: z.mH * 2), (torch.randn(2, 3, dtype=torch.complex64),)).module()
-    assert MatrixTransposes().run(complex_gm, PassContext()) is False
+    assert MatrixTransposeAsTranspose().run(complex_gm, PassContext()) is False
     cm = qlower.compile(model, (x,), backend="iree")
     assert [(c.backend, c.status) for c in cm.report().clusters] == [("iree", "compiled")], str(cm.report())
     torch.testing.assert_close(cm(x), model(x))

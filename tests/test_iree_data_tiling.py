@@ -42,7 +42,7 @@ def test_iree_global_path_miscompiles_a_self_product_with_both_zero_points(zps):
     zero point 0 is exact on both. Measured on AVX-512 VNNI CPUs (Intel Xeon with AMX); elsewhere
     (IREE picks other tiles) only the exact cases are asserted: the hazard is kept everywhere.
     A new IREE that computes it right fails this test: then the hazard can go."""
-    from qlower.backends.onnxruntime.cpu import has_vnni
+    from qlower.core.cpu import has_vnni
     x = np.random.default_rng(0).integers(-128, 127, size=(1, 8, 16)).astype(np.int8)
     centered_a, centered_b = x.astype(np.int64) - zps[0], x.astype(np.int64) - zps[1]
     want = centered_a @ centered_b.transpose(0, 2, 1)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime.lowering import integer as emit_module
-from qlower.backends.onnxruntime import kernel_proofs as kp
+from qlower.onnx.lowering import integer as emit_module
+from qlower.onnx import kernel_proofs as kp
 
 from conftest import calib
 
@@ -208,7 +208,7 @@ def test_public_quantize_for_a_backend_snaps_like_compile(monkeypatch):
     """`qlower.quantize(..., backend="onnxruntime")` gives the program `compile` would quantize:
     7-bit weights on this CPU's preset choice and snapped add scales, so every add is QLinearAdd."""
     from qlower.backends.onnxruntime import OnnxRuntimeBackend
-    from qlower.backends.onnxruntime.cpu import has_vnni
+    from qlower.core.cpu import has_vnni
     from qlower.quantize import quantize as quantize_internal
     monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
     torch.manual_seed(1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.onnxruntime.linear_algebra import DECOMPOSITIONS, MAX_UNROLLED
+from qlower.onnx.linear_algebra import DECOMPOSITIONS, MAX_UNROLLED
 
 from conftest import Fn
 
@@ -173,7 +173,7 @@ def test_near_misses_stay_in_pytorch_with_their_reason():
 
 
 def _raising(a, b, spd, t):
-    """Every op ErrorChecksOutside rewrites, each reading its own input."""
+    """Every op MoveErrorChecksOutside rewrites, each reading its own input."""
     lu, piv = torch.linalg.lu_factor(a)
     return (torch.linalg.inv(a), torch.linalg.solve(a, b), torch.linalg.cholesky(spd), torch.cholesky(spd, upper=True),
             lu, piv, torch.linalg.tensorinv(t, ind=1), torch.linalg.tensorsolve(t, b[:, 0].repeat(2)))
@@ -186,10 +186,10 @@ def _raising_inputs():
 
 
 def test_error_checks_outside_contract():
-    """ErrorChecksOutside: each raising op becomes its `_ex` form + eager's check (positive), the
+    """MoveErrorChecksOutside: each raising op becomes its `_ex` form + eager's check (positive), the
     values stay identical, a second run changes nothing (idempotent); a symbolic shape and the
     `_ex` forms themselves are left alone (near misses)."""
-    from qlower.backends.onnxruntime.error_checks_outside import RAISING, ErrorChecksOutside
+    from qlower.passes.onnxruntime.move_error_checks_outside import RAISING, MoveErrorChecksOutside
     from qlower.passes import PassContext
     args = _raising_inputs()
     gm = torch.export.export(Fn(_raising), args).module()
@@ -197,14 +197,14 @@ def test_error_checks_outside_contract():
     raising = lambda: [n for n in gm.graph.nodes if n.target in RAISING]
     checks = lambda: [n for n in gm.graph.nodes if n.target is torch.ops.aten._linalg_check_errors.default]
     assert len(raising()) == 7 and not checks()
-    assert ErrorChecksOutside().run(gm, PassContext()) is True
+    assert MoveErrorChecksOutside().run(gm, PassContext()) is True
     assert not raising() and len(checks()) == 7
-    assert ErrorChecksOutside().run(gm, PassContext()) is False
+    assert MoveErrorChecksOutside().run(gm, PassContext()) is False
     for got, want in zip(gm(*args), before):
         assert torch.equal(got, want)
     batch = torch.export.Dim("batch", min=2)
     gm = torch.export.export(Fn(torch.linalg.inv), (torch.randn(2, 3, 3),), dynamic_shapes=(({0: batch},),)).module()
-    assert ErrorChecksOutside().run(gm, PassContext()) is False
+    assert MoveErrorChecksOutside().run(gm, PassContext()) is False
 
 
 def test_ops_that_raise_in_eager_run_in_onnxruntime_and_raise_there_too():

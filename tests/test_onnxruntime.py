@@ -132,7 +132,7 @@ def test_fixed_profile_requantize_is_not_run_by_onnxruntime(small_net):
 
 
 def test_int8_preset_picks_weights_by_cpu(small_net):
-    from qlower.backends.onnxruntime.cpu import has_vnni
+    from qlower.core.cpu import has_vnni
     x = (torch.randn(1, 3, 8, 8),)
     cm = qlower.compile(small_net, x, quantize="int8", calibration=calib((1, 3, 8, 8)), backend="onnxruntime")
     weights = [m for n, m in cm.graph_module.named_buffers() if m.dtype == torch.int8]
@@ -169,7 +169,7 @@ def test_cache_hits_and_changed_weights_miss(integer_net, monkeypatch, tmp_path)
 def test_cache_key_depends_on_the_cpu(integer_net, monkeypatch):
     """Emitted models depend on the CPU (VNNI, kernel proofs): another machine sharing the cache
     directory must not be served them."""
-    from qlower.backends.onnxruntime import cache, cpu
+    from qlower.core import cache, cpu
     gm = torch.export.export(integer_net, (torch.randn(1, 3, 16, 16),)).module()
     here = cache.cluster_key(gm, {}, "opts")
     monkeypatch.setattr(cpu, "fingerprint", lambda: "another-cpu")
@@ -408,7 +408,7 @@ def test_explicit_reduction_dims_contract():
     """amax/amin over every dim (empty `dim`) get the dims written out (torchlib's aten_amax needs
     them); a reduction over named dims is a near miss; a second run changes nothing; the values
     are the same before and after, and the whole model runs in ONNX Runtime."""
-    from qlower.backends.onnxruntime.explicit_reduction_dims import ExplicitReductionDims
+    from qlower.passes.onnxruntime.write_out_reduction_dims import WriteOutReductionDims
     from qlower.passes import PassContext
     model, x = _GlobalMinMax().eval(), torch.randn(3, 5)
     gm = torch.export.export(model, (x,)).module()
@@ -418,12 +418,12 @@ def test_explicit_reduction_dims_contract():
                                                                                    torch.ops.aten.amin.default)]
     assert dims() == [[], [], [1], [], [-1]]
     ctx = PassContext()
-    assert ExplicitReductionDims().run(gm, ctx) is True
+    assert WriteOutReductionDims().run(gm, ctx) is True
     # aminmax became amin + amax over both dims; the 0-d amax became a clone; dim -1 became 1
     # (ONNX Runtime returns an empty input to a negative-axis reduction unchanged)
     assert dims() == [[0, 1], [0, 1], [0, 1], [0, 1], [1], [1]] and sum(ctx.rewrites.values()) == 7
     assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.aminmax.default]
-    assert ExplicitReductionDims().run(gm, PassContext()) is False
+    assert WriteOutReductionDims().run(gm, PassContext()) is False
     assert torch.equal(gm(x), before)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     assert [(c.backend, c.status) for c in cm.report().clusters] == [("onnxruntime", "compiled")]
@@ -675,7 +675,7 @@ def test_attention_of_rank_2_and_3_is_unsqueezed_to_rank_4(shape, mask_shape, ca
     the capability accepted them (the whole cluster then ran in PyTorch). The pass: positive case,
     a second run changes nothing, the values are identical before and after, and the model runs
     in ONNX Runtime as one cluster."""
-    from qlower.backends.onnxruntime.four_d_attention import FourDAttention
+    from qlower.passes.onnxruntime.unsqueeze_attention_to_4d import UnsqueezeAttentionTo4d
     from qlower.passes import PassContext
     q = torch.randn(*shape)
     kv = torch.randn(*shape[:-2], 6, shape[-1])
@@ -685,9 +685,9 @@ def test_attention_of_rank_2_and_3_is_unsqueezed_to_rank_4(shape, mask_shape, ca
     gm = torch.export.export(model, args).module()
     before = gm(*args)
     assert _sdpa_ranks(gm) == [len(shape)]
-    assert FourDAttention().run(gm, PassContext()) is True
+    assert UnsqueezeAttentionTo4d().run(gm, PassContext()) is True
     assert _sdpa_ranks(gm) == [4]
-    assert FourDAttention().run(gm, PassContext()) is False
+    assert UnsqueezeAttentionTo4d().run(gm, PassContext()) is False
     # the same math; PyTorch's CPU attention kernel differs by rank (float rounding apart)
     torch.testing.assert_close(gm(*args), before, rtol=1e-6, atol=1e-6)
     cm = qlower.compile(model, args, backend="onnxruntime")
@@ -696,12 +696,12 @@ def test_attention_of_rank_2_and_3_is_unsqueezed_to_rank_4(shape, mask_shape, ca
 
 
 def test_rank_4_and_rank_5_attention_are_left_alone_and_rank_5_is_refused():
-    from qlower.backends.onnxruntime.four_d_attention import FourDAttention
+    from qlower.passes.onnxruntime.unsqueeze_attention_to_4d import UnsqueezeAttentionTo4d
     from qlower.passes import PassContext
     for shape in ((2, 3, 5, 8), (2, 2, 3, 5, 8)):
         args = (torch.randn(*shape), torch.randn(*shape), torch.randn(*shape), torch.randn(5, 5))
         gm = torch.export.export(_Attention().eval(), args).module()
-        assert FourDAttention().run(gm, PassContext()) is False
+        assert UnsqueezeAttentionTo4d().run(gm, PassContext()) is False
     cm = qlower.compile(_Attention().eval(), args, backend="onnxruntime")
     (refused,) = cm.report().fallbacks
     assert "rank-5 query/key/value" in refused.reason
@@ -712,7 +712,7 @@ def test_rank_4_and_rank_5_attention_are_left_alone_and_rank_5_is_refused():
 def test_norm_of_a_0d_tensor_is_abs_and_runs_in_onnx_runtime(ord_):
     """torchlib reduced a 0-d tensor over axis 0 ("axis must be in [-rank, rank-1]"): the norm of
     one value is its absolute value for every ord but 0, which is left alone (a near miss)."""
-    from qlower.backends.onnxruntime.explicit_reduction_dims import ExplicitReductionDims
+    from qlower.passes.onnxruntime.write_out_reduction_dims import WriteOutReductionDims
     from qlower.passes import PassContext
 
     class Norm(torch.nn.Module):
@@ -724,13 +724,13 @@ def test_norm_of_a_0d_tensor_is_abs_and_runs_in_onnx_runtime(ord_):
             return torch.linalg.vector_norm(x, self.o)
     x = torch.tensor(-3.5)
     gm = torch.export.export(Norm(ord_), (x,)).module()
-    assert ExplicitReductionDims().run(gm, PassContext()) is True
-    assert ExplicitReductionDims().run(gm, PassContext()) is False
+    assert WriteOutReductionDims().run(gm, PassContext()) is True
+    assert WriteOutReductionDims().run(gm, PassContext()) is False
     assert torch.equal(gm(x), Norm(ord_)(x))
     cm = qlower.compile(Norm(ord_), (x,), backend="onnxruntime")
     assert not cm.report().fallbacks and torch.equal(cm(x), Norm(ord_)(x))
     zero = torch.export.export(Norm(0), (x,)).module()
-    assert ExplicitReductionDims().run(zero, PassContext()) is False
+    assert WriteOutReductionDims().run(zero, PassContext()) is False
 
 
 def test_norm_of_a_0d_tensor_with_a_dtype_casts_then_takes_abs():
@@ -752,15 +752,15 @@ def test_alias_ops_become_the_ops_they_alias():
     """torch.divide of a float by an int64 tensor stayed `aten.divide`, which torch.onnx's type
     promotion does not know: Div(float, int64), rejected by ONNX Runtime (OpInfo's masked.std),
     and the whole cluster ran in PyTorch. Positive case, idempotence, values identical, one cluster."""
-    from qlower.backends.onnxruntime.canonical_aliases import ALIASES, CanonicalAliases
+    from qlower.passes.onnxruntime.replace_alias_ops import ALIASES, ReplaceAliasOps
     from qlower.passes import PassContext
     args = (torch.randn(3, 4), torch.tensor([1, 2, 3, 4]))
     gm = torch.export.export(_Aliases(), args).module()
     before = gm(*args)
     aliases = lambda: [n.target for n in gm.graph.nodes if n.target in ALIASES]
     assert len(aliases()) == 4
-    assert CanonicalAliases().run(gm, PassContext()) is True
-    assert not aliases() and CanonicalAliases().run(gm, PassContext()) is False
+    assert ReplaceAliasOps().run(gm, PassContext()) is True
+    assert not aliases() and ReplaceAliasOps().run(gm, PassContext()) is False
     assert torch.equal(gm(*args), before)
     cm = qlower.compile(_Aliases(), args, backend="onnxruntime")
     assert [c.status for c in cm.report().clusters] == ["compiled"]
@@ -963,11 +963,11 @@ def _batch_norms(x, w, b, rm, rv, rm2, rv2):
 
 
 def test_batch_norm_spelled_out_contract_and_write_backs():
-    """BatchNormSpelledOut: training-mode batch norm updating the caller's running statistics
+    """WriteOutTrainingBatchNorm: training-mode batch norm updating the caller's running statistics
     (and eval-mode native batch norm's empty saved statistics) written out (positive, idempotent,
     values and updated statistics as eager's); statistics that are module buffers are left
     (near miss). Compiled: one cluster, the updates as input write-backs (status "state")."""
-    from qlower.backends.onnxruntime.batch_norm_spelled_out import TARGETS, BatchNormSpelledOut
+    from qlower.passes.onnxruntime.write_out_training_batch_norm import TARGETS, WriteOutTrainingBatchNorm
     from qlower.passes import PassContext
     x, w, b = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
     stats = lambda: [torch.randn(2), torch.rand(2) + 0.2, torch.randn(2), torch.rand(2) + 0.2]
@@ -975,9 +975,9 @@ def test_batch_norm_spelled_out_contract_and_write_backs():
     gm = torch.export.export(Fn(_batch_norms), (x, w, b, *[s.clone() for s in start])).module()
     want_stats = [s.clone() for s in start]
     want = _batch_norms(x, w, b, *want_stats)
-    assert BatchNormSpelledOut().run(gm, PassContext()) is True
+    assert WriteOutTrainingBatchNorm().run(gm, PassContext()) is True
     assert not [n for n in gm.graph.nodes if n.target in TARGETS]
-    assert BatchNormSpelledOut().run(gm, PassContext()) is False
+    assert WriteOutTrainingBatchNorm().run(gm, PassContext()) is False
     got_stats = [s.clone() for s in start]
     for g, w_ in zip(gm(x, w, b, *got_stats), want):
         torch.testing.assert_close(g, w_, rtol=1e-5, atol=1e-5)
@@ -994,21 +994,21 @@ def test_batch_norm_spelled_out_contract_and_write_backs():
 
     bn = torch.nn.BatchNorm1d(2).train()
     gm = torch.export.export(bn, (x,)).module()
-    assert BatchNormSpelledOut().run(gm, PassContext()) is False
+    assert WriteOutTrainingBatchNorm().run(gm, PassContext()) is False
 
 
 def test_embedding_renorm_spelled_out_contract_and_write_back():
-    """EmbeddingRenormSpelledOut: embedding with max_norm renormalizes the caller's weight in
+    """WriteOutEmbeddingRenorm: embedding with max_norm renormalizes the caller's weight in
     place (positive: one cluster, the renormalized weight as an input write-back, the caller's
     weight and the lookup as eager's, rows not looked up untouched; idempotent); a renorm of a
     module parameter (not a graph input) is left (near miss)."""
-    from qlower.backends.onnxruntime.embedding_renorm_spelled_out import EmbeddingRenormSpelledOut
+    from qlower.passes.onnxruntime.write_out_embedding_renorm import WriteOutEmbeddingRenorm
     from qlower.passes import PassContext
     fn = lambda w, i: torch.nn.functional.embedding(i, w, max_norm=1.0, norm_type=1.0) * 2
     w, i = torch.randn(6, 4), torch.tensor([[0, 2], [4, 2]])
     gm = torch.export.export(Fn(fn), (w.clone(), i)).module()
-    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is True
-    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is False
+    assert WriteOutEmbeddingRenorm().run(gm, PassContext()) is True
+    assert WriteOutEmbeddingRenorm().run(gm, PassContext()) is False
     cm = qlower.compile(Fn(fn), (w.clone(), i), backend="onnxruntime")
     assert [c.status for c in cm.report().clusters] == ["compiled", "state"]
     ours, eager = w.clone(), w.clone()
@@ -1017,7 +1017,7 @@ def test_embedding_renorm_spelled_out_contract_and_write_back():
     assert not torch.equal(ours, w) and torch.equal(ours[[1, 3, 5]], w[[1, 3, 5]])
     module = torch.nn.Embedding(6, 4, max_norm=1.0)
     gm = torch.export.export(module, (i,)).module()
-    assert EmbeddingRenormSpelledOut().run(gm, PassContext()) is False
+    assert WriteOutEmbeddingRenorm().run(gm, PassContext()) is False
 
 
 def test_bfloat16_crosses_the_boundary_as_float32():

@@ -201,7 +201,7 @@ def test_linear_accumulator_bit_exact(dtype, k, case):
 def test_split_accumulation_fires_only_beyond_the_bound():
     """The pass: split points keep every channel's partial sum (bias in the first) below 2^24;
     near misses: within the bound, or one column alone at it (no split helps)."""
-    from qlower.backends.openvino.split_accumulation import split_points
+    from qlower.passes.openvino.split_accumulation import split_points
     columns = torch.full((2, 3072), 255 * 128, dtype=torch.int64)
     cuts = split_points(columns, torch.tensor([5000, 0]))
     assert cuts[0] == 0 and cuts[-1] == 3072 and len(cuts) == 7
@@ -211,7 +211,7 @@ def test_split_accumulation_fires_only_beyond_the_bound():
     assert split_points(columns[:, :500], torch.zeros(2, dtype=torch.int64)) is None
     assert split_points(torch.full((1, 4), 2**24, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)) is None
     # on a graph: fires once, the accumulator unchanged, idempotent
-    from qlower.backends.openvino.split_accumulation import SplitAccumulation
+    from qlower.passes.openvino.split_accumulation import SplitAccumulation
     from qlower.passes import PassContext, PassManager
     x = torch.full((2, 3072), 255, dtype=U8)
     model = Linear(torch.full((4, 3072), -128, dtype=S8), torch.arange(4, dtype=torch.int32), 0)
@@ -885,7 +885,7 @@ def test_a_node_the_cpu_plugin_rejects_runs_alone_in_pytorch(caplog, monkeypatch
     `opset_changes` renames it and OpenVINO runs GridSample right, so the test keeps the old
     name to get the plugin's real rejection.)"""
     import logging
-    from qlower.backends.onnxruntime import opset_changes
+    from qlower.onnx import opset_changes
     monkeypatch.setattr(opset_changes, "_GRID_SAMPLE_MODES", {})
     torch.manual_seed(0)
     model, x = _GridSampleBetweenLinears().eval(), torch.randn(2, 4)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import qlower
 from conftest import Fn
-from qlower.backends.onnxruntime.opset_changes import upgrade_opset_18_nodes
+from qlower.onnx.opset_changes import upgrade_opset_18_nodes
 
 
 def _model(op_type: str, n_inputs: int, **attributes) -> ir.Model:

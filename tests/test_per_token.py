@@ -182,7 +182,7 @@ def test_onnxruntime_preset_without_vnni_keeps_8_bit_weights_in_per_token_linear
     u8 x s8 kernels need them (the static conv), 8-bit ones in the per-token linear (u8 x u8
     there, exact: 7 bits cost SmolLM2-135M 6.6 dB). Equal to the reference bit for bit (the
     non-VNNI form is exact on every CPU). With VNNI: 8 bits everywhere."""
-    from qlower.backends.onnxruntime import cpu
+    from qlower.core import cpu
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 6)
     monkeypatch.setattr(cpu, "has_vnni", lambda: False)
@@ -317,7 +317,7 @@ def _per_token_lowered(bias=False):
 
 
 def test_fuse_per_token_pass_keeps_values_and_is_idempotent():
-    from qlower.backends.onnxruntime.fuse_per_token import FusePerTokenLinear
+    from qlower.passes.onnxruntime.fuse_per_token import FusePerTokenLinear
     gm, x = _per_token_lowered(bias=True)
     want = gm(x)
     assert FusePerTokenLinear().run(gm, PassContext())
@@ -329,7 +329,7 @@ def test_fuse_per_token_pass_keeps_values_and_is_idempotent():
 
 
 def test_fuse_per_token_pass_near_miss_accumulator_with_a_second_user():
-    from qlower.backends.onnxruntime.fuse_per_token import FusePerTokenLinear
+    from qlower.passes.onnxruntime.fuse_per_token import FusePerTokenLinear
     gm, x = _per_token_lowered()
     acc = next(n for n in gm.graph.nodes if n.target is Q.linear.default)
     out = next(n for n in gm.graph.nodes if n.op == "output")

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnxscript import rewriter
 
-from qlower.backends.onnxruntime import rewrite_rules
+from qlower.onnx import rewrite_rules
 
 
 def _model() -> onnx.ModelProto:

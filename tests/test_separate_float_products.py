@@ -10,7 +10,7 @@ from qlower.passes import PassContext
 
 pytest.importorskip("iree.compiler", reason="the iree extra is not installed")
 pytest.importorskip("iree.runtime", reason="the iree extra is not installed")
-from qlower.backends.iree.separate_float_products import SeparateFloatProducts  # noqa: E402
+from qlower.passes.iree.separate_float_products import SeparateFloatProducts  # noqa: E402
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed

@@ -1,5 +1,4 @@
 """qlower: a quantization-aware compiler for PyTorch models."""
-__version__ = "0.1.0"
 
 import logging as _logging
 
@@ -17,6 +16,7 @@ for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).addFilter(_DropOptionalKernelNoise())
 
 from . import blockops  # noqa: E402
+from .core.version import __version__  # noqa: E402
 from .api import compile, export, quantize  # noqa: E402
 from .capture import capture, load_pt2, save_pt2  # noqa: E402
 from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
@@ -26,6 +26,6 @@ from .quantize import AccuracyTarget, QuantConfig, SmoothQuant  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
 from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
-__all__ = ["blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
+__all__ = ["__version__", "blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
            "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY", "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]

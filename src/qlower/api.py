@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
-from .backends import EXPORT_FORMATS, auto_backends, default_selector, get_backend, op_counts
+from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
-from .backends.select import Program, source_digest
+from .engine_choice import Program, auto_backends, default_selector, source_digest
 from .capture import capture, check_example_inputs, check_module, save_pt2
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
@@ -18,7 +18,8 @@ from .passes import PassContext, PassManager, default_pipeline
 from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized
 from .quantize import quantize as _quantize
 from .quantize.calibrate import prepare_calibration
-from .report import CompileReport
+from .core.types import CompileReport
+from .report.verify import ranked_layers
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
 
@@ -37,11 +38,11 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     if calibration is not None and not (isinstance(model, torch.export.ExportedProgram) and is_quantized(model)):
         calibration = prepare_calibration(calibration, example_inputs)
     if backend is None:
-        return _quantize(model, example_inputs, calibration, config, dynamic_shapes)
+        return _quantize(model, example_inputs, calibration, config, dynamic_shapes, ranked_layers=ranked_layers)
     chosen = get_backend(backend, backend_options)
     config, _ = _config_for_backend(config, chosen)
     return _quantize(model, example_inputs, calibration, config, dynamic_shapes,
-                     adjust_observers=getattr(chosen, "adjust_observers", None))
+                     adjust_observers=getattr(chosen, "adjust_observers", None), ranked_layers=ranked_layers)
 
 
 @forgets_discarded_graphs
@@ -122,7 +123,7 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
             program_notes += [note] if note else []
             hook = getattr(chosen, "adjust_observers", None)
             ep = _quantize(model if config.target is not None else source(), example_inputs, calibration, config,
-                           dynamic_shapes, adjust_observers=hook)
+                           dynamic_shapes, adjust_observers=hook, ranked_layers=ranked_layers)
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
             adapted = passes is None and stages(chosen) != tuple(type(p).__name__ for p in default_pipeline())

@@ -214,7 +214,7 @@ def _check_operand_dtypes(ep: torch.export.ExportedProgram) -> None:
 def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:
     """Write a program as a .pt2 that torch.export.load reads too, atomically and with a sha256
     manifest (the sample inputs, a pickle, are left out)."""
-    from .runtime.artifact import write_pt2
+    from .artifact import write_pt2
     return write_pt2(ep, path)
 
 
@@ -222,7 +222,7 @@ def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
     """A torch.export program from a .pt2 file, without unpickling or running anything in it
     (runtime/artifact.py): files of other tools load when they hold plain tensors, else a typed
     ArtifactError names the refused part. A manifest, when present, is verified."""
-    from .runtime.artifact import read_pt2
+    from .artifact import read_pt2
     path = Path(path)
     if not path.exists():
         raise ArtifactError(f"no such .pt2 file: {path}", hint="check the path")

@@ -7,7 +7,7 @@ import torch
 
 from . import zoo
 from .api import compile as qcompile
-from .report import cosine, sqnr_db
+from .core.metrics import cosine, sqnr_db
 from .timing import median_latency_ms
 
 

@@ -392,3 +392,14 @@ def dequantize_per_token_accumulator(acc: torch.Tensor, token_scale: torch.Tenso
     GEMM's float epilogue applies per output column, e.g. ONNX Runtime's MatMulIntegerToFloat),
     then the per-row token scale. Two fp32 roundings, in this order, on every backend."""
     return (acc.to(torch.float32) * _as_f32(weight_scale)) * token_scale.to(torch.float32)
+
+
+# Every integer of magnitude below 2^24 is an fp32 value: an engine that accumulates integer
+# products in fp32 (OpenVINO's MatMulInteger) is exact while the accumulator stays below it.
+EXACT_SUM = 2**24
+
+
+def max_centered(dtype: torch.dtype, zp: int) -> int:
+    """max |q - zp| over the codes of an 8-bit `dtype`."""
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    return max(abs(lo - zp), abs(hi - zp))

@@ -12,7 +12,7 @@ from torch.fx import GraphModule
 
 from ..fx import schema_name
 from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
-from ..report import ClusterInfo
+from ..core.types import ClusterInfo
 
 
 @dataclass

@@ -16,7 +16,7 @@ from ..fx import constant_value, mutated_attributes, schema_name
 from ..partition import Capability, cluster_graph
 from ..passes.decompose_block_ops import DECOMPOSED_FROM, recompose_block_ops
 from ..passes.functionalize_state import WRITE_BACK
-from ..report import ClusterInfo
+from ..core.types import ClusterInfo
 from .cluster_sizes import derive_sizes_of_clusters, one_user_per_size, sizes_with_their_users
 
 

@@ -9,7 +9,8 @@
 """
 from .harness import StackResult, partition_scaling, run_bench, run_plan
 from .machine import machine_info
-from .output import (LogCapture, best_peer_ratios, canonical_cell, paired_ratios, ratio_lines, rich_table,
+from .logcapture import LogCapture
+from .output import (best_peer_ratios, canonical_cell, paired_ratios, ratio_lines, rich_table,
                      write_outputs)
 from .stacks import (DEFAULT_STACKS, FORMULATIONS, QUICK_STACKS, STACKS, PeerUnavailable, build_stack,
                      require)

@@ -123,7 +123,7 @@ def run_plan(plan: list[tuple[str, int]], stacks: list[str], rounds: int = 5, bl
     calibrate the int8 stacks; `canonical_inputs` inputs check qlower stacks against the
     reference backend (0: not checked). `on_pair(results so far)` runs after each pair (the CLI
     rewrites its output files, so an interrupted long run keeps what it measured)."""
-    from .output import LogCapture
+    from .logcapture import LogCapture
     torch.manual_seed(0)
     capture = LogCapture(log_file).open()
     results: list[StackResult] = []

@@ -3,12 +3,12 @@ QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST (';'-separated schema names, e.g. 'aten
 from __future__ import annotations
 
 import operator
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from torch.fx import Node
 
+from ..core.settings import settings
 from ..fx import schema_name
 
 ALLOW_ENV = "QLOWER_OP_ALLOWLIST"
@@ -40,8 +40,9 @@ def holds_empty_tensor(node: Node) -> bool:
     return False
 
 
-def _env_list(name: str) -> set[str]:
-    return {s.strip() for s in os.environ.get(name, "").split(";") if s.strip()}
+def _env_list(name: str) -> frozenset[str]:
+    s = settings()
+    return s.op_denylist if name == DENY_ENV else s.op_allowlist
 
 
 def _always(node: Node) -> str | None:

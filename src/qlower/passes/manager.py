@@ -2,12 +2,12 @@
 and dumps before/after graphs when QLOWER_DUMP_PASSES=<dir> is set."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 from torch.fx import GraphModule
 
+from ..core.settings import settings
 from ..errors import PassError
 from ..fx import source_of
 from ..meta import QPARAMS_KEY
@@ -59,8 +59,7 @@ class PassManager:
                                  "start from qlower.passes.default_pipeline()")
         self.passes = list(passes)
         self.verify_each = verify_each
-        self.dump_dir = Path(dump_dir or os.environ.get(DUMP_ENV, "") or ".") if (
-            dump_dir or os.environ.get(DUMP_ENV)) else None
+        self.dump_dir = Path(dump_dir) if dump_dir else settings().dump_passes
 
     def run(self, gm: GraphModule, ctx: PassContext | None = None) -> PassContext:
         ctx = ctx or PassContext()

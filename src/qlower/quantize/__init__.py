@@ -13,6 +13,7 @@ from ..passes.drop_eval_dropout import DropEvalDropout
 from ..shapes import dynamic_spec, user_input_values
 from .attention import decompose_attention, decompose_attention_in_module, writes_state
 from .calibrate import calibrate
+from . import mixed_precision
 from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
 from .biascorrect import correct
@@ -34,10 +35,13 @@ def is_quantized(program) -> bool:
 
 
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
-             dynamic_shapes=None, adjust_observers=None) -> torch.export.ExportedProgram:
+             dynamic_shapes=None, adjust_observers=None,
+             ranked_layers: mixed_precision.RankLayers | None = None) -> torch.export.ExportedProgram:
     """Capture, annotate with `QlowerQuantizer`, calibrate, convert: a Q/DQ ExportedProgram.
     An already-quantized ExportedProgram is returned as is. `adjust_observers(observed)` may
-    refine calibrated qparams before convert (a backend's exact-kernel choices)."""
+    refine calibrated qparams before convert (a backend's exact-kernel choices). A config with
+    an accuracy target needs `ranked_layers` (report.verify.ranked_layers; qlower.quantize and
+    qlower.compile pass it)."""
     if isinstance(model, torch.export.ExportedProgram) and is_quantized(model):
         return model
     if isinstance(config, str):
@@ -49,10 +53,13 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     example_inputs = check_example_inputs(example_inputs)
     calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read more than once
     if config.target is not None:
-        from . import mixed_precision
+        if ranked_layers is None:
+            raise QuantizeError("an accuracy target needs a layer ranking",
+                                hint="use qlower.quantize or qlower.compile, which measure it")
         program, choice = mixed_precision.choose(
             model, example_inputs, calibration, config,
-            lambda c: _quantize_once(model, example_inputs, calibration, c, dynamic_shapes, adjust_observers))
+            lambda c: _quantize_once(model, example_inputs, calibration, c, dynamic_shapes, adjust_observers),
+            ranked_layers)
         program.graph_module.meta[PRECISION_CHOICE_KEY] = choice
         return program
     return _quantize_once(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers)

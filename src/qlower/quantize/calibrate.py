@@ -129,7 +129,7 @@ def _batches(calibration) -> list:
 
 def _specs(observed: torch.nn.Module) -> list:
     """The observed graph's inputs (dtype, static dims); dynamic ranges are export's to check."""
-    from ..runtime.input_spec import input_specs_of
+    from ..input_spec import input_specs_of
     if not isinstance(observed, torch.fx.GraphModule):
         return []
     return [dataclasses.replace(s, bounds=()) for s in input_specs_of(observed)]

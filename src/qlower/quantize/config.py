@@ -1,6 +1,7 @@
 """Quantization configuration (typed, immutable)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -198,3 +199,14 @@ class QuantConfig:
         if name not in presets:
             raise QuantizeError(f"unknown quantization preset {name!r}", hint=f"use one of {sorted(presets)}")
         return presets[name]
+
+
+def config_code(config: QuantConfig) -> str:
+    """The Python expression that builds `config` (its fields that differ from the defaults)."""
+    default = QuantConfig()
+    parts = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value != getattr(default, f.name):
+            parts.append(f"{f.name}={'SmoothQuant()' if type(value).__name__ == 'SmoothQuant' else repr(value)}")
+    return f"QuantConfig({', '.join(parts)})"

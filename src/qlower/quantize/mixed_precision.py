@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..core.metrics import cosine, sqnr_db
 from ..errors import QuantizeError
 from .config import AccuracyTarget, QuantConfig
 
@@ -51,25 +52,21 @@ class PrecisionChoice:
 
 
 def measure(target: AccuracyTarget, model, program, inputs: list[tuple]) -> float:
-    from ..report.metrics import cosine, sqnr_db
     with torch.no_grad():
         want = [model(*x) for x in inputs]
         got = [program(*x) for x in inputs]
     return sqnr_db(want, got) if target.metric == "sqnr" else cosine(want, got)
 
 
-def ranked_layers(model, example_inputs, calibration, config: QuantConfig) -> list[str]:
-    """Module paths of conv/linear/matmul layers, most sensitive first: each layer's own output
-    SQNR with float inputs (report/verify.py), so a bad layer's error carried into later layers
-    does not make them look bad too."""
-    from ..report.verify import verify
-    report = verify(model, calibration, calibration, dataclasses.replace(config, target=None),
-                    example_inputs=example_inputs, suggest=0, smoothquant=False)
-    return list(dict.fromkeys(layer.module for layer in report.layers if layer.quantized and layer.module))
+# (model, example_inputs, calibration, config without a target) -> module paths of the quantized
+# conv/linear/matmul layers, most sensitive first (report.verify.ranked_layers: each layer's own
+# output SQNR with float inputs, so a bad layer's error carried into later layers does not make
+# them look bad too). The caller passes it: that measurement sits above quantization.
+RankLayers = Callable[[object, tuple, list, QuantConfig], "list[str]"]
 
 
 def choose(model, example_inputs, calibration, config: QuantConfig,
-           quantize_once: Callable[[QuantConfig], torch.export.ExportedProgram]
+           quantize_once: Callable[[QuantConfig], torch.export.ExportedProgram], ranked_layers: RankLayers,
            ) -> tuple[torch.export.ExportedProgram, PrecisionChoice]:
     """The program with the fewest float layers that meets config.target (or, when none does
     within max_float_layers, the most accurate one tried, with the choice saying so)."""

@@ -1,5 +1,5 @@
-from .compile_report import ClusterInfo, CompileReport
-from .metrics import cosine, max_abs, sqnr_db
+from ..core.types import ClusterInfo, CompileReport
+from ..core.metrics import cosine, max_abs, sqnr_db
 from .sensitivity import LayerSensitivity, sensitivity
 from .verify import ActivationStats, LayerReport, Metrics, Suggestion, VerifyReport, WeightStats, verify
 

@@ -7,7 +7,8 @@ import math
 from html import escape
 from typing import TYPE_CHECKING
 
-from .metrics import format_db, format_number
+from ..core.metrics import format_db, format_number
+from ..quantize.config import config_code
 
 if TYPE_CHECKING:
     from .verify import LayerReport, VerifyReport
@@ -263,8 +264,7 @@ def _color(db: float) -> str:
 
 
 def _config(report: "VerifyReport") -> str:
-    from .verify import _config_code
-    return _config_code(report.config)
+    return config_code(report.config)
 
 
 def _short(label: str, width: int = 18) -> str:

@@ -33,8 +33,9 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule, Node
 
-from ..quantize.config import QuantConfig
-from .metrics import cosine, energy_ratio_db, format_db, format_number, max_abs, sqnr_db
+from ..quantize.config import QuantConfig, config_code
+from .html import render
+from ..core.metrics import cosine, energy_ratio_db, format_db, format_number, max_abs, sqnr_db
 
 aten = torch.ops.aten
 # op -> index of the activation input whose statistics are reported
@@ -129,7 +130,7 @@ class Suggestion:
 
     def code(self) -> str:
         """The QuantConfig to pass to get this result."""
-        return _config_code(self.config)
+        return config_code(self.config)
 
 
 @dataclass
@@ -164,14 +165,13 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out["config"] = _config_code(self.config)
+        out["config"] = config_code(self.config)
         for s, d in zip(self.suggestions, out["suggestions"]):
             d["config"] = s.code()
             d["gain_db"] = s.gain_db
         return out
 
     def to_html(self) -> str:
-        from .html import render
         return render(self)
 
     def save_html(self, path: str | Path) -> Path:
@@ -181,7 +181,7 @@ class VerifyReport:
         return path
 
     def summary(self, top: int | None = None) -> str:
-        lines = [f"qlower verify: {self.model}, config {self.config_name} ({_config_code(self.config)})",
+        lines = [f"qlower verify: {self.model}, config {self.config_name} ({config_code(self.config)})",
                  f"{self.inputs} evaluation inputs, {self.calibration} calibration batches, {self.seconds:.1f} s",
                  f"end to end (Q/DQ program vs float): {self.end_to_end}", ""]
         shown = self.layers if top is None else self.layers[:top]
@@ -215,6 +215,15 @@ class VerifyReport:
 
 
 # ---------------------------------------------------------------- entry point
+def ranked_layers(model, example_inputs, calibration, config: QuantConfig) -> list[str]:
+    """Module paths of the quantized conv/linear/matmul layers, most sensitive first: each
+    layer's own output SQNR with float inputs, so a bad layer's error carried into later layers
+    does not make them look bad too (what an accuracy target's mixed precision keeps float)."""
+    report = verify(model, calibration, calibration, dataclasses.replace(config, target=None),
+                    example_inputs=example_inputs, suggest=0, smoothquant=False)
+    return list(dict.fromkeys(layer.module for layer in report.layers if layer.quantized and layer.module))
+
+
 def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "int8", *,
            example_inputs: tuple | None = None, dynamic_shapes=None, suggest: int = 3,
            smoothquant: bool = True, min_gain_db: float = 0.5, name: str | None = None,
@@ -226,7 +235,7 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         note says so). config: preset name or QuantConfig. suggest: how many of the worst layers'
         modules to try in float (0: none). smoothquant: also measure SmoothQuant on/off.
         min_gain_db: a suggestion is recommended when its measured gain is at least this."""
-    from ..api import quantize as qlower_quantize
+    from ..quantize import quantize as qlower_quantize
     from ..capture import capture, check_example_inputs, check_module
     from ..errors import InputError
     from ..quantize import SmoothQuant, is_quantized
@@ -254,7 +263,8 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         refs = [float_fn(*x) for x in inputs]
 
     def end_to_end(cfg: QuantConfig) -> Metrics:
-        qm = qlower_quantize(model, example_inputs, calibration, cfg, dynamic_shapes).module()
+        qm = qlower_quantize(model, example_inputs, calibration, cfg, dynamic_shapes,
+                             ranked_layers=ranked_layers).module()
         with torch.no_grad():
             outs = [qm(*x) for x in inputs]
         return Metrics(sqnr_db(refs, outs), cosine(refs, outs), max_abs(refs, outs))
@@ -564,16 +574,6 @@ def _input_list(inputs) -> list[tuple]:
         from ..errors import InputError
         raise InputError("verify needs at least one input", hint="pass inputs=[(x1,), (x2,), ...]")
     return out
-
-
-def _config_code(config) -> str:
-    default = QuantConfig()
-    parts = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if value != getattr(default, f.name):
-            parts.append(f"{f.name}={'SmoothQuant()' if type(value).__name__ == 'SmoothQuant' else repr(value)}")
-    return f"QuantConfig({', '.join(parts)})"
 
 
 def _finite(value: float) -> float:

@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule
 
-from .. import __version__
+from ..core.version import __version__
 from ..errors import ArtifactError, InputError, NonFiniteInputError, NonFiniteInputWarning
 from ..backends.base import InputsRefused
 from ..fx import mutated_attributes
-from ..report import CompileReport
-from .artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
-from .input_spec import InputSpec, check_inputs, flat_checker
+from ..core.types import CompileReport
+from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
+from ..input_spec import InputSpec, check_inputs, flat_checker
 
 _META_NAME = "qlower.json"
 NAN_POLICIES = ("warn", "raise", "ignore")

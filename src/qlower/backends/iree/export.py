@@ -17,7 +17,6 @@ only iree-base-runtime (docs/iree.md, "GPU targets").
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from ...errors import BackendError
@@ -75,7 +74,7 @@ def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
 def export_iree(cm, path: str | Path, format: str, target: str | None = None) -> Path:
     """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path` (atomically;
     an unwritable path is an ArtifactError); `target` compiles it for another device."""
-    from ...runtime.artifact import atomic_write
+    from ...artifact import atomic_write
     path = Path(path)
     cluster = whole_model_cluster(cm)
     if format not in ("vmfb", "mlir"):

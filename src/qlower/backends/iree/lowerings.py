@@ -22,8 +22,7 @@ from torch.fx import Node
 from ...fx import full_args, schema_name
 from ...partition import holds_empty_tensor
 from ..cluster_sizes import is_size
-from ..pool_geometry import (POOLS, ceil_mode, ceil_mode_is_noop, ceil_mode_resizes_beside_a_single_window,
-                             pool_geometry, window_span)
+from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_is_noop, ceil_mode_resizes_beside_a_single_window, pool_geometry, window_span)
 
 Check = Callable[[Node], Optional[str]]   # None: lowerable; else the reason it is not
 Emit = Callable[..., object]              # emit(emitter, node, args) -> Val
@@ -282,7 +281,7 @@ def _short_single_window_conv(node: Node) -> str | None:
     inferred input/output operand #1 has shape's dimension #1 to be 4, but found 3"). Measured
     over conv2d with H 3-8 x W 6, kernel 1-3, stride 1-4, padding 0-1: the 19 compile failures
     of 144 were exactly these (1x1 kernels compile). Found by the IREE fuzz run (eighth session).
-    The SingleWindowConvs legalization rewrites aten.conv2d of this kind (all 144 compile and
+    The PadSingleWindowConvs legalization rewrites aten.conv2d of this kind (all 144 compile and
     match since the fourteenth session); this refuses what it leaves (other conv forms)."""
     if schema_name(node) not in ("aten::conv2d", "aten::convolution"):
         return None

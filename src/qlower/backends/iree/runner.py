@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import torch
 from torch.fx import GraphModule
 
 from ..clusters import nonfinite_positions, pytorch_graph, run_in_pytorch, tell_policy, worst_abs_diff
-from ...report import ClusterInfo
+from ...core.settings import settings
+from ...core.types import ClusterInfo
 from .vm import ZERO_COPY_ALIGNMENT, IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
 log = logging.getLogger("qlower.iree")
@@ -79,7 +79,7 @@ class IreeCluster(torch.nn.Module):
         self.vmfb = vmfb          # what iree-compile made of it (`format="vmfb"`)
         self.command = command    # the iree-compile command line that made it from `mlir`
         self.driver = driver      # the iree-runtime driver (device) it runs on
-        self.check = os.environ.get(CHECK_ENV) == "1"
+        self.check = settings().check_clusters
         # runtime position -> graph input name (None: not a graph input): float32 inputs summed
         # here on the arrays handed to IREE; NaN/inf in one runs the call in PyTorch
         # (clusters.float_inputs says why), and the NaN policy hears of the graph inputs

@@ -13,6 +13,7 @@ from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, schema_name
 from ...shapes import finite_bound
+from .values import EmittedModule
 
 
 def import_float_cluster(sub: GraphModule):
@@ -27,7 +28,6 @@ def import_float_cluster(sub: GraphModule):
     session). With the global-optimization data tiling that followed (26 ms) the ranges' own
     share was lost in that session's noise (27-56 ms for either, eager varying as much)."""
     from iree.compiler.extras.fx_importer import FxImporter
-    from .tosa_emit import EmittedModule
     importer = FxImporter()
     ranges = symbol_ranges(sub.graph)
     if ranges:
@@ -188,7 +188,7 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
 def _broadcast_batch_matmul(node: Node) -> bool:
     """A rank-3 x rank-3 `aten.matmul` with a dynamic batch dim: torch-mlir fails on it alone
     (measured: [1, S, S] @ [B, S, 16] and [B, S, S] @ [1, S, 16]); the equal-batch ones are bmm
-    by then (BatchedMatmuls)."""
+    by then (MatmulToBmm)."""
     if schema_name(node) != "aten::matmul":
         return False
     vals = [a.meta.get("val") for a in node.all_input_nodes[:2]]

@@ -14,45 +14,15 @@ constants of a dynamic shape are `linalg.fill`s of a `tensor.empty` sized like a
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
 from ...fx import constant_value, schema_name
+from . import tosa_ops, torch_import
 from .lowerings import DYN, TOSA_LOWERINGS, dims, kind_of
-
-U8_OFFSET = 128
-
-
-@dataclass
-class Val:
-    """An emitted tensor value: `stored = real - offset` (offset 128 for uint8, else 0)."""
-    value: object        # ir.Value
-    dtype: torch.dtype   # the dtype the FX graph gives it
-    shape: list[int]
-    offset: int = 0
-    # (source, perm) when this value is `tosa.transpose(source, perm)`: a later transpose composes
-    # with it, so NCHW <-> NHWC pairs around convs, requantize and pools cancel at emission
-    transposed_from: tuple | None = field(default=None, repr=False, compare=False)
-
-
-def offset_of(dtype: torch.dtype) -> int:
-    return U8_OFFSET if dtype == torch.uint8 else 0
-
-
-@dataclass
-class EmittedModule:
-    asm: str
-    input_dtypes: list[torch.dtype]
-    output_dtypes: list[torch.dtype]
-    single_output: bool
-    op_names: list[str] = field(default_factory=list)   # MLIR ops in the function, for inspection
-    # positions of the inputs CHECKED_ENTRY also sums (one tensor<1xf32> result each, after the
-    # outputs); empty: the module has `main` only
-    input_sums: tuple[int, ...] = ()
-
+from .values import U8_OFFSET, EmittedModule, Val, offset_of  # noqa: F401  (re-exported)
 
 # `main`'s outputs, then the sum of each float32 input in `input_sums`: what the runner calls, so
 # the NaN/inf check of a quantized model's inputs happens inside the engine, where the module
@@ -404,12 +374,10 @@ class TosaEmitter:
         """Import every float op `_emit_float` will import (all but the reshapes and expands
         qlower emits itself) at once: one torch-mlir pipeline run for the whole cluster
         (torch_import.float_node_functions), named in graph order."""
-        from .tosa_ops import FLOAT_SHAPE_OPS
-        from .torch_import import float_node_functions
         nodes = [n for n in self.sub.graph.nodes if n.op == "call_function" and kind_of(n) == "torch"
-                 and n.target is not operator.getitem and schema_name(n) not in FLOAT_SHAPE_OPS]
+                 and n.target is not operator.getitem and schema_name(n) not in tosa_ops.FLOAT_SHAPE_OPS]
         named = [(n, f"float_{i}") for i, n in enumerate(nodes)]
-        functions, self._imported_module = float_node_functions(self.sub, named) if named else ({}, None)
+        functions, self._imported_module = torch_import.float_node_functions(self.sub, named) if named else ({}, None)
         self.imported = {n: (name, functions[n]) for n, name in named}
 
     def _emit_float(self, node: Node):
@@ -421,16 +389,14 @@ class TosaEmitter:
         s0*s1) as a cast of x to [?, 1, 64], and IREE then asserts at every call that the
         sequence is 1 (GPT-2 / OPT int8 with batch and sequence dynamic: three clusters failed at
         their first call and ran in PyTorch)."""
-        from .torch_import import float_node_function
-        from .tosa_ops import float_shape_op
-        reshaped = float_shape_op(self, node)
+        reshaped = tosa_ops.float_shape_op(self, node)
         if reshaped is not None:
             return reshaped
         if node in self.imported:
             name, (fn, runtime) = self.imported.pop(node)
         else:   # a float reshape / expand float_shape_op could not size
             name = f"float_lone_{len(self.float_functions)}"
-            fn, runtime, _ = float_node_function(self.sub, node, name)
+            fn, runtime, _ = torch_import.float_node_function(self.sub, node, name)
         self.module_ip.insert(fn.operation.detach_from_parent())
         self.float_functions.append(name)
         results = list(fn.type.results)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from typing import TYPE_CHECKING
+
 import torch
 from torch.fx import Node
 
@@ -22,7 +24,10 @@ from ... import numerics
 from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
 from ..cluster_sizes import computable_from
-from .tosa_emit import TosaEmitter, Val, offset_of
+from .values import Val, offset_of
+
+if TYPE_CHECKING:
+    from .tosa_emit import TosaEmitter
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
 _RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside int32 (see _requant_check)

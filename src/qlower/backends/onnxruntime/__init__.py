@@ -8,7 +8,6 @@ import hashlib
 import logging
 import math
 import operator
-import os
 import re
 import dataclasses
 from dataclasses import dataclass
@@ -17,28 +16,29 @@ import torch
 from torch.fx import GraphModule
 
 from ...fx import node_tensors
-from ...report import ClusterInfo
-from ..accumulating_scatters import AccumulatingScatters
+from ...core.settings import settings
+from ...core.types import ClusterInfo
+from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..base import Executable, InputsRefused, decompose_unsupported_block_ops, op_counts
 from ..clusters import (as_scalars, compile_isolating_rejected, float_inputs, install_constant,
                         maps_float_to_integers, nonfinite_positions, policy_inputs, pytorch_graph, pytorch_infos,
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
-from .bfloat16_values import as_bfloat16, as_float32, bfloat16_positions
-from .complex_values import as_complex, as_real_pairs, complex_positions
-from . import cache, cpu
-from .capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
-from .batch_norm_spelled_out import BatchNormSpelledOut
-from .canonical_aliases import CanonicalAliases
-from .embedding_renorm_spelled_out import EmbeddingRenormSpelledOut
-from .error_checks_outside import ErrorChecksOutside
-from .explicit_reduction_dims import ExplicitReductionDims
-from .four_d_attention import FourDAttention
-from .fuse_dequantize import FuseDequantize
-from .fuse_per_token import FusePerTokenLinear
-from .fuse_requantize import FuseRequantize
+from ...onnx.bfloat16_values import as_bfloat16, as_float32, bfloat16_positions
+from ...onnx.complex_values import as_complex, as_real_pairs, complex_positions
+from ...core import cache, cpu
+from ...onnx.capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
+from ...passes.onnxruntime.write_out_training_batch_norm import WriteOutTrainingBatchNorm
+from ...passes.onnxruntime.replace_alias_ops import ReplaceAliasOps
+from ...passes.onnxruntime.write_out_embedding_renorm import WriteOutEmbeddingRenorm
+from ...passes.onnxruntime.move_error_checks_outside import MoveErrorChecksOutside
+from ...passes.onnxruntime.write_out_reduction_dims import WriteOutReductionDims
+from ...passes.onnxruntime.unsqueeze_attention_to_4d import UnsqueezeAttentionTo4d
+from ...passes.onnxruntime.fuse_dequantize import FuseDequantize
+from ...passes.onnxruntime.fuse_per_token import FusePerTokenLinear
+from ...passes.onnxruntime.fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
-from .translate import fx_nodes_of, target_text, translate_cluster
+from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -212,7 +212,7 @@ class OrtCluster(torch.nn.Module):
         self.arity = arity
         self.single_output = single_output
         self.info = info
-        self.check = os.environ.get(CHECK_ENV) == "1"
+        self.check = settings().check_clusters
         # runtime position -> graph input name (None: not a graph input): float32 inputs whose
         # sums the session also returns, added up in one last output (input_sums.py); NaN/inf
         # in one runs the call in PyTorch (clusters.float_inputs says why)
@@ -406,7 +406,6 @@ def _session_with_sums(model_bytes: bytes, opts: OrtOptions, key: str, checks: d
 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
-    export_formats = ("onnx",)   # qlower.export(cm, path, "onnx"): the one cluster's model
 
     def __init__(self, options: OrtOptions | None = None):
         self.options = options or OrtOptions()
@@ -454,10 +453,10 @@ class OnnxRuntimeBackend:
         updates its caller's running statistics and embedding's max_norm renormalization spelled
         out, and fused kernels where they are
         proven exact."""
-        return [decompose_unsupported_block_ops(self.capability), CanonicalAliases(), ExplicitReductionDims(),
-                ErrorChecksOutside(), BatchNormSpelledOut(), EmbeddingRenormSpelledOut(),
-                AccumulatingScatters(frozenset({"mean"})),
-                FourDAttention(), FuseRequantize(), FuseDequantize(), FusePerTokenLinear()]
+        return [decompose_unsupported_block_ops(self.capability), ReplaceAliasOps(), WriteOutReductionDims(),
+                MoveErrorChecksOutside(), WriteOutTrainingBatchNorm(), WriteOutEmbeddingRenorm(),
+                ScatterIntoNeutral(frozenset({"mean"})),
+                UnsqueezeAttentionTo4d(), FuseRequantize(), FuseDequantize(), FusePerTokenLinear()]
 
     def available(self) -> bool:
         try:

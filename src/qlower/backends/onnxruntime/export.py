@@ -18,6 +18,6 @@ def export_onnx(cm, path: Path) -> Path:
     if info.onnx is None:
         raise BackendError("the model's cluster kept no ONNX model (it computes constants only)",
                            hint="export it as .pt2")
-    from ...runtime.artifact import atomic_write
+    from ...artifact import atomic_write
     atomic_write(path, lambda tmp: tmp.write_bytes(info.onnx))   # typed error, never half a file
     return path

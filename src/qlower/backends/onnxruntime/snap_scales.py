@@ -17,7 +17,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...quantize.observers import pin_qparams
-from .kernel_proofs import qlinear_add_exact
+from ...onnx.kernel_proofs import qlinear_add_exact
 
 MAX_ULPS = 8
 

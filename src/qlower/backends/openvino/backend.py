@@ -26,9 +26,9 @@ import torch
 from torch.fx import GraphModule
 
 from ...errors import BackendError
-from ...report import ClusterInfo
-from ..onnxruntime.cache import LRUCache
-from ..accumulating_scatters import AccumulatingScatters
+from ...core.types import ClusterInfo
+from ...core.cache import LRUCache
+from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
@@ -37,8 +37,8 @@ from ..clusters import (compile_isolating_rejected, float_inputs, install_consta
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
-from .split_accumulation import SplitAccumulation
-from ..onnxruntime.translate import fx_nodes_of
+from ...passes.openvino.split_accumulation import SplitAccumulation
+from ...onnx.translate import fx_nodes_of
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
 _SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
@@ -79,8 +79,8 @@ def translate(sub: GraphModule, constants: dict[str, torch.Tensor], exact: bool 
     engine-native profile skips the rewrite: its DequantizeLinear -> Cast/Sub/Cast/Mul hides the
     Q/DQ pattern from OpenVINO's low-precision transformations (measured on the MiniLM-size
     encoder in Q/DQ form: 6.3 ms with the rewrite, 2.1 ms without, 2 threads)."""
-    from ..onnxruntime.lowering.onnx_ops import standard_onnx_only
-    from ..onnxruntime.translate import translate_cluster
+    from ...onnx.lowering.onnx_ops import standard_onnx_only
+    from ...onnx.translate import translate_cluster
     import onnx.inliner
     with standard_onnx_only():
         model = translate_cluster(sub, constants)
@@ -146,7 +146,7 @@ class OpenVinoBackend:
         accumulation could round split over their input features (split_accumulation.py); a
         scatter "mean" as sums into zeros (the plugin's mean was wrong). Its ONNX-level rewrites
         are legalize.py's."""
-        passes = [decompose_unsupported_block_ops(self.capability), AccumulatingScatters(frozenset({"mean"}))]
+        passes = [decompose_unsupported_block_ops(self.capability), ScatterIntoNeutral(frozenset({"mean"}))]
         return passes if self.options.native else passes + [SplitAccumulation()]
 
     def available(self) -> bool:

@@ -23,13 +23,13 @@ import math
 import torch
 from torch.fx import Node
 
+from ...numerics import EXACT_SUM, max_centered
 from ...fx import constant_value, full_args, node_tensors, schema_name
 from ...partition import Capability, holds_empty_tensor
 from .int64_bounds import bounded_op, produces_int64
-from ..onnxruntime.capability import onnxruntime_capability
-from ..onnxruntime.lowering.integer import u8_first_operand
-from ..pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs,
-                             pool_geometry, window_exceeds_input)
+from ...onnx.capability import onnxruntime_capability
+from ...onnx.lowering.integer import u8_first_operand
+from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs, pool_geometry, window_exceeds_input)
 
 NUMERICS = ("canonical", "openvino")
 NATIVE_DEVIATION = ("the Q/DQ program runs on OpenVINO's int8 kernels with OpenVINO's own requantization "
@@ -70,16 +70,8 @@ def _canonical_quantize(node: Node) -> str | None:
     return None
 
 
-EXACT_SUM = 2**24   # every integer below it is an fp32 value: fp32 accumulation is exact
-
-
 def _val(node):
     return node.meta.get("val") if isinstance(node, Node) else None
-
-
-def _max_centered(dtype, zp: int) -> int:
-    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
-    return max(abs(lo - zp), abs(hi - zp))
 
 
 def _bounded_accumulator(node: Node) -> str | None:
@@ -94,7 +86,7 @@ def _bounded_accumulator(node: Node) -> str | None:
     if w is None or w_zp is None or x is None:
         return "weights must be constants"
     centered = (w.to(torch.int64) - w_zp.to(torch.int64).reshape(-1, *([1] * (w.dim() - 1)))).abs()
-    per_channel = centered.reshape(w.shape[0], -1).sum(1) * _max_centered(x.dtype, int(args[1]))
+    per_channel = centered.reshape(w.shape[0], -1).sum(1) * max_centered(x.dtype, int(args[1]))
     if bias is not None:
         per_channel = per_channel + bias.to(torch.int64).abs()
     worst = int(per_channel.max()) if per_channel.numel() else 0
@@ -110,7 +102,7 @@ def _bounded_matmul(node: Node) -> str | None:
     k = av.shape[-1] if av is not None else None
     if not isinstance(k, int):
         return "matmul over a symbolic inner dimension"
-    worst = k * _max_centered(av.dtype, int(a_zp)) * _max_centered(bv.dtype, int(b_zp))
+    worst = k * max_centered(av.dtype, int(a_zp)) * max_centered(bv.dtype, int(b_zp))
     return None if worst < EXACT_SUM else f"OpenVINO accumulates in fp32: |accumulator| may reach {worst} >= 2^24"
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 
 import numpy as np
 import torch
 from torch.fx import GraphModule
 
+from ...core.settings import settings
 from ...errors import BackendError
 from ..clusters import as_scalars, nonfinite_positions, pytorch_graph, run_in_pytorch, scalar_kinds, worst_abs_diff
-from ...report import ClusterInfo
+from ...core.types import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -110,7 +110,7 @@ class OvCluster(torch.nn.Module):
         self.single_output = single
         self.info = info
         self.scalar_kinds = scalar_kinds(fallback)
-        self.check = os.environ.get(CHECK_ENV) == "1"
+        self.check = settings().check_clusters
         self.compiled = compiled   # None: the cluster runs in PyTorch
         # thread id -> its infer request (a thread id reused after a thread ends reuses its request)
         self._requests = {threading.get_ident(): compiled.create_infer_request()} if compiled is not None else {}

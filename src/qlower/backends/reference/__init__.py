@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch.fx import GraphModule
 
 from ..base import Executable, op_counts
-from ...report import ClusterInfo
+from ...core.types import ClusterInfo
 
 
 class ReferenceBackend:
