@@ -81,23 +81,23 @@ def test_lru_keeps_the_most_recently_used():
     assert dict(lru) == {"a": 10, "d": 4}
 
 
-def test_lru_size_comes_from_the_environment_once(monkeypatch):
-    cache.memory_cache_entries.cache_clear()
+def test_lru_size_comes_from_the_settings_at_first_use(monkeypatch):
     monkeypatch.setenv(cache.MEMORY_ENV, "3")
-    try:
-        lru = cache.LRUCache()
-        for i in range(10):
-            lru[i] = i
-        assert list(lru) == [7, 8, 9]
-        monkeypatch.setenv(cache.MEMORY_ENV, "5")   # read once: no effect now
-        assert cache.memory_cache_entries() == 3
-        cache.memory_cache_entries.cache_clear()
-        monkeypatch.setenv(cache.MEMORY_ENV, "zero")
-        with pytest.raises(QlowerError, match=cache.MEMORY_ENV) as info:
-            cache.LRUCache()[1] = 1
-        assert info.value.hint
-    finally:
-        cache.memory_cache_entries.cache_clear()
+    lru = cache.LRUCache()
+    for i in range(10):
+        lru[i] = i
+    assert list(lru) == [7, 8, 9]
+    monkeypatch.setenv(cache.MEMORY_ENV, "5")   # an existing cache keeps its size ...
+    lru[10] = 10
+    assert list(lru) == [8, 9, 10]
+    fresh = cache.LRUCache()                    # ... a new one reads the settings again
+    for i in range(10):
+        fresh[i] = i
+    assert list(fresh) == [5, 6, 7, 8, 9]
+    monkeypatch.setenv(cache.MEMORY_ENV, "zero")
+    with pytest.raises(QlowerError, match=cache.MEMORY_ENV) as info:
+        cache.LRUCache()[1] = 1
+    assert info.value.hint
 
 
 def test_lru_is_safe_under_threads():

