@@ -49,7 +49,7 @@ def _reduction(node: Node) -> tuple[str, bool] | None:
 
 
 class ScatterIntoNeutral(Pass):
-    name = "accumulating_scatters"
+    name = "scatter_into_neutral"
 
     def __init__(self, rewrite: frozenset = ALL):
         """rewrite: the reductions to write out — "mean" always (with or without include_self),

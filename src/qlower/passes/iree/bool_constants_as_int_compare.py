@@ -34,7 +34,7 @@ _FILL_VALUE_AT = {_aten.new_full.default: 2, _aten.full.default: 1, _aten.full_l
 
 
 class BoolConstantsAsIntCompare(Pass):
-    name = "boolean_constants"
+    name = "bool_constants_as_int_compare"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

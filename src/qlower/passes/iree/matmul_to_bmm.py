@@ -37,7 +37,7 @@ def _same_batch_rank3(node: Node) -> bool:
 
 
 class MatmulToBmm(Pass):
-    name = "batched_matmuls"
+    name = "matmul_to_bmm"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

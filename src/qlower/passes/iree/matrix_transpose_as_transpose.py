@@ -26,7 +26,7 @@ _MATRIX_TRANSPOSES = (_aten.mT.default, _aten.mH.default, _aten.adjoint.default)
 
 
 class MatrixTransposeAsTranspose(Pass):
-    name = "matrix_transposes"
+    name = "matrix_transpose_as_transpose"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

@@ -50,7 +50,7 @@ def _reduced_dims(node: Node) -> list[int] | None:
 
 
 class MergeReductionDims(Pass):
-    name = "single_dim_reductions"
+    name = "merge_reduction_dims"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

@@ -32,7 +32,7 @@ _SAME_FUNCTION = {_aten.__and__.Tensor: _aten.bitwise_and.Tensor, _aten.__and__.
 
 
 class NameBitwiseOperators(Pass):
-    name = "bitwise_operators"
+    name = "name_bitwise_operators"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

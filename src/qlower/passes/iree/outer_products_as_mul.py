@@ -77,7 +77,7 @@ def _rewrite(gm: GraphModule, node: Node) -> Node:
 
 
 class OuterProductsAsMul(Pass):
-    name = "outer_products"
+    name = "outer_products_as_mul"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

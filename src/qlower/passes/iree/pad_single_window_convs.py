@@ -74,7 +74,7 @@ def _padded(gm: GraphModule, x: Node, pads: list[int], like: Node) -> Node:
 
 
 class PadSingleWindowConvs(Pass):
-    name = "single_window_convs"
+    name = "pad_single_window_convs"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

@@ -49,7 +49,7 @@ def _single_element_start(node) -> int | None:
 
 
 class UnitStepSingleElementSlices(Pass):
-    name = "unit_step_slices"
+    name = "unit_step_single_element_slices"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

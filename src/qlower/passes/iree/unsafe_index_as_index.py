@@ -25,7 +25,7 @@ _aten = torch.ops.aten
 
 
 class UnsafeIndexAsIndex(Pass):
-    name = "unsafe_index"
+    name = "unsafe_index_as_index"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = 0

@@ -74,7 +74,7 @@ def _traced(node: Node, inputs: list[Node]) -> torch.fx.Graph:
 
 
 class MoveErrorChecksOutside(Pass):
-    name = "error_checks_outside"
+    name = "move_error_checks_outside"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False

@@ -32,7 +32,7 @@ ALIASES = {
 
 
 class ReplaceAliasOps(Pass):
-    name = "canonical_aliases"
+    name = "replace_alias_ops"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False

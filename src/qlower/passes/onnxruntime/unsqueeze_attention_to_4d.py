@@ -31,7 +31,7 @@ SDPA = aten.scaled_dot_product_attention.default
 
 
 class UnsqueezeAttentionTo4d(Pass):
-    name = "four_d_attention"
+    name = "unsqueeze_attention_to_4d"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False

@@ -44,7 +44,7 @@ def _input_renormalized(node: Node) -> Node | None:
 
 
 class WriteOutEmbeddingRenorm(Pass):
-    name = "embedding_renorm_spelled_out"
+    name = "write_out_embedding_renorm"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False

@@ -43,7 +43,7 @@ REDUCTIONS = (aten.amax.default, aten.amin.default)   # aminmax is split into th
 
 
 class WriteOutReductionDims(Pass):
-    name = "explicit_reduction_dims"
+    name = "write_out_reduction_dims"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False

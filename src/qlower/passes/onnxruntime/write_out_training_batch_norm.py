@@ -62,7 +62,7 @@ def _fires(node: Node) -> bool:
 
 
 class WriteOutTrainingBatchNorm(Pass):
-    name = "batch_norm_spelled_out"
+    name = "write_out_training_batch_norm"
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
