@@ -43,7 +43,7 @@ def exact_rewrite_rules() -> tuple:
     """onnxscript's default rewrite rules less its arithmetic no-op rules, root-filtered: `x + 0`,
     `x - 0`, `x * 1`, `x / 1` match a constant within a tolerance, so `x + 3.4e-12` became
     Identity (measured: qlower's integer LayerNorm lost its variance epsilon and gave NaN on a
-    constant row; found by the onnxruntime fuzz run, twentieth session), and a float64
+    constant row; found by the onnxruntime fuzz run), and a float64
     `x * (1 + 1e-9)` would become x. An exact no-op costs ONNX Runtime one elementwise kernel."""
     return tuple(RootFilteredRule(rule) for rule in _exact_rules())
 

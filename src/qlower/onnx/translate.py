@@ -158,8 +158,8 @@ def _optimized(translated):
         _optimize(model, exact_rewrite_rules())
     except Exception:  # noqa: BLE001  (the optimizer is optional; its failure is not the cluster's)
         # onnxscript 0.7.2's Clip-Clip fusion reads the dtype of a value shape inference left
-        # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster fell back;
-        # found by the onnxruntime fuzz run, twelfth session). The failed pass may have left
+        # unknown (a Clip after a com.microsoft op: AttributeError, and the cluster would fall back;
+        # found by the onnxruntime fuzz run). The failed pass may have left
         # the model half-rewritten: translate again and run the optimizer's passes but its
         # rewrite rules.
         model = translated()

@@ -259,9 +259,9 @@ class LowerQDQ(Pass):
             return None
         k = node.args[0].meta["val"].shape[-1]
         if not isinstance(k, int):
-            # a bound from the Dim's declared max would prove it (tried, tenth session), but the
+            # a bound from the Dim's declared max would prove it, but the
             # integer matmul then splits OpenVINO's cluster (it runs no int8 x int8 MatMulInteger)
-            # and the size crossing the split made the whole int8 transformer fall back there
+            # and the size crossing the split makes the whole int8 transformer fall back there
             ctx.refuse(self.name, node, "reduction dimension is dynamic; overflow bound unprovable")
             return None
         bound = k * max_abs_centered(a.qp) * max_abs_centered(b.qp)

@@ -180,7 +180,7 @@ class QuantConfig:
                    # Attention's matmuls stay float, as they do inside torch's SDPA: on the zoo
                    # transformers with explicit attention (decoder, transformer, bert, vit; batch
                    # 1, onnxruntime, one thread) float matmuls were 5-7% faster and 0.7-3.6 dB
-                   # more accurate (docs/performance-history.md, sixth run).
+                   # more accurate (docs/accuracy.md).
                    "transformer": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False, activations="per-token",
                                               requantize_outputs=False, smoothquant=SmoothQuant(),
                                               quantize_activation_matmul=False),

@@ -65,7 +65,7 @@ class OrtOptions:
     # without it, fp32 7%, ORT's own dynamic int8 model 14%). Float ops only; no integer op changes.
     # MatMulScaleFusion folds a Mul/Div by a constant into FusedMatMul's alpha, a float32
     # attribute: a float64 (x @ x) / 7 came out 4.5e-8 relative off (float32's precision, where
-    # float64 gives 1e-16; found by the float64 matrix exponential, twentieth session), and a
+    # float64 gives 1e-16), and a
     # float32 one rounds as x·(1/7) instead of eager's division.
     disabled_optimizers: tuple[str, ...] = ("QDQSelectorActionTransformer", "QDQPropagationTransformer",
                                             "EnsureUniqueDQForNodeUnit", "MatMulIntegerToFloatFusion",
@@ -95,7 +95,7 @@ def _session(model_bytes: bytes, opts: OrtOptions, key: str | None = None):
 # ORT 1.31's MatMulScaleFusion (a scalar Mul folded into a MatMul's alpha), run after
 # MatmulTransposeFusion, deletes a scalar Mul whose output another MatMul still reads:
 # y = x*0.5; (y*0 @ yT) @ y -> "Invalid model. Node input 'y' is not a graph input, initializer, or
-# output of a previous node" (found by the onnxruntime fuzz run, fifteenth session; either fusion
+# output of a previous node" (found by the onnxruntime fuzz run; either fusion
 # alone is fine). Which graphs trip it is ORT's internal business, so the session is retried once
 # without that fusion; the model runs as translated, its float ops unfused.
 _RETRY_WITHOUT = ("MatMulScaleFusion",)

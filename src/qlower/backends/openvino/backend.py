@@ -236,8 +236,8 @@ class OpenVinoBackend:
 
 # The CPU plugin's ONNX frontend names what it cannot take: "While validating ONNX node
 # '<Node(GridSample): node_grid_sampler_2d>'", or only op types: "No conversion rule found for
-# operations: SequenceMap-23, util::SequenceAt" (measured over the OpInfo sweep, nineteenth
-# session: 29 cluster failures, most of them naming one).
+# operations: SequenceMap-23, util::SequenceAt" (measured over the OpInfo sweep:
+# 29 cluster failures, most of them naming one).
 _VALIDATING = re.compile(r"While validating ONNX node '<Node\((\w+)\): ([^>]*)>'")
 _NO_RULE = re.compile(r"No conversion rule found for operations: ([^\n]*?)(?: To facilitate|$)")
 

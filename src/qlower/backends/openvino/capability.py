@@ -153,7 +153,7 @@ def _divisor_of_overhanging_window(node: Node) -> str | None:
     by the whole kernel as soon as any padding is set (measured over 590 avg_pool2d geometries,
     H 1-7 x W 1/3/4, kernel 2-3, stride 1-3, every padding pair: all 69 wrong answers, up to
     1.5x, were exactly these; no padding or count_include_pad=False matched). Found by the
-    openvino fuzz run on an Intel Xeon (eighth session)."""
+    openvino fuzz run on an Intel Xeon."""
     if schema_name(node) != "aten::avg_pool2d":
         return None
     args = full_args(node)
@@ -195,8 +195,8 @@ def _no_strided_padded_pointwise(node: Node) -> str | None:
     conv on a model input was right). Found by the openvino fuzz run. On an AVX2-only AMD EPYC
     (no AVX-512) a 1x1 conv with padding 2 or 3 and one input and one output channel writes
     unread memory into the padded border (13 of 242 outputs off by up to 6e19, at 7x7, 9x9 and
-    16x16; padding 1, or 2 channels either side, measured right): found by the twenty-fifth
-    session's fuzz run, refused for every padding > 1 (a padded 1x1 conv only adds a border of
+    16x16; padding 1, or 2 channels either side, measured right): found by the openvino fuzz
+    run, refused for every padding > 1 (a padded 1x1 conv only adds a border of
     biases; ResNet-style 1x1 convs have no padding and are unaffected)."""
     args = full_args(node)
     w_at, stride_at, pad_at = _CONVS[schema_name(node)]
@@ -296,7 +296,7 @@ def _no_data_dependent_size(node: Node) -> str | None:
     return None
 
 
-# Measured (nineteenth session, PyTorch's OpInfo samples through `tests/test_opinfo.py --backend
+# Measured (PyTorch's OpInfo samples through `tests/test_opinfo.py --backend
 # openvino`): each compiled, was reported as compiled, and answered wrongly.
 _SORTS = ("aten::sort", "aten::sort.stable", "aten::argsort", "aten::argsort.stable", "aten::msort",
           # order_statistics.py: the same two stable TopK passes (not verified on OpenVINO)
@@ -324,7 +324,7 @@ def _measured_wrong_in_openvino(node: Node) -> str | None:
     if name.startswith("aten::_upsample_bilinear2d_aa"):
         return "antialiased upsampling is computed wrongly by OpenVINO"
     if name == "aten::segment_reduce":
-        # twenty-second session: segments.py's max of an empty segment came back -3.4e38, eager -inf
+        # measured: segments.py's max of an empty segment comes back -3.4e38, eager -inf
         return "OpenVINO's ReduceMax of values that are all -inf gives -3.4e38 (an empty segment's max is -inf)"
     val = node.meta.get("val")
     if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()) \
@@ -338,8 +338,8 @@ def _measured_wrong_in_openvino(node: Node) -> str | None:
 
 def _varying_constant_into_padded_conv(node: Node) -> bool:
     """x * c, c a constant that varies along the dims a convolution with padding reads as
-    spatial, feeding that convolution. Measured (twentieth session, from the nineteenth
-    session's OpenVINO fuzz log): conv2d(x * c, w, padding=1) with c of shape (2, 2) came back
+    spatial, feeding that convolution. Measured (from the OpenVINO fuzz
+    run's log): conv2d(x * c, w, padding=1) with c of shape (2, 2) came back
     off by 890 on values of 535, for plain and grouped convs; c per channel ((C, 1, 1)),
     padding 0, an added constant or x * x are right."""
     constants = [a for a in node.args if isinstance(a, Node) and a.op == "get_attr"]
@@ -365,7 +365,7 @@ def _no_empty_tensor(node: Node) -> str | None:
     """no statically empty input or result
 
     OpenVINO 2026.4's CPU plugin fails to compile MatMul, MaxPool, AvgPool and Broadcast on a
-    tensor with a zero-size dim (measured, eighteenth session: "object is not initialized",
+    tensor with a zero-size dim (measured: "object is not initialized",
     "Model wasn't fully converted")."""
     return "an empty tensor (OpenVINO's CPU plugin fails to compile several ops on one)" \
         if holds_empty_tensor(node) else None

@@ -4,8 +4,8 @@ compared with 0.
 
 Why: torch-mlir in iree-compile 3.13 fails to legalize the boolean splat such ops become
 ("failed to legalize operation 'torch.vtensor.literal' ... dense<true>"), so every transformers
-model kept its attention-mask `new_ones(dtype=bool)` in PyTorch — the one fallback of BERT,
-GPT-2, LLaMA, ... fp32 on IREE (evaluator-style sweep, thirteenth session). The int32 splat and
+model would keep its attention-mask `new_ones(dtype=bool)` in PyTorch — the one fallback of BERT,
+GPT-2, LLaMA, ... fp32 on IREE (evaluator-style sweep). The int32 splat and
 `ne` compile (measured).
 
 Preconditions: a call of a creation op (`new_ones`, `new_full`, `ones`, `ones_like`, `full`,

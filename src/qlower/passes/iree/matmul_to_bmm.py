@@ -6,7 +6,7 @@ Why: in an int8 (TOSA) cluster each float op is imported alone, and torch-mlir (
 that was marked as backend illegal ... DecomposeComplexOps being unable to decompose this op");
 `aten.bmm` on the same operands lowers. Such a matmul is what the integer lowering leaves in
 float whenever its reduction dim is dynamic — `softmax(q kᵀ) @ v` with the sequence dynamic —
-so the whole int8 cluster fell back (measured, fourteenth session: rank-3 x rank-2, rank-4 x
+so the whole int8 cluster would fall back (measured: rank-3 x rank-2, rank-4 x
 rank-4 and static-batch rank-3 matmuls lower as they are). For equal batch sizes the two ops
 are one function.
 

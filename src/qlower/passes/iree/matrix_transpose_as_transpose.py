@@ -3,8 +3,8 @@ as `aten.transpose.int(x, -2, -1)`.
 
 Why: torch-mlir in iree-compile 3.13 imports `aten.mT` / `aten.mH` / `aten.adjoint` as a
 `torch.operator` it cannot legalize ("failed to legalize operation 'torch.operator' that was
-explicitly marked illegal"; eighteenth session), so a cluster holding `k.mT` — common in
-attention code — fell back to PyTorch whole. For a real tensor all three are the transpose of
+explicitly marked illegal"), so a cluster holding `k.mT` — common in
+attention code — would fall back to PyTorch whole. For a real tensor all three are the transpose of
 the last two dims (the conjugate of a real number is itself), which lowers.
 
 Preconditions: a call of `aten.mT` / `aten.mH` / `aten.adjoint` on a real tensor of rank >= 2.

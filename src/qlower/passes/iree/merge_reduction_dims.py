@@ -4,8 +4,8 @@ sum/mean over one dim of a view with those dims moved last and merged.
 Why: iree-compile 3.13 fails on a reduction over two or more dims (or all of them) of a product
 with a broadcast operand — `(x * w).mean((2, 3))`, `(x * w).sum((1, 3))`, `(x * w).mean()`:
 "'vector.contract' op invalid accumulator/result vector shape", or a segmentation fault with
-data tiling — and the cluster fell back whole (found by the IREE fuzz run: RMSNorm's weight,
-then a global average pool; twelfth session). The same reduction over one merged dim compiles
+data tiling — and the cluster would fall back whole (found by the IREE fuzz run: RMSNorm's weight,
+then a global average pool). The same reduction over one merged dim compiles
 (measured: every failing form above, over one dim, compiles and matches).
 
 Preconditions: `aten.mean` / `aten.sum` (`.dim` / `.dim_IntList` / whole-tensor) on a float

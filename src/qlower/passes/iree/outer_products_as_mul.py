@@ -4,7 +4,7 @@ product, one multiply per output element — is written as a broadcast `aten.mul
 Why: IREE 3.13's global-optimization data tiling (the preferred path) computes some of them
 wrongly, silently: `x[:, 2:3] @ w` with x [2, 12] or [4, 12] and w [1, 5] read the second row's
 element from the wrong column (x[1, 0] instead of x[1, 2]; rows 1, 3, 5 and 8 were right, no
-data tiling and the dispatch path always). Found by the IREE fuzz run (twenty-fourth session:
+data tiling and the dispatch path always). Found by the IREE fuzz run (on
 `clamp -> x[:, 11:12:2] @ w`, 5 of 10 outputs off by up to 0.18). An elementwise multiply has
 nothing to tile, and is the cheaper kernel for an outer product anyway.
 

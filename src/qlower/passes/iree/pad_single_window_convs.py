@@ -4,8 +4,8 @@ stops short of the input's end reads an explicitly padded input cropped to that 
 Why: torch-mlir mis-sizes such a conv and iree-compile rejects the module ("'linalg.generic' op
 inferred input/output operand #1 has shape's dimension #1 to be 4, but found 3"; measured over
 conv2d with H 3-8 x W 6, kernel 1-3, stride 1-4, padding 0-1: the 19 failures of 144 were exactly
-these — `lowerings._short_single_window_conv`, found by the IREE fuzz run), so it was refused and
-ran in PyTorch (MobileViT's fp32 model: one fallback). A single window reads padded positions
+these — `lowerings._short_single_window_conv`, found by the IREE fuzz run), so it would be refused and
+run in PyTorch (MobileViT's fp32 model: one fallback). A single window reads padded positions
 [0, d(k-1)+1) whatever the stride; with the padding written out and the input cropped there, the
 window ends at the input's end — the form torch-mlir sizes right.
 
@@ -61,8 +61,8 @@ def short_single_window_dims(node: Node) -> list[int]:
 def _padded(gm: GraphModule, x: Node, pads: list[int], like: Node) -> Node:
     """aten.constant_pad_nd(x, pads), its value from torch's reference implementation: the aten
     op's own fake kernel specializes a dynamic batch to the example's size (guard Eq(s, 2),
-    torch 2.13), which made a dynamic-batch model static on IREE — at batch 3 it returned a
-    batch-2 output, silently (IREE fuzz run, fifteenth session); `torch._refs.constant_pad_nd`
+    torch 2.13), which makes a dynamic-batch model static on IREE — at batch 3 it returns a
+    batch-2 output, silently (found by the IREE fuzz run); `torch._refs.constant_pad_nd`
     keeps the symbol."""
     node = gm.graph.call_function(_aten.constant_pad_nd.default, (x, pads, 0.0))
     if "stack_trace" in like.meta:

@@ -4,13 +4,13 @@ its dim is written with step 1.
 Why: iree-compile 3.13 rejects such a slice feeding a matmul when every other dim before it is 1
 ("expected result type to be 'memref<1x1x1x1x10xf32, strided<[10, 20, 10, 10, 1]>...' (mismatch
 of result layout)"), found by the differential fuzzer (x[:, 0:1:2] @ w on a 1x1x10 input; the
-cluster had been accepted by the capability and fell back whole). A one-element slice reads the
+cluster is accepted by the capability and falls back whole). A one-element slice reads the
 same element whatever its step.
 
 Preconditions: the slice's input and output shapes are known (meta["val"]), the output size
 along `dim` is a concrete 1, the input size there, the start and the step (> 1) concrete ints.
-(The first version kept the end: x[:, 0:2:2] became x[:, 0:2], two elements — a wrong answer
-the IREE fuzz run found within 100 examples; the unit test had only used end = start + 1.)
+(The end becomes start + 1: keeping it would turn x[:, 0:2:2] into x[:, 0:2], two elements —
+a wrong answer; tests/test_fuzz.py checks an end past start + 1.)
 BEFORE:  y = aten.slice.Tensor(x, 1, 0, 2, 2)       # x 1x2x10 -> y 1x1x10 (element 0)
 AFTER:   y = aten.slice.Tensor(x, 1, 0, 1, 1)       # start, start + 1, step 1
 Near misses left alone: strided slices taking two or more elements (x[:, 0:3:2]); step-1 slices;

@@ -3,9 +3,9 @@ singular or not positive-definite input becomes its `_ex` form, which returns `i
 of raising, plus eager's own check of that `info` — a call that returns nothing, so clustering
 leaves it in PyTorch (a graph assertion), where it raises exactly as eager does.
 
-Why: an ONNX graph cannot raise, so these ops stayed in PyTorch whole (OpInfo: linalg.inv,
+Why: an ONNX graph cannot raise, so these ops would stay in PyTorch whole (OpInfo: linalg.inv,
 linalg.solve, linalg.cholesky, cholesky, linalg.lu_factor, linalg.tensorinv and
-linalg.tensorsolve fell back). Their `_ex` forms are decomposed for ONNX Runtime
+linalg.tensorsolve fall back). Their `_ex` forms are decomposed for ONNX Runtime
 (linear_algebra.py); the check costs one int32 tensor out of the cluster and a test of it.
 
 Preconditions: meta['val'] on the op's inputs, static shapes (the `_ex` decompositions unroll

@@ -2,8 +2,8 @@
 rank 2 or 3 gets leading unit dims to rank 4, and its result loses them again.
 
 Why: torchlib 0.7.2's `aten_scaled_dot_product_attention` asserts "only 4D query, key, and value
-are supported", so a [B, L, E] attention (custom attention code, OpInfo's samples) failed in the
-exporter after the capability had accepted it, and took its whole cluster to PyTorch. Attention
+are supported", so a [B, L, E] attention (custom attention code, OpInfo's samples) would fail in the
+exporter after the capability accepts it, and take its whole cluster to PyTorch. Attention
 is independent per leading index, and a mask of rank <= the query's broadcasts from the right
 against the unsqueezed shape as before, so the values are the same.
 

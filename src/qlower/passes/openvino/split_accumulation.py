@@ -3,9 +3,9 @@ accumulator may exceed 2^24 becomes linears over slices of its input features, e
 whose int32 accumulators are added.
 
 Why: OpenVINO's CPU plugin accumulates MatMulInteger in fp32 (capability.py: 1-LSB errors once
-|accumulator| > 2^24), so such a linear was refused and ran in PyTorch — every FFN down-projection
+|accumulator| > 2^24), so unsplit, such a linear is refused and runs in PyTorch — every FFN down-projection
 of a BERT-base-size encoder (K = 3072: bound ~2.5e7), 12 PyTorch fallbacks and 321 ms a call at
-batch 1 × 128 against onnxruntime's 47 ms (twelfth session). Each slice's accumulator is an
+batch 1 × 128 against onnxruntime's 47 ms. Each slice's accumulator is an
 integer below 2^24, exact in fp32; their sum is an int32 add (exact), then the requantize reads
 the same int32 accumulator as before.
 
