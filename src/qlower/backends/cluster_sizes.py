@@ -1,7 +1,7 @@
 """Sizes at cluster boundaries (dynamic shapes): no cluster takes or returns a size.
 
 A size (`sym_size`, arithmetic on SymInts) read by two clusters, or computed in one cluster and
-read in another, used to cross the boundary as a Python int: ONNX and MLIR functions take
+read in another, would cross the boundary as a Python int: ONNX and MLIR functions take
 tensors, so torch.export could not re-capture such a cluster (`'SymInt' object has no
 attribute 'shape'`, the T5 encoder on OpenVINO) and a cluster returning a size could not run on
 an engine at all. Instead:

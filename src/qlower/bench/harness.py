@@ -1,10 +1,10 @@
 """Timing: zoo models x stacks, side by side in one process run.
 
 Every stack gets its own copy of the inputs and the harness checks the inputs are unchanged after
-each call (a peer once wrote into its caller's input). Timing: warm-up, then `rounds` rounds; in
+each call (a peer can write into its caller's input). Timing: warm-up, then `rounds` rounds; in
 each round every stack runs a block of calls lasting about `block_ms` (at least `block` calls; the
 count is fixed per stack from its warm-up time, so a 0.3 ms model is timed over ~130 calls per
-sample, not 10, and one descheduling of this noisy VM no longer decides a sample), stacks in
+sample, not 10, and one descheduling of this noisy VM does not decide a sample), stacks in
 alternating order, with a pause between blocks so ONNX Runtime's spinning worker threads do not
 tax the next stack (docs/performance.md).
 A stack that fails to build or run, a peer library that is not installed, or a model that cannot

@@ -4,9 +4,9 @@ and attributes), but two ops that torchlib emits changed at opset 20 in a way th
 opset-18 node invalid under a newer import:
 
 - DFT: the `axis` attribute (default 1) became an optional input (default -2). ONNX Runtime
-  rejected every torch.fft.irfft / hfft cluster ("Unrecognized attribute: axis").
+  rejects every such torch.fft.irfft / hfft cluster ("Unrecognized attribute: axis").
 - GridSample: `mode` "bilinear" / "bicubic" were renamed "linear" / "cubic". ONNX Runtime
-  rejected every grid_sample cluster at session creation.
+  rejects every such grid_sample cluster at session creation.
 
 Contract (one pass over the model, its functions and subgraphs):
   pre   nodes written for opset 18, the model declaring OPSET >= 20

@@ -101,7 +101,7 @@ class QuantConfig:
     bias_correction: bool = False
     # Activations of linear layers: "static" (calibrated per-tensor qparams) or "per-token"
     # (a scale per row computed at run time, numerics.per_token_scale: outliers that move with
-    # the token no longer clip or flatten the other tokens; costs a max-reduction per row).
+    # the token do not clip or flatten the other tokens; costs a max-reduction per row).
     # Other ops (conv, attention matmuls, adds) keep static qparams. "dynamic": one scale and
     # zero point for the whole input, computed at run time (ONNX DynamicQuantizeLinear, the
     # scheme of ONNX Runtime's `quantize_dynamic`, numerics.dynamic_qparams): one fused kernel

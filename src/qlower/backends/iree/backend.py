@@ -92,7 +92,7 @@ def _decompose_attention_among_integer_ops():
 
     Inside a TOSA (integer) module the op is imported alone as `tm_tensor.attention`, which
     IREE 3.13 fails to legalize ("failed to legalize operation 'tm_tensor.attention' that was
-    explicitly marked illegal"): every int8 cluster holding one fell back whole (zoo hf-bert,
+    explicitly marked illegal"): every int8 cluster holding one would fall back whole (zoo hf-bert,
     hf-gpt2, hf-llama, SmolLM2). An all-float program keeps the op: IREE's torch input
     pipeline compiles it whole."""
     from ...passes.decompose_block_ops import DecomposeBlockOps
@@ -106,7 +106,7 @@ def _decompose_attention_among_integer_ops():
 
 def _decompose_ops_iree_lacks():
     """Ops IREE 3.13's torch pipeline does not lower, replaced by torch's own decompositions
-    (`torch._decomp`), which it does — measured op by op (fourteenth session):
+    (`torch._decomp`), which it does — measured op by op:
     - `upsample_bilinear2d` (F.interpolate's bilinear mode; MobileViT resizes its feature maps
       with it): neither overload lowers ("failed to legalize operation 'torch.constant.int'":
       its size list is left unconsumed); the decomposition's gathers are `_unsafe_index`
@@ -116,8 +116,8 @@ def _decompose_ops_iree_lacks():
     - `diff` (transformers' packed-sequence check on position ids, SmolLM2): a `torch.operator`;
       it has no table entry, but it is CompositeImplicit: traced, the op itself becomes slices
       and a subtraction (and a `cat` of `prepend`).
-    Every cluster holding one had failed to compile and fallen back whole until they were
-    refused (`lowerings._NOT_LEGALIZED`, which still refuses what this leaves). Under symbolic
+    Undecomposed, every cluster holding one fails to compile and falls back whole unless
+    refused (`lowerings._NOT_LEGALIZED`, which refuses what this leaves). Under symbolic
     shapes an op is decomposed where the decomposition reads no symbolic size (a dynamic
     batch: measured). Tried and not lowered either way (their decompositions reach prims that
     stay `torch.operator`): logsumexp, fmod, hypot, lgamma, i0, erfinv."""
@@ -134,7 +134,7 @@ def _reflection_pads_decomposed():
     3.13 rejects torch-mlir's lowering of it for some sizes, with data tiling or without
     ("'linalg.generic' op inferred input/output operand #0 has shape's dimension #1 to be greater
     than or equal to 32, but found 25": (1, 1, 400) padded by 32, (2, 3, 10) by (2, 1); (2, 1,
-    40) by 3 compiled), which the capability had accepted (twenty-first session); decomposed,
+    40) by 3 compiled), which the capability accepts; decomposed,
     every one of those compiles and matches."""
     from torch._decomp import decomposition_table
     from ...fx import full_args

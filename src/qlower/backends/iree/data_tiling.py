@@ -27,15 +27,15 @@ from .options import IreeOptions
 DATA_TILING_FAILURES = ("iree_codegen.load_from_buffer", "iree_encoding", "linalg.pack", "rank for pack",
                         "no basis element may be statically non-positive",
                         # the global-optimization path on an fp32 x[:, 0:1:2] -> linear -> RMSNorm
-                        # of a 1x2 input (IREE fuzz, fourteenth session; the dispatch path compiles it)
+                        # of a 1x2 input (IREE fuzz; the dispatch path compiles it)
                         "expected rank to be smaller or equal to the other rank",
                         # iree-compile crashed (SIGSEGV in dispatch creation's BubbleUpExtract) on the
                         # global path, fp32 linear -> layer_norm -> x[:, 1:4] of a [1, 1] input (IREE
-                        # fuzz, fifteenth session; the dispatch path compiles it). Any crash is worth
+                        # fuzz; the dispatch path compiles it). Any crash is worth
                         # the other path: "Please report issues" heads every iree-compile backtrace.
                         "BubbleUpExtract", "Please report issues to https://github.com/iree-org/iree/issues",
                         # the dispatch path on an fp32 conv -> conv beside softmax -> linear of a
-                        # [B, 2, 3, 3] input, B dynamic (IREE fuzz, fifteenth session; the global
+                        # [B, 2, 3, 3] input, B dynamic (IREE fuzz; the global
                         # path and no data tiling compile it)
                         "all stack allocations need to be hoisted")
 PATH_NAMES = {"dispatch": "dispatch-creation", "global": "global-optimization"}
@@ -52,20 +52,20 @@ def dispatch_path_hazard(sub: GraphModule) -> str | None:
       rows included) are exact with it;
     - a batched int8 matmul with a dynamic batch, even with M, K, N static: uint8 activations
       [B,8,16] @ [B,16,8] gave 64 and 111 wrong outputs at B = 2 (the compiled size) and 3,
-      [B,3,4] @ [B,4,3] (x @ xᵀ) 6 and 17 — found by the IREE fuzz run once it drew dynamic
-      shapes (thirteenth session; [B,16,32] @ [B,32,16] and int8 activations were exact, a
+      [B,3,4] @ [B,4,3] (x @ xᵀ) 6 and 17 — found by the IREE fuzz run with dynamic
+      shapes ([B,16,32] @ [B,32,16] and int8 activations are exact, a
       static batch always);
     - any batched int8 matmul (batch > 1), static shapes too: uint8 (x xᵀ) x of x [2, 6, 9] gave
       46 of 108 outputs wrong (max 1.8; exact without data tiling and on the global path; found
-      by the IREE fuzz run, fifteenth session, with the grammar's `matmul_b`), while x xᵀ alone
+      by the IREE fuzz run, with the grammar's `matmul_b`), while x xᵀ alone
       was exact;
     - a float matmul of two batched (rank >= 3) operands with any dynamic dim (linear(x) @ xᵀ
       with only the batch dynamic: max error 6.2 at batches 2 and 3);
     - a float matmul of a batched activation with a dynamic dim by a 2-D weight, followed by
       another product (`x @ W1 @ W2`, `linear(x @ W)`, x [B, 2, 5], B dynamic: max error 10.1
-      and 0.74 at batches 2 and 3, exact at 1; found by the IREE fuzz run once it drew dynamic
-      shapes, thirteenth session; each product alone is exact).
-    (Fourteenth session, global path on the four: max errors 6.1 / 8.4 / 0.16 / 0 on the
+      and 0.74 at batches 2 and 3, exact at 1; found by the IREE fuzz run with dynamic
+      shapes; each product alone is exact).
+    (The four on both paths: max errors 6.1 / 8.4 / 0.16 / 0 on the
     dispatch path, 0 on the global one.)"""
     for node in sub.graph.nodes:
         if node.op != "call_function":
@@ -104,8 +104,8 @@ def global_path_hazard(sub: GraphModule) -> str | None:
     both zero points non-zero comes out wrong, silently, on that path (IREE 3.13, static shapes:
     i8 [1,8,16] @ its transpose with zero points 3 and 3, max error 46650 in the int32 products;
     zero points 3 and 0, x @ yᵀ of two tensors, x @ x, and q = x[..., :16] @ (x[..., 16:])ᵀ are
-    exact; so are the dispatch path and no data tiling). Found by the IREE fuzz run (fourteenth
-    session: an RMSNorm then x @ xᵀ, 4 quantization steps off). The check is on the operands'
+    exact; so are the dispatch path and no data tiling). Found by the IREE fuzz run (an
+    RMSNorm then x @ xᵀ, 4 quantization steps off). The check is on the operands'
     values only, not the zero points (uint8 activations are stored as int8 with the zero point
     moved by 128, so nearly always non-zero)."""
     number = _value_numbers(sub)

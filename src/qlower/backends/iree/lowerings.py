@@ -149,7 +149,7 @@ def kind_of(node: Node) -> str | None:
 # `torch.operator`; kthvalue ("'tm_tensor.topk' op region block must end with a linalg_ext.yield
 # i1"); logsumexp and fmod (their scalar arguments: "failed to legalize 'torch.constant.int' /
 # 'torch.constant.float'"); erfinv ("failed to legalize 'torch.aten.erfinv'"). upsample_bilinear2d
-# (both overloads, static or dynamic; fourteenth session): "failed to legalize 'torch.constant.int'"
+# (both overloads, static or dynamic): "failed to legalize 'torch.constant.int'"
 # (its size list).
 _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::index_copy",
                             "aten::diff", "aten::cummax", "aten::cummin", "aten::median", "aten::nanmedian",
@@ -157,7 +157,7 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             "aten::erfinv", "aten::lgamma", "aten::digamma", "aten::i0", "aten::fmod",
                             "aten::hypot", "aten::cdist", "aten::_cdist_forward",
                             "aten::upsample_bilinear2d",
-                            # linear algebra (eighteenth session, 4x4 float inputs): "failed to
+                            # linear algebra (4x4 float inputs): "failed to
                             # legalize operation 'torch.aten.linalg_qr'" / "'torch.operator'";
                             # linalg_det, linalg_slogdet, linalg_cross and linalg_vector_norm compile
                             *(f"aten::linalg_{op}" for op in ("qr", "cholesky", "cholesky_ex", "inv", "inv_ex", "svd",
@@ -170,14 +170,14 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             "aten::_linalg_svd", "aten::_linalg_eigh", "aten::cholesky", "aten::cholesky_solve",
                             "aten::cholesky_inverse", "aten::triangular_solve", "aten::geqrf", "aten::ormqr",
                             "aten::svd", "aten::qr", "aten::lu_unpack", "aten::pinverse", "aten::matrix_exp",
-                            # twenty-first session: the window functions and the FFTs with a real
+                            # measured: the window functions and the FFTs with a real
                             # result stay `torch.operator` (the complex ones are refused by dtype)
                             *(f"aten::{w}_window" for w in ("hann", "hamming", "blackman", "bartlett", "kaiser")),
                             *(f"aten::fft_{f}{d}" for f in ("irfft", "hfft") for d in ("", "2", "n")),
                             "aten::_fft_c2r"})
 # (some decomposed first: backend._decompose_ops_iree_lacks)
 
-# Compiled, reported as compiled, and answered wrongly (nineteenth session, PyTorch's OpInfo
+# Compiled, reported as compiled, and answered wrongly (PyTorch's OpInfo
 # samples through `tests/test_opinfo.py --backend iree`): logcumsumexp inf everywhere;
 # grid_sample (torch-mlir's own decomposition of grid_sampler) off by up to 2.6e33, reading
 # outside its input; max_unpool with a repeated index kept another write than eager's last one.
@@ -185,7 +185,7 @@ _WRONG_ON_IREE = frozenset({"aten::logcumsumexp", "aten::grid_sampler", "aten::g
                             "aten::grid_sampler_3d", "aten::max_unpool2d", "aten::max_unpool3d"})
 
 # Boolean mask arithmetic (transformers' attention masks) imports and matches, measured op by op
-# on IREE 3.13 (twelfth session; it had been refused wholesale, 15 PyTorch fallbacks on a
+# on IREE 3.13 (refused wholesale, it costs 15 PyTorch fallbacks on a
 # MiniLM-size encoder): to(bool), ge/gt, ~, logical_not/and, bitwise_and, |, *, expand, index,
 # where, masked_fill, to(float) all compile. `&` / `^` and boolean tensors created from a shape
 # (new_ones(dtype=bool): "failed to legalize 'torch.vtensor.literal' ... dense<true>") do not as
@@ -213,14 +213,14 @@ def float_check(node: Node) -> str | None:
     if schema.name in _WRONG_ON_IREE:
         return f"{schema.name} compiles but answers wrongly on IREE (measured on PyTorch's OpInfo samples)"
     if schema.name in ("aten::index_put", "aten::_unsafe_index_put") and _accumulates(node):
-        # measured (nineteenth session): index_put(accumulate=True) with a repeated index off by
+        # measured: index_put(accumulate=True) with a repeated index off by
         # 1.5 on a 4x5 input, in silence (IREE keeps one of the repeated writes)
         return "index_put with accumulate=True loses repeated indices in IREE"
     vals = tensor_vals(node)
     if any(t.dtype in (torch.int8, torch.uint8) for t in vals):
         return "reads or produces a quantized integer tensor outside qlower's integer ops"
     if any(t.dtype.is_complex for t in vals):
-        # measured (twenty-first session): fft / stft / abs of a complex tensor fail in
+        # measured: fft / stft / abs of a complex tensor fail in
         # iree-compile ("failed to legalize operation 'torch.constant...'", "'math.absf' op
         # operand ... complex"): refused here instead of accepted and then dropped by the compiler
         return "complex tensors are not lowered by iree-compile's torch input"
@@ -232,7 +232,7 @@ def float_check(node: Node) -> str | None:
     if pool is not None:
         return pool
     if holds_empty_tensor(node):
-        # measured (eighteenth session): var / std of nothing 0 (eager NaN), iree-compile failing
+        # measured: var / std of nothing 0 (eager NaN), iree-compile failing
         # on multi-dim sums, nansum, group_norm and K = 0 matmuls of empty tensors
         return "an empty tensor (IREE computes some ops on one wrongly and fails to compile others)"
     return data_dependent(node)
@@ -247,8 +247,8 @@ def not_in_a_float_module(node: Node) -> str | None:
     """Why float op `node` cannot be part of an all-float (torch-dialect) module, or None:
     advanced indexing with two or more 1-D index tensors of dynamic length (CLIP's pooled output
     `h[arange(batch), ids.argmax(-1)]` with the batch dynamic): IREE's torch input pipeline fails
-    to legalize `torch.aten.index.Tensor_hacked_twin` and the whole cluster fell back (thirteenth
-    session's sweep). Measured: one index tensor, several of static length, broadcast-shaped
+    to legalize `torch.aten.index.Tensor_hacked_twin` and the whole cluster would fall back
+    (found by a model sweep). Measured: one index tensor, several of static length, broadcast-shaped
     ones (GPT-2's mask: [B, 1, 1, 1] with [1, 1, S, 1]), and the same op imported alone into an
     int8 (TOSA) module compile."""
     if getattr(node.target, "_schema", None) is None or node.target._schema.name != "aten::index":
@@ -280,9 +280,9 @@ def _short_single_window_conv(node: Node) -> str | None:
     input's end: the pool mis-sizing above, in torch-mlir's conv lowering ("'linalg.generic' op
     inferred input/output operand #1 has shape's dimension #1 to be 4, but found 3"). Measured
     over conv2d with H 3-8 x W 6, kernel 1-3, stride 1-4, padding 0-1: the 19 compile failures
-    of 144 were exactly these (1x1 kernels compile). Found by the IREE fuzz run (eighth session).
+    of 144 were exactly these (1x1 kernels compile). Found by the IREE fuzz run.
     The PadSingleWindowConvs legalization rewrites aten.conv2d of this kind (all 144 compile and
-    match since the fourteenth session); this refuses what it leaves (other conv forms)."""
+    match with it); this refuses what it leaves (other conv forms)."""
     if schema_name(node) not in ("aten::conv2d", "aten::convolution"):
         return None
     x, w, _, stride, padding, dilation = full_args(node)[:6]
@@ -301,7 +301,7 @@ def _ceil_pool_beside_a_single_window(node: Node) -> str | None:
     avg pools with H 1-7 x W 1/3/4, kernel 2-3, stride 1-3, every padding pair, both
     count_include_pad: all 86 compile failures (of 198 pools where ceil mode resizes one dim
     but not the other) were exactly these; pools where it resizes both compile and match.
-    Found by the openvino fuzz program replayed on IREE (eighth session)."""
+    Found by the openvino fuzz program replayed on IREE."""
     if node.target is torch.ops.qlower.max_pool2d.default or not ceil_mode_resizes_beside_a_single_window(node):
         return None
     return "a ceil_mode pool that adds a window beside a single-window dim is mis-sized by torch-mlir"

@@ -21,18 +21,18 @@ class IreeOptions:
 
     target_cpu "host": IREE detects this machine's CPU features (AVX2, AVX-512 VNNI, ...); an
     explicit name (e.g. "znver4") cross-compiles. data_tiling is on because IREE 3.13 leaves it off
-    by default and its int8 matmul/conv kernels are ~3x faster with it (issue 16 measured 256^3
+    by default and its int8 matmul/conv kernels are ~3x faster with it (measured: 256^3
     i8 matmul 0.99 -> 0.30 ms). im2col turns convs into one matmul each, which data tiling then
     packs; both flags are plain iree-compile options.
 
     data_tiling_path: which of IREE 3.13's two data-tiling implementations a cluster prefers:
     "dispatch" (`--iree-opt-data-tiling`, IREE's suggested one, from dispatch creation), "global"
     (`--iree-global-opt-data-tiling`, from global optimization) or "auto": "dispatch" for
-    conv-dominated clusters and on GPUs, "global" for the rest. Measured (fourteenth session,
+    conv-dominated clusters and on GPUs, "global" for the rest. Measured (on an
     Intel Xeon, one thread, batch 8, static): int8 mobilenet 0.59 vs 0.89 ms and cnn 0.68 vs 0.71
     ms (dispatch faster), int8 transformer 0.32 vs 0.40 and vit 0.35 vs 0.44 ms (global faster);
     with batch and sequence dynamic the dispatch path fails to compile a masked mean pooling (a
-    MiniLM-size sentence encoder then ran without data tiling: 59 ms int8, 53 ms fp32, at 8 x 40
+    MiniLM-size sentence encoder then runs without data tiling: 59 ms int8, 53 ms fp32, at 8 x 40
     tokens; global path: 24 / 26 ms). Each path silently miscompiles programs the other computes
     exactly (data_tiling.py names them): a cluster with a hazard on its preferred path takes the
     other one, or none.

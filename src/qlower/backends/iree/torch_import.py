@@ -22,11 +22,11 @@ def import_float_cluster(sub: GraphModule):
     torch input pipeline turns into `util.assume.int` bounds).
 
     Why the ranges: without them IREE compiles every dynamic dim for any size up to 2^63.
-    Measured once on a MiniLM-size encoder (hidden 384, 2 layers, mean pooling), batch and
-    sequence dynamic, at 8 x 40, one thread, Intel Xeon, while the cluster still compiled
-    without data tiling: 82.7 ms without, 53.3 ms with (static module: 22.8 ms; fourteenth
-    session). With the global-optimization data tiling that followed (26 ms) the ranges' own
-    share was lost in that session's noise (27-56 ms for either, eager varying as much)."""
+    Measured on a MiniLM-size encoder (hidden 384, 2 layers, mean pooling), batch and
+    sequence dynamic, at 8 x 40, one thread, Intel Xeon, with the cluster compiled
+    without data tiling: 82.7 ms without, 53.3 ms with (static module: 22.8 ms). With the
+    global-optimization data tiling (26 ms) the ranges' own share is within the
+    noise (27-56 ms for either, eager varying as much)."""
     from iree.compiler.extras.fx_importer import FxImporter
     importer = FxImporter()
     ranges = symbol_ranges(sub.graph)
@@ -141,9 +141,9 @@ def _inferred(node: Node, count: int) -> bool:
 
 # Ops whose symbolic size arguments may be passed in as integers: measured to compile and match
 # (position ids and masks: `arange(seq)`, `position_ids[:, :seq]`). Not expand: passed its sizes
-# it made MPNet's int8 cluster fail in iree-compile (thirteenth session); qlower emits float
-# expands and reshapes itself instead (tosa_ops.float_shape_op, fourteenth session: the failure
-# was tensor.reshape hiding sizes from IREE, see Builder.reshape).
+# it makes MPNet's int8 cluster fail in iree-compile; qlower emits float
+# expands and reshapes itself instead (tosa_ops.float_shape_op: the failure
+# is tensor.reshape hiding sizes from IREE, see Builder.reshape).
 _SIZES_PASSED_IN = ("aten::arange", "aten::slice")
 
 
@@ -159,16 +159,16 @@ def _may_pass_sizes(node: Node) -> bool:
 
 def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str | None:
     """Why float op `node` cannot be a private function of a TOSA module, or None (found at
-    compile time it took its whole int8 cluster to PyTorch; refused while clustering now): a
+    compile time it would take its whole int8 cluster to PyTorch, so it is refused while clustering): a
     symbolic size argument that is none of its own inputs' dims and that the module cannot
     compute either — `available`: the symbols its cluster's tensor inputs have as dims (BERT's
     `position_ids[:, :input_ids.shape[1]]`, `arange(seq)`: passed in as integer arguments when
-    the cluster reads a tensor of that length, thirteenth session).
+    the cluster reads a tensor of that length).
 
-    (Ops torch-mlir lowers to TMTensor — attention, cumsum's scan, sort — were refused too:
+    (Ops torch-mlir lowers to TMTensor — attention, cumsum's scan, sort — fail as they are:
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
-    cleanup". `_TO_LINALG` now converts them to IREE's LinalgExt, as IREE's own torch input
-    pipeline does, and they compile and match: thirteenth session.)"""
+    cleanup". `_TO_LINALG` converts them to IREE's LinalgExt, as IREE's own torch input
+    pipeline does, and they compile and match.)"""
     from ..cluster_sizes import computable_from
     from .tosa_ops import emits_float_shape_op
     if emits_float_shape_op(node, available):   # not imported: the TOSA emitter reshapes it
@@ -272,7 +272,7 @@ _CAST = re.compile(r"tensor\.cast %arg\d+ : tensor<([^>]*)> to tensor<([^>]*)>")
 def _check_no_specialized_dims(fn, node: Node) -> None:
     """Raise when torch-mlir's lowering of the lone op casts an argument's dynamic dim to a
     static size: measured, `view(x, [-1, 64])` of x [?, ?, 64] became a cast to [?, 1, 64] —
-    silently wrong at every other size. The TOSA emitter reshapes float tensors itself now;
+    silently wrong at every other size. The TOSA emitter reshapes float tensors itself;
     this keeps any other such lowering from reaching a module (the cluster falls back)."""
     for source, target in _CAST.findall(str(fn)):
         src, dst = source.split("x")[:-1], target.split("x")[:-1]

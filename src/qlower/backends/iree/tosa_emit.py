@@ -161,9 +161,9 @@ class Builder:
 
         Why the unit-dim form: IREE cannot see through tensor.reshape's runtime shape operand.
         MPNet int8 (batch and sequence dynamic): its position bias, unsqueezed and expanded
-        through tensor.reshape, made iree-compile fail on the softmax it feeds ("exceeded stack
+        through tensor.reshape, makes iree-compile fail on the softmax it feeds ("exceeded stack
         allocation limit ... Got 864691128455135936 bytes"); with the same reshape as
-        collapse/expand it compiles (fourteenth session)."""
+        collapse/expand it compiles."""
         if sym is not None and sym_in is not None and list(shape).count(DYN) > 1 and _same_non_unit_dims(sym_in, sym):
             return self._reshape_unit_dims(v, list(shape), sym_in, sym)
         if list(shape).count(DYN) <= 1:

@@ -698,7 +698,7 @@ def emit_table(em: TosaEmitter, node: Node) -> Val:
     each stored with the output's offset. A table of one value everywhere (x * 0, a clamp to one
     code) is that value's constant splat: IREE 3.13 turns a tosa.table whose entries are all equal
     into a linalg.fill, which it sums wrongly (_FILL_REFUSAL; a matmul after it was 20 quanta off
-    everywhere), found by the IREE fuzz run, twenty-first session. An fp32 table is read as four
+    everywhere), found by the IREE fuzz run. An fp32 table is read as four
     byte tables of its bit patterns (_float_lookup)."""
     q_n, table_n = full_args(node)[:2]
     q, table = em.value(q_n), em.constant(table_n)
@@ -1104,7 +1104,7 @@ def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -
     of those values also feeds a reduction there (an RMSNorm of [B, 4] whose output is sliced to
     [B, 1], B dynamic) it puts the whole [B, 4] intermediate on the stack at its unbounded size:
     "exceeded stack allocation limit of 32768 bytes ... Got 144115188075856064 bytes" (found by
-    the IREE fuzz run, fifteenth session; a slice of two or more elements compiles). The
+    the IREE fuzz run; a slice of two or more elements compiles). The
     gathering copy is a dispatch of its own."""
     rank, name = len(x.shape), f"gathered_slice_{em.private_functions}"
     out_type = em.b.ttype(dims(out_shape), x.dtype)

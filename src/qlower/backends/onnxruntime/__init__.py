@@ -232,7 +232,7 @@ class OrtCluster(torch.nn.Module):
     @session.setter
     def session(self, session) -> None:
         self._session = session
-        # The pybind session's run skips the Python wrapper's per-call validation of names and
+        # The pybind-level session's run skips the Python wrapper's per-call validation of names and
         # ownership (~7 us): qlower built the feed from the session's own input names.
         self._run = getattr(session, "_sess", session).run if session is not None else None
 
