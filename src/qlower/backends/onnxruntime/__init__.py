@@ -218,7 +218,8 @@ class OrtCluster(torch.nn.Module):
         # in one runs the call in PyTorch (clusters.float_inputs says why)
         self.finite_checks = finite_checks or {}
         outputs = [o.name for o in session.get_outputs()] if session is not None else []
-        self.n_outputs = len(outputs) - (1 if self.finite_checks and session is not None else 0)
+        has_sums = session is not None and bool(self.finite_checks)
+        self.n_outputs = len(outputs) - (1 if has_sums else 0)
         self.output_names = outputs or None
         self.scalar_kinds = scalar_kinds(fallback)
         self.complex_inputs, self.complex_outputs = complex_positions(fallback, constants)
