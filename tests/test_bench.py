@@ -2,6 +2,7 @@
 assertions: what is checked is that results, accuracy and outputs are produced."""
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -172,6 +173,7 @@ def test_library_output_goes_to_the_log_not_the_terminal(tmp_path, capfd):
     assert "progress line" in seen.out and "native" not in seen.out + seen.err and "warning" not in seen.err
 
 
+@pytest.mark.slow
 def test_bench_suite_option_end_to_end(tmp_path):
     """--suite real with a small model: machine in bench.json and bench.md, log file, peers."""
     result = CliRunner().invoke(app, ["bench", "--suite", "real", "--models", "cnn", "--stacks",
@@ -200,6 +202,7 @@ def test_an_error_row_is_plain_text():
     assert row == "RuntimeError: Failed to decompose. This is step 2/3 of exporting"
 
 
+@pytest.mark.slow
 def test_static_stack_runs_the_transformer_static_preset(tmp_path):
     """`qlower-onnxruntime-static` (like for like with ORT's static QDQ peer) is the
     `transformer-static` preset on a transformer: the same outputs as compiling that preset, and

@@ -40,6 +40,7 @@ def test_schema_and_inspect(tmp_path, small_net):
     assert result.exit_code == 0 and "qlower.conv2d" in result.output and "backend: reference" in result.output
 
 
+@pytest.mark.slow
 def test_outputs_into_a_missing_folder(tmp_path):
     """`qlower verify --out` creates its report folder (like `qlower bench --out`); an export
     into a missing folder is a typed ArtifactError naming the path, never a raw

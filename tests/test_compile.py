@@ -139,6 +139,7 @@ def _footprint_after_each(build, times=3) -> list[tuple[int, int]]:
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_compile_keeps_nothing_of_a_discarded_model(small_net, quantize):
     """torch.fx keeps every GraphModule's generated source (and torchao an lru_cache keyed by the
@@ -158,6 +159,7 @@ def test_compile_keeps_nothing_of_a_discarded_model(small_net, quantize):
     assert own and set(_loader.eval_cache) - before == own
 
 
+@pytest.mark.slow
 def test_quantize_keeps_nothing_of_a_discarded_program(small_net):
     x = torch.randn(2, 3, 8, 8)
     first, *rest = _footprint_after_each(lambda: qlower.quantize(small_net, (x,), calib(x.shape)))

@@ -86,6 +86,7 @@ def test_a_mask_cluster_is_translated_without_a_re_trace_and_answers_as_eager(mo
         assert torch.equal(cm(x, mask), model(x, mask))
 
 
+@pytest.mark.slow
 def test_the_in_place_graph_still_answers_as_eager():
     model, x = AliasThenInPlace(), torch.randn(2, 3)
     cm = qlower.compile(model, (x,), backend="onnxruntime")

@@ -46,6 +46,7 @@ def _one_cluster(cm):
     assert report.compiled[0].backend == "onnxruntime"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_fp32_one_cluster_at_every_size(models, name):
     model = _model(models, name)
@@ -58,6 +59,7 @@ def test_fp32_one_cluster_at_every_size(models, name):
         assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (name, batch, seq)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_int8_one_cluster_matches_reference_at_every_size(models, name):
     model = _model(models, name)
@@ -83,6 +85,7 @@ def _close_to_reference(got, want, where) -> None:
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9999
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["transformer-static", "transformer"])
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_transformer_presets_fused_kernels_one_cluster_at_every_size(models, name, preset):

@@ -11,7 +11,8 @@ import torch
 
 import qlower
 from qlower import api
-from qlower.backends import AUTO_CANDIDATES, AutoSettings, EngineSelector, ReferenceBackend, auto_backends
+from qlower.backends.reference import ReferenceBackend
+from qlower.engine_choice import AUTO_CANDIDATES, AutoSettings, EngineSelector, auto_backends
 from qlower import engine_choice as select
 from qlower.backends.base import Executable
 from qlower.errors import BackendError, QlowerError
@@ -215,6 +216,7 @@ def test_not_faster_than_reference_failures_and_all_refused_fall_back_to_referen
     assert torch.equal(cm(*x), ref(*x))
 
 
+@pytest.mark.slow
 def test_real_engines_int8_bit_exact_and_the_fastest_kept(selector, integer_net):
     """Every installed engine (the default candidates) is measured on an integer-only program:
     each correct one matched the reference bit for bit, and the winner is the fastest (within the
@@ -271,6 +273,7 @@ def test_single_candidate_is_used_without_measuring(selector, integer_net):
 
 
 # ------------------------------------------------------------------------------ cache
+@pytest.mark.slow
 def test_recompile_of_the_same_graph_reuses_the_decision(selector, integer_net):
     first = compile_int8(integer_net, ("slow", "fast"))
     assert selector.measured == 1 and sorted(Fake.compiles) == ["fast", "slow"]
@@ -316,6 +319,7 @@ def test_report_round_trips_with_engine_trials(selector, integer_net):
     assert CompileReport.from_dict(old).engine_trials == []
 
 
+@pytest.mark.slow
 def test_saved_and_loaded_auto_model_keeps_its_engine_report(selector, integer_net, tmp_path):
     cm = compile_int8(integer_net, ("onnxruntime", "sluggish"))
     assert cm.report().backend == "onnxruntime"
@@ -373,6 +377,7 @@ def test_compare_rules():
     assert "int32" in select._compare(t([1], dtype=torch.int32), t([1]), True, 0, 0)[2]
 
 
+@pytest.mark.slow
 def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(integer_net, monkeypatch):
     """The default selector writes its decisions to qlower's disk cache: a fresh selector (a new
     process) compiles only the winner, says so, and reports the same trials. A tampered entry
@@ -461,6 +466,7 @@ def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net
     assert torch.equal(again(*x), first(*x))
 
 
+@pytest.mark.slow
 def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_island_flips(selector):
     """The default path a user takes: a MiniLM-size sentence encoder (6 layers, 384 wide),
     `quantize="int8"`, backend auto. Its engines' float softmax/LayerNorm/GELU round differently

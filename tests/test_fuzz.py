@@ -24,9 +24,10 @@ range per tensor) linear inputs,
 - no fallback whose reason starts with "compile failed"/"run failed": the capability accepted a
   cluster the engine rejected.
 
-Default run (CI): derandomized, `_DEFAULT_ORT` examples on onnxruntime, `_DEFAULT_IREE`
-on iree (iree-compile costs ~1-2 s per cluster) and `_DEFAULT_OV` on openvino (canonical
-numerics: its int8 outputs are compared bit-exactly with the reference like the others). `QLOWER_FUZZ_EXAMPLES=N` runs N examples per
+Default run: a derandomized smoke sample per engine (`_SMOKE_*` examples); `-m slow`: the full
+derandomized sweep, `_DEFAULT_ORT` examples on onnxruntime, `_DEFAULT_IREE` on iree (iree-compile
+costs ~1-2 s per cluster) and `_DEFAULT_OV` on openvino (canonical numerics: its int8 outputs are
+compared bit-exactly with the reference like the others). `QLOWER_FUZZ_EXAMPLES=N` runs N examples per
 backend test, randomized. `QLOWER_FUZZ_LOG=path` records failures as JSON lines instead of
 stopping at the first one (for long runs).
 
@@ -59,9 +60,12 @@ Q = torch.ops.qlower
 
 _ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
 _LOG = os.environ.get("QLOWER_FUZZ_LOG")
-_DEFAULT_ORT = 180
+_DEFAULT_ORT = 180    # the full sweep (-m slow)
 _DEFAULT_IREE = 40
 _DEFAULT_OV = 80
+_SMOKE_ORT = 24       # the default run's sample: about 20 s per engine on one core
+_SMOKE_IREE = 6
+_SMOKE_OV = 12
 
 
 def _settings(default_n: int):
@@ -842,20 +846,44 @@ def _run(prog: Program, backends):
 
 
 # ============================================================================ fuzz tests
+# The default run fuzzes a smoke sample per engine; `-m slow` runs the full derandomized sweep.
+@_settings(_SMOKE_ORT)
+@given(prog=programs())
+def test_fuzz_onnxruntime_smoke(prog):
+    _run(prog, ("onnxruntime",))
+
+
+@pytest.mark.slow
 @_settings(_DEFAULT_ORT)
 @given(prog=programs())
 def test_fuzz_onnxruntime(prog):
     _run(prog, ("onnxruntime",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install 'qlower[iree]')")
+@_settings(_SMOKE_IREE)
+@given(prog=programs())
+def test_fuzz_iree_smoke(prog):
+    _run(prog, ("iree",))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @_settings(_DEFAULT_IREE)
 @given(prog=programs())
 def test_fuzz_iree(prog):
     _run(prog, ("iree",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
+@_settings(_SMOKE_OV)
+@given(prog=programs())
+def test_fuzz_openvino_smoke(prog):
+    _run(prog, ("openvino",))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @_settings(_DEFAULT_OV)
 @given(prog=programs())
 def test_fuzz_openvino(prog):
@@ -959,6 +987,7 @@ def test_regression_onnxruntime_scale_fusion_deletes_a_read_mul():
                    inputs="tiny", seed=3))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_quantized_add_of_two_dynamic_operands():
     """int8 linear -> relu -> add(relu, linear) -> (x yT) y with batch and sequence dynamic: the
@@ -971,6 +1000,7 @@ def test_regression_iree_quantized_add_of_two_dynamic_operands():
                    dynamic=True, dynamic_seq=True, seed=344, per_channel=True), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_dispatch_path_stack_allocation_retried_on_the_global_path():
     """fp32 conv -> conv beside softmax -> add -> 4-D linear, batch dynamic: conv-dominated, so
@@ -1000,6 +1030,7 @@ def test_regression_iree_depthwise_1x1_padded(conv):
     _check(Program(in_shape=(2, 2, 9, 4), ops=(Op("conv", (0,), conv),), seed=0), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_group_norm_decomposition_on_permuted_input():
     """group_norm on a permuted (non-contiguous) tensor raised a raw ValueError on iree: the
@@ -1242,6 +1273,7 @@ def test_regression_iree_conv_single_window_short_of_the_input_end():
                    inputs="const", seed=1110, per_channel=False, weight_bits=7), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_data_tiling_pack_rank_failure_is_retried():
     """A 1x2 input through a width-1 linear: iree-compile failed with data tiling ("tiling factors
@@ -1351,6 +1383,7 @@ def test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager():
            ("iree",))
 
 
+@pytest.mark.slow
 def test_regression_fp32_masked_key_holding_inf_in_causal_attention():
     """Causal attention on the NaN/inf input, whose -inf sits in the last key of a head: the
     first query's score against that key is +inf, masked. Eager's fused kernel (and ONNX Runtime,
@@ -1390,6 +1423,7 @@ def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
                    weight_bits=7), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
     """RMSNorm of [B, 4] -> int8 slice to [B, 1] -> RMSNorm, B dynamic: IREE 3.13 moved the
@@ -1405,6 +1439,7 @@ def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
            ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
@@ -1426,6 +1461,7 @@ def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
                    weights="zero", seed=114, per_channel=True, quantize_mul=True), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_regression_iree_clamp_to_a_single_value_after_a_requantize(dynamic):
@@ -1446,6 +1482,7 @@ _CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM = Program(
     weights="huge", inputs="huge", seed=1977, act="uint8")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_nan_call_runs_the_decomposed_norm_as_its_kernel():
     """On the NaN/inf input the IREE cluster runs in PyTorch; its graph held LayerNorm as IREE's
@@ -1503,6 +1540,7 @@ def _empty_batch_programs(n: int) -> list:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_grammar_programs_on_an_empty_batch(backend):
     """Every op of the grammar on an empty batch, fp32: eager's shape and values, no raw
@@ -1542,6 +1580,7 @@ def test_regression_fp32_eager_overflow_engine_exact():
                    weight_bits=7, quantize_mul=True), ("onnxruntime",))
 
 
+@pytest.mark.slow
 def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter():
     """An integer LayerNorm after a requantize of scale 5174: its variance epsilon in integer
     units is 3.4e-12, which onnxscript's `x + 0` rewrite rule matched (tolerance 1e-8) and
@@ -1614,6 +1653,7 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
     _check(prog, ("onnxruntime",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_outer_product_of_a_column_slice():
     """fp32 x[:, 11:12:2] @ w (a [2, 1] column of a [2, 12] input by a [1, 5] weight: an outer
@@ -1626,6 +1666,7 @@ def test_regression_iree_outer_product_of_a_column_slice():
                    activations="per-token"), ("iree",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):

@@ -32,6 +32,7 @@ def compiled():
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", hf.HF_MODELS)
 def test_int8_tracks_fp32_on_real_tokens(compiled, name):
     model, cm = compiled(name)
@@ -60,6 +61,7 @@ def test_padding_tokens_do_not_change_real_tokens(compiled, name):
     assert int8_shift <= fp32_shift + 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "llama"])
 def test_int8_program_is_integer_and_onnxruntime_equals_the_reference(name):
     """`int8` makes transformers' BERT, GPT-2, ViT and LLaMA integer programs (no float
@@ -79,6 +81,7 @@ def test_int8_program_is_integer_and_onnxruntime_equals_the_reference(name):
         assert torch.equal(got(*inputs(name, seed)), ref(*inputs(name, seed)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", hf.HF_DECODERS)
 def test_kv_cache_decoder_int8_step_by_step(name):
     """A transformers causal LM with its static KV cache in buffers compiles into one
@@ -102,6 +105,7 @@ def test_kv_cache_decoder_int8_step_by_step(name):
     assert min(cosines) >= 0.99 and sum(cosines) / len(cosines) >= 0.995, cosines
 
 
+@pytest.mark.slow
 def test_replace_recognizes_llama_rms_norm_and_attention():
     """replace() swaps LlamaRMSNorm for the RMSNorm block op (sharing the weight) and routes the
     model's SDPA calls to qlower::attention; outputs stay within float rounding, the exported

@@ -492,6 +492,7 @@ def test_unbind_select_getitem_on_integers_stay_in_tosa():
         assert_equal(r, g)
 
 
+@pytest.mark.slow
 def test_whole_model_cluster_is_called_directly():
     """One cluster covering the model skips the FX GraphModule (and still matches)."""
     entry = ZOO["cnn"]
@@ -743,6 +744,7 @@ def _one_iree_cluster(cm):
     assert report.fallbacks == [] and [c.backend for c in report.compiled] == ["iree"], str(report)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
 def test_dynamic_batch_int8_compiles_once_and_runs_every_batch(name):
     """One module with a `?` batch dim runs batch 1, 3 and 8, bit-exact: the CNN is integer all
@@ -892,6 +894,7 @@ def _recompile(mlir: Path, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_export_int8_cnn_vmfb_runs_with_iree_run_module_and_mlir_recompiles(tmp_path):
     entry = ZOO["cnn"]
     kw = dict(quantize="int8", calibration=entry.calibration(2), profile="fixed")
@@ -911,6 +914,7 @@ def test_export_int8_cnn_vmfb_runs_with_iree_run_module_and_mlir_recompiles(tmp_
         assert_equal(want, _run_module(recompiled, x, tmp_path))
 
 
+@pytest.mark.slow
 def test_export_fp32_cnn_vmfb_and_mlir(tmp_path):
     """A float model is one torch-dialect module; the exported vmfb is the module qlower runs,
     so iree-run-module gives the very same floats."""
@@ -966,6 +970,7 @@ def test_cli_export_vmfb(tmp_path):
     assert_equal(ref(x), _run_module(out, x, tmp_path))
 
 
+@pytest.mark.slow
 def test_named_preset_uses_static_activations_on_iree_and_stays_one_cluster():
     """The transformer preset is per-token, which IREE has no lowering for: quantizing for iree,
     a named preset uses static activations (said in the report) and the model is one cluster."""
@@ -1077,6 +1082,7 @@ def test_single_window_convs_pass_contract():
     assert not isinstance(x_node.meta["val"].shape[0], int) and not isinstance(pad.meta["val"].shape[0], int)
 
 
+@pytest.mark.slow
 def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch):
     """A recompile with an empty in-memory cache (a new process) reads the module from qlower's
     disk cache instead of running iree-compile; a corrupted entry fails its digest and is
@@ -1100,6 +1106,7 @@ def test_compiled_modules_come_from_the_disk_cache_in_a_new_process(monkeypatch)
     assert torch.equal(first(*x), third(*x))
 
 
+@pytest.mark.slow
 def test_block_ops_iree_lacks_are_decomposed_for_iree_only_and_reported():
     """Issue 16's block-op rule: the block-op transformer's layer_norm block ops are decomposed
     for IREE (which has no lowering for them) and the report says so; the model stays one IREE
@@ -1134,6 +1141,7 @@ class _SdpaBlock(torch.nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
+@pytest.mark.slow
 def test_int8_attention_is_decomposed_and_compiles_on_iree():
     """SDPA among integer ops was imported as tm_tensor.attention, which IREE 3.13 does not
     legalize there: the whole int8 cluster fell back. Now a legalization pass writes it as
@@ -1389,6 +1397,7 @@ class _ClassToken(torch.nn.Module):
         return self.out(torch.relu(h @ h.transpose(1, 2) + bias) @ h)
 
 
+@pytest.mark.slow
 def test_float_expand_to_a_size_its_inputs_lack_stays_in_the_int8_cluster():
     """A float expand to a dynamic size that none of its inputs has (ViT's class token to the
     batch; BERT's mask to [B, 1, S, S]) was refused in int8 clusters — torch-mlir imports each
@@ -1462,6 +1471,7 @@ class _FloatOpsAmongLinears(torch.nn.Module):
         return self.c(torch.maximum(h, g) * (h - g) + h.abs())
 
 
+@pytest.mark.slow
 def test_float_ops_of_an_integer_cluster_are_imported_in_one_pipeline_run(monkeypatch):
     """The float ops a TOSA cluster imports go through torch-mlir's pipeline together, once per
     cluster (a run costs ~0.2 s whatever the module holds: hf-llama int8 spent 9.7 of its
@@ -1567,6 +1577,7 @@ class _MaskedAttention(torch.nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, s, 16))
 
 
+@pytest.mark.slow
 def test_attention_left_whole_under_dynamic_shapes_joins_the_int8_cluster():
     """Batch and sequence dynamic: attention's decomposition reads the sizes, so it stays one
     `scaled_dot_product_attention` node; inside the int8 cluster it became `tm_tensor.attention`
@@ -1609,6 +1620,7 @@ class _SplitRotate(torch.nn.Module):
         return self.o(torch.cat((-q[..., 8:], q[..., :8]), dim=-1) + torch.cat((b, a), dim=-1) * 0.5 + v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_slices_and_splits_of_int8_tensors_run_in_the_int8_cluster(dynamic):
     """split / chunk / slice of a quantized tensor were refused ("reads or produces a quantized
@@ -1668,6 +1680,7 @@ class _CumsumPositions(torch.nn.Module):
         return self.fc(x + self.emb(mask.cumsum(1) * mask))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_cumsum_in_an_int8_cluster_compiles_bit_exact(dynamic):
     """cumsum imported alone is torch-mlir's `tm_tensor.scan`, which IREE's TOSA input pipeline
@@ -1690,6 +1703,7 @@ def test_cumsum_in_an_int8_cluster_compiles_bit_exact(dynamic):
         assert_equal(ref(x, m), got(x, m))
 
 
+@pytest.mark.slow
 def test_zoo_transformer_int8_with_batch_and_sequence_dynamic_is_one_cluster():
     """Was 10 clusters and 64 PyTorch fallbacks ("more than one dynamic dim in a tensor")."""
     entry = ZOO["transformer"]
@@ -1873,6 +1887,7 @@ def test_unsafe_index_pass_contract():
     assert not PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext()).rewrites   # idempotent
 
 
+@pytest.mark.slow
 def test_kv_cache_update_runs_on_iree_step_by_step():
     """A static KV cache's update (`index_copy` into the cache buffer) was refused — torch-mlir
     leaves it a `torch.operator` — and kept 4 PyTorch fallbacks on zoo hf-llama-kv fp32 and

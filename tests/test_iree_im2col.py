@@ -82,8 +82,9 @@ CASES = {
 }
 
 
+# the first two cases in the default run, every case under -m slow
 @pytest.mark.parametrize("profile", ["fixed", "float"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if i < 2 else pytest.param(c, marks=pytest.mark.slow) for i, c in enumerate(CASES)])
 def test_im2col_conv_bit_exact_against_reference_and_direct_conv(case, profile):
     cfg = CASES[case]
     module = Conv(profile=profile, **cfg)
@@ -102,6 +103,7 @@ def test_im2col_conv_bit_exact_against_reference_and_direct_conv(case, profile):
     assert_equal(dir_acc, got_acc)
 
 
+@pytest.mark.slow
 def test_im2col_module_form():
     """3x3 groups-1: 3 column-tap slices, 3 row-tap slices, two concats and an i8 matmul, no
     tosa.conv2d; with zero

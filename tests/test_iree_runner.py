@@ -30,6 +30,7 @@ def int8_cnn():
     return cm, ref, cluster, entry
 
 
+@pytest.mark.slow
 def test_results_match_the_copying_path_and_outlive_later_calls(int8_cnn):
     """In place and copied, the same bits; a result kept across later calls keeps its values
     (its capsule holds IREE's buffer, which IREE then does not reuse)."""

@@ -79,10 +79,12 @@ def int8_cnn():
     return qlower.compile(entry.model(), entry.inputs(1), backend="iree", **kw)
 
 
+@pytest.mark.slow
 def test_the_compiled_cnn_uses_microkernels(int8_cnn):
     assert "--iree-llvmcpu-enable-ukernels=all" in whole_model_cluster(int8_cnn).command
 
 
+@pytest.mark.slow
 def test_export_cross_compiles_for_a_gpu_target(int8_cnn, tmp_path):
     """The module qlower runs here, compiled for CUDA: a CUDA executable in the .vmfb, and the
     .mlir header names the command and the device that run it. No GPU is needed to compile."""
@@ -95,6 +97,7 @@ def test_export_cross_compiles_for_a_gpu_target(int8_cnn, tmp_path):
     assert "--iree-llvmcpu-target-cpu=host" in here and "--device=local-sync" in here
 
 
+@pytest.mark.slow
 def test_export_to_an_unknown_architecture_or_a_non_iree_format_is_a_typed_error(int8_cnn, tmp_path):
     # IREE 3.13's CUDA table stops at sm_89: sm_90 is refused by iree-compile, not a raw error
     with pytest.raises(BackendError, match="cannot compile the model for 'cuda:sm_90'"):
@@ -159,6 +162,7 @@ def test_gpu_upload_paths_give_the_copy_path_s_bits_also_from_threads(cnn_module
         IreeFunction(pinned._context, pinned._function, pinned._device, True, "mmap")
 
 
+@pytest.mark.slow
 def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module(tmp_path):
     """The bundle for this CPU (a GPU bundle differs only in its target): its run.py checks and
     times every module with numpy + iree.runtime and no torch, and fails on a wrong answer."""
@@ -215,6 +219,7 @@ def test_cli_device_check_and_export_target(tmp_path):
     assert b"cuda-nvptx-fb" in out.read_bytes()
 
 
+@pytest.mark.slow
 def test_export_for_another_target_keeps_the_data_tiling_hazard_rule(tmp_path):
     """A cluster IREE 3.13's data tiling miscompiles (a batched float matmul with a dynamic
     batch) is exported for another target without data tiling, as the backend compiles it."""

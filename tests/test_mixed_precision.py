@@ -45,6 +45,7 @@ def test_target_met_by_int8_keeps_every_layer_int8(chain):
     assert choice.measured == choice.all_int8 >= 10.0
 
 
+@pytest.mark.slow
 def test_missed_target_keeps_the_fewest_sensitive_layers_float(chain):
     model, cal = chain
     all_int8 = measure(AccuracyTarget(0.0), model, qlower.quantize(model, cal[0], cal, QuantConfig()).module(), cal)
@@ -64,6 +65,7 @@ def test_missed_target_keeps_the_fewest_sensitive_layers_float(chain):
     assert "mixed precision" in str(choice) and "float" in str(choice)
 
 
+@pytest.mark.slow
 def test_unreachable_target_within_bound_returns_best_and_says_not_met(chain):
     model, cal = chain
     choice = _choice(qlower.quantize(model, cal[0], cal,

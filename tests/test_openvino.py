@@ -539,6 +539,7 @@ def test_engine_native_hands_the_qdq_program_to_openvinos_int8_kernels(name):
         assert cosine > 0.999, (name, float(cosine))
 
 
+@pytest.mark.slow
 def test_engine_native_save_load_round_trip(tmp_path):
     """An engine-native artifact keeps its options: loaded, it runs the Q/DQ program on
     OpenVINO's int8 kernels again and gives identical outputs."""
@@ -607,6 +608,7 @@ def test_engine_native_preset_quantizes_attention_matmuls():
     assert backend.quant_config(explicit, preset=False) == (explicit, None)
 
 
+@pytest.mark.slow
 def test_kv_cache_step_whose_size_inputs_openvino_drops_runs_in_openvino():
     """OpenVINO's ONNX frontend drops graph inputs nothing reads (a KV-cache decode step passes
     sizes its cluster no longer needs): arguments are fed by name, not position (before: every

@@ -402,6 +402,7 @@ def test_per_token_beats_static_on_token_dependent_outliers():
     assert sqnr["per-token"] > sqnr["static"] + 6.0, sqnr
 
 
+@pytest.mark.slow
 def test_hf_llama_per_token_is_one_onnxruntime_cluster():
     """A real architecture (random weights): every linear lowered per token, one cluster, no
     fallbacks; integer ops exact, float ops between them (softmax, RMSNorm, SiLU) are each

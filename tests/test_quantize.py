@@ -215,6 +215,7 @@ def test_quantize_attention_puts_qdq_on_both_attention_matmuls_and_is_exact_on_o
     assert qlower.report.sqnr_db(model(*z), ref(*z)) > 25.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["onnxruntime", "iree"])
 def test_int8_preset_makes_masked_sdpa_integer_and_bit_exact(backend):
     """`int8` decomposes SDPA (quantize_attention is its default): with a boolean padding mask the
@@ -238,6 +239,7 @@ def test_int8_preset_makes_masked_sdpa_integer_and_bit_exact(backend):
         assert torch.equal(cm(*z), ref(*z))
 
 
+@pytest.mark.slow
 def test_transformer_presets_keep_explicit_attention_matmuls_float():
     """The transformer presets treat an explicit Q @ K^T / P @ V like SDPA: float (measured on
     the zoo transformers: faster on ONNX Runtime and more accurate). Near miss: the int8 preset
@@ -252,6 +254,7 @@ def test_transformer_presets_keep_explicit_attention_matmuls_float():
     assert counts["transformer"] == counts["transformer-static"] == 0 < counts["int8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["onnxruntime"] + (["iree"] if importlib.util.find_spec("iree.runtime") else []))
 def test_quantize_attention_on_a_kv_cache_program_decomposes_it_on_the_module(backend):
     """torch 2.13 cannot re-trace a KV-cache decode step (it writes buffers) with the SDPA

@@ -1,4 +1,5 @@
 """Per-layer sensitivity report and the keep_float / transformer recipe options."""
+import pytest
 import torch
 
 import qlower
@@ -6,6 +7,7 @@ from qlower import zoo
 from qlower.report import sensitivity, sqnr_db
 
 
+@pytest.mark.slow
 def test_sensitivity_ranks_every_layer_worst_first_and_keep_float_helps():
     entry = zoo.get("transformer")
     model, x = entry.model(), entry.inputs(1)
