@@ -137,8 +137,8 @@ ZOO_TRANSFORMERS = ["transformer", "bert", "vit"]
 @pytest.mark.parametrize("backend", ["onnxruntime"] + (["iree"] if HAS_IREE else []))
 @pytest.mark.parametrize("name", ZOO_TRANSFORMERS)
 def test_zoo_transformers_int8_equal_the_reference_bit_for_bit(backend, name):
-    """Issue 16's criterion: the int8 transformers' outputs equal the reference backend's in
-    every bit (was: 4.8e-7 off on IREE, the final float LayerNorm). Their GELUs are tables
+    """The int8 transformers' outputs equal the reference backend's in every bit (a float final
+    LayerNorm would leave them 4.8e-7 off on IREE). Their GELUs are tables
     (tabulate_pointwise), their LayerNorms and softmaxes integer: no float island is left."""
     from qlower.zoo import ZOO
     entry = ZOO[name]

@@ -68,8 +68,8 @@ class Unchanged(Pass):
 
 
 def test_manager_recompiles_after_changes_only_and_once_at_the_end(monkeypatch):
-    """Regenerating a GraphModule's code cost 14% of a small model's compile when done after
-    every pass; the manager now does it after a pass that changed the graph, and once at the end,
+    """Regenerating a GraphModule's code costs 14% of a small model's compile when done after
+    every pass; the manager does it after a pass that changed the graph, and once at the end,
     so even a pass that edits and says "unchanged" leaves no stale code behind."""
     gm = graph_module(QDQLinear(), torch.randn(2, 16))
     x = torch.randn(2, 16)

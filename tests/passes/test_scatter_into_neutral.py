@@ -1,6 +1,6 @@
 """ScatterIntoNeutral (shared legalization) and the accumulating scatters on every backend:
-found in the nineteenth session, scatter_reduce "mean" was silently wrong on ONNX Runtime,
-OpenVINO and IREE, and IREE lost repeated indices of every scatter accumulating into its input."""
+without the pass, scatter_reduce "mean" is silently wrong on ONNX Runtime, OpenVINO and IREE, and
+IREE loses repeated indices of every scatter accumulating into its input."""
 import pytest
 import torch
 
