@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import qlower  # noqa: F401
+from qlower.passes import AttachQParams, FoldQuantizedConstants, PassManager
 
 qd = torch.ops.quantized_decomposed
 
@@ -45,3 +46,27 @@ class RequantChain(torch.nn.Module):
 
 def graph_module(model, *inputs):
     return torch.export.export(model, inputs).module()
+
+
+class WeightChain(torch.nn.Module):
+    """int8 weight stored [K, N], dequantized per-channel along N (axis 1), then a shape op."""
+
+    def __init__(self, op, tie=False):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randint(-127, 128, (8, 6), generator=g).to(torch.int8))
+        self.register_buffer("s", torch.rand(6, generator=g) * 0.01 + 0.001)
+        self.register_buffer("z", torch.zeros(6, dtype=torch.int64))
+        self.op, self.tie = op, tie
+
+    def forward(self, x):
+        wd = qd.dequantize_per_channel(self.w, self.s, self.z, 1, -127, 127, torch.int8)
+        if self.tie:
+            return x @ self.op(wd) + (x @ self.op(wd)).relu()
+        return x @ self.op(wd)
+
+
+def folded(model, x, passes=None):
+    gm = graph_module(model, x)
+    ctx = PassManager(passes or [AttachQParams(), FoldQuantizedConstants()]).run(gm)
+    return gm, ctx

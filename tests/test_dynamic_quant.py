@@ -1,14 +1,14 @@
 """Per-tensor dynamic activation quantization (QuantConfig(activations="dynamic"), the
 `transformer-dynamic` preset): the numerics (numerics.dynamic_qparams, ONNX DynamicQuantizeLinear),
-the Q/DQ program, the LowerDynamicLinear pass, and bit-exactness of onnxruntime against the
-reference backend on both CPU formulations, fused into DynamicQuantizeMatMul or not."""
+the Q/DQ program, and bit-exactness of onnxruntime against the reference backend on both CPU
+formulations, fused into DynamicQuantizeMatMul or not (the LowerDynamicLinear pass's own tests:
+tests/passes/test_lower_dynamic_linear.py)."""
 import numpy as np
 import pytest
 import torch
 
 import qlower
 from qlower import numerics
-from qlower.passes import LowerDynamicLinear, PassContext
 from qlower.quantize import QuantConfig
 
 from conftest import skip_numerics_unless_exact_here
@@ -109,40 +109,6 @@ def test_program_quantizes_each_linear_input_once_per_activation():
     assert _count(gm, Q.quantize_dynamic.default) == 2         # x (shared by q/k/v) and relu's output
     assert _count(gm, Q.dequantize_dynamic.default) == 2
     assert _count(gm, Q.quantize_per_token.default) == 0
-
-
-def _lowering_input(ep):
-    from qlower.passes import default_pipeline
-    gm = ep.module()
-    ctx = PassContext()
-    for p in default_pipeline():
-        if isinstance(p, LowerDynamicLinear):
-            break
-        p.run(gm, ctx)
-    return gm
-
-
-def test_lower_dynamic_linear_positive_idempotent_and_numerics_preserved():
-    ep, x = _quantized()
-    gm = _lowering_input(ep)
-    want = gm(x)
-    ctx = PassContext()
-    assert LowerDynamicLinear().run(gm, ctx)
-    gm.recompile()
-    assert ctx.rewrites["linear -> linear_dynamic"] == 4
-    assert _count(gm, Q.linear_dynamic.default) == 4 and _count(gm, Q.dequantize_dynamic.default) == 0
-    got = gm(x)
-    # the integer GEMM replaces a float GEMM of the dequantized values: equal up to its rounding
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert not LowerDynamicLinear().run(gm, PassContext())
-
-
-def test_lower_dynamic_linear_near_miss_leaves_per_token_and_static_linears():
-    for config in (QuantConfig(activations="per-token"), QuantConfig()):
-        ep, _ = _quantized(config=config)
-        gm = _lowering_input(ep)
-        assert not LowerDynamicLinear().run(gm, PassContext())
-        assert _count(gm, Q.linear_dynamic.default) == 0
 
 
 # ------------------------------------------------------------------------------ onnxruntime

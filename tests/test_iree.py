@@ -329,64 +329,6 @@ def test_boolean_mask_arithmetic_on_iree(op):
         torch.testing.assert_close(cm(x, m), model(x, m), rtol=1e-6, atol=1e-6)
 
 
-class _BooleanConstants(torch.nn.Module):
-    def forward(self, x, m):
-        made = (m.new_ones((2, 1, 4), dtype=torch.bool), torch.full((2, 1, 4), True), torch.ones_like(m[:, None, :] > 0),
-                torch.full_like(m[:, None, :] > 0, False), torch.zeros(2, 1, 4, dtype=torch.bool))
-        mask = made[0] & made[1] & made[2] & ~made[3] & ~made[4] & (m[:, None, :] > 0)
-        return x.masked_fill(mask, -1.0)
-
-
-def test_boolean_constants_pass_contract():
-    """Positive (new_ones / full / ones_like / full_like with bool results, fill values
-    True/False), near misses (zeros of bool: compiles as it is; int creation ops), values bit
-    for bit, idempotence; then on IREE: one cluster, equal to eager."""
-    from qlower.passes.iree.bool_constants_as_int_compare import BoolConstantsAsIntCompare
-    from qlower.passes import PassContext, PassManager
-    x, m = torch.randn(2, 4, 4), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    gm = torch.export.export(_BooleanConstants(), (x, m)).module()
-    want = gm(x, m)
-    ctx = PassManager([BoolConstantsAsIntCompare()]).run(gm, PassContext())
-    assert sum(ctx.rewrites.values()) == 4
-    created = [n for n in gm.graph.nodes if n.op == "call_function" and "zeros" not in str(n.target)
-               and n.target in (torch.ops.aten.new_ones.default, torch.ops.aten.full.default,
-                                torch.ops.aten.ones_like.default, torch.ops.aten.full_like.default)]
-    assert len(created) == 4 and all(n.meta["val"].dtype is torch.int32 for n in created)
-    assert torch.equal(gm(x, m), want)
-    assert not PassManager([BoolConstantsAsIntCompare()]).run(gm, PassContext()).rewrites   # idempotent
-    cm = qlower.compile(_BooleanConstants(), (x, m), backend="iree")
-    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
-    assert torch.equal(cm(x, m), _BooleanConstants()(x, m))
-
-
-class _IntegerBitwise(torch.nn.Module):
-    def forward(self, i, j):
-        return (i & j) ^ (i & 6) ^ (j ^ 3) ^ torch.bitwise_xor(i, 5) ^ (i | j)
-
-
-def test_bitwise_operators_pass_contract():
-    """Positive (`&`, `^`, tensor and scalar forms, integers), near misses (`|`, bitwise_and
-    already), values bit for bit, idempotence; then on IREE: one cluster, equal to eager
-    (`bitwise_xor.Scalar` fails in iree-compile like `__xor__`: a 0-d constant operand)."""
-    from qlower.passes.iree.name_bitwise_operators import NameBitwiseOperators
-    from qlower.passes import PassContext, PassManager
-    i, j = torch.randint(-50, 50, (2, 8)), torch.randint(-50, 50, (2, 8))
-    gm = torch.export.export(_IntegerBitwise(), (i, j)).module()
-    want = gm(i, j)
-    ctx = PassManager([NameBitwiseOperators()]).run(gm, PassContext())
-    assert sum(ctx.rewrites.values()) == 8   # 2 __and__, 4 __xor__.Tensor, __xor__.Scalar, bitwise_xor.Scalar
-    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-    aten = torch.ops.aten
-    assert not targets & {aten.__and__.Tensor, aten.__and__.Scalar, aten.__xor__.Tensor, aten.__xor__.Scalar,
-                          aten.bitwise_xor.Scalar}
-    assert aten.__or__.Tensor in targets   # `|` compiles as it is: left alone
-    assert torch.equal(gm(i, j), want)
-    assert not PassManager([NameBitwiseOperators()]).run(gm, PassContext()).rewrites   # idempotent
-    cm = qlower.compile(_IntegerBitwise(), (i, j), backend="iree")
-    assert len(cm.report().compiled) == 1 and not cm.report().fallbacks
-    assert torch.equal(cm(i, j), _IntegerBitwise()(i, j))
-
-
 def test_zoo_lstm_int8_runs_its_conv1d_front_end_and_head_on_iree():
     entry = ZOO["lstm"]
     program = qlower.quantize(entry.model(), entry.inputs(1), entry.calibration(4))
@@ -826,40 +768,6 @@ def test_dynamic_dims_iree_cannot_lower_are_refused_with_a_reason():
     assert_equal(gm(x), exe.run(x))
 
 
-def test_ceil_mode_noop_rule_matches_pytorch_output_sizes():
-    """drop_noop_ceil_mode's rule (ceil_mode=True changes nothing) against PyTorch's own output
-    sizes, over pools where ceil mode does and does not matter; the rewrite then flips exactly
-    the no-op ones (torch-mlir mis-sizes those, docs/iree.md)."""
-    from qlower.pool_geometry import ceil_mode_is_noop, drop_noop_ceil_mode
-
-    class Pools(torch.nn.Module):
-        def __init__(self, k, s, p, d):
-            super().__init__()
-            self.cfg = (k, s, p, d)
-
-        def forward(self, x):
-            k, s, p, d = self.cfg
-            return (torch.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode=True),
-                    torch.nn.functional.avg_pool2d(x, k, s, p, ceil_mode=True))
-    seen = set()
-    for n, k, s, p, d in [(3, 3, 3, 0, 1), (3, 2, 3, 0, 1), (5, 3, 2, 1, 1), (6, 3, 2, 1, 1), (7, 2, 3, 1, 1),
-                          (9, 3, 2, 0, 2), (4, 1, 1, 0, 1), (8, 3, 3, 1, 1)]:
-        x = torch.randn(1, 2, n, n + 1)
-        gm = torch.export.export(Pools(k, s, p, d), (x,)).module()
-        pools = [nd for nd in gm.graph.nodes if "pool" in str(nd.target)]
-        floor = (torch.nn.functional.max_pool2d(x, k, s, p, d).shape, torch.nn.functional.avg_pool2d(x, k, s, p).shape)
-        want = [tuple(nd.meta["val"].shape) == tuple(f) for nd, f in zip(pools, floor)]
-        assert [ceil_mode_is_noop(nd) for nd in pools] == want, (n, k, s, p, d)
-        seen.update(want)
-        with torch.no_grad():
-            before = gm(x)
-        assert drop_noop_ceil_mode(gm) == sum(want)
-        with torch.no_grad():
-            after = gm(x)
-        assert all(torch.equal(a, b) for a, b in zip(before, after))
-    assert seen == {True, False}
-
-
 # ------------------------------------------------------------------------- export (issue 16)
 def _tool(name: str) -> str:
     """An IREE command-line tool of this environment (iree-base-compiler / iree-base-runtime)."""
@@ -1043,43 +951,6 @@ def test_float_conv_with_one_short_window_runs_on_iree(h, k, s, p):
     assert any("single-window conv2d cropped" in n for n in cm.report().notes)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), conv(x), rtol=1e-5, atol=1e-5)
-
-
-def test_single_window_convs_pass_contract():
-    """Positive (H has one window stopping short: cropped, its padding written out), near misses
-    (kernel 1; a window ending at the input's end; two windows), values bit for bit,
-    idempotence."""
-    from qlower.passes.iree.pad_single_window_convs import PadSingleWindowConvs, short_single_window_dims
-    from qlower.passes import PassContext, PassManager
-
-    class Convs(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.short = torch.nn.Conv2d(2, 3, 3, stride=(4, 1), padding=1)   # H 3: span 2 < 4; W 6: many
-            self.one = torch.nn.Conv2d(2, 3, 1, stride=4)                       # kernel 1
-            self.exact = torch.nn.Conv2d(2, 3, 3, stride=(4, 1), padding=0)    # H 3: span 0
-            self.two = torch.nn.Conv2d(2, 3, 2, stride=1)                       # H 3: two windows
-
-        def forward(self, x):
-            return self.short(x).sum() + self.one(x).sum() + self.exact(x).sum() + self.two(x[:, :, :, :4]).sum()
-
-    x = torch.randn(1, 2, 3, 6)
-    gm = torch.export.export(Convs().eval(), (x,)).module()
-    convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.conv2d.default]
-    assert [short_single_window_dims(n) for n in convs] == [[0], [], [], []]
-    want = gm(x)
-    ctx = PassManager([PadSingleWindowConvs()]).run(gm, PassContext())
-    assert sum(ctx.rewrites.values()) == 1
-    assert sum(n.target is torch.ops.aten.constant_pad_nd.default for n in gm.graph.nodes) == 1
-    torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
-    assert not PassManager([PadSingleWindowConvs()]).run(gm, PassContext()).rewrites   # idempotent
-    # a dynamic batch stays symbolic: constant_pad_nd's own fake kernel had specialized it
-    dynamic = torch.export.export(Convs().eval(), (torch.randn(2, 2, 3, 6),),
-                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)).module()
-    PassManager([PadSingleWindowConvs()]).run(dynamic, PassContext())
-    (x_node,) = [n for n in dynamic.graph.nodes if n.op == "placeholder" and n.name == "x"]
-    pad = next(n for n in dynamic.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default)
-    assert not isinstance(x_node.meta["val"].shape[0], int) and not isinstance(pad.meta["val"].shape[0], int)
 
 
 @pytest.mark.slow
@@ -1309,34 +1180,6 @@ def test_rank3_float_matmul_with_a_dynamic_batch_stays_in_the_int8_cluster():
     got = _one_int8_cluster_bit_exact_at_other_sizes(_ScoresTimesValues())
     assert "aten::bmm" in got.report().compiled[0].ops
     assert any("written as bmm" in n for n in got.report().notes)
-
-
-def test_batched_matmuls_pass_contract():
-    """Positive (rank-3 x rank-3, equal batch, static or symbolic), near misses (broadcast batch,
-    rank-3 x rank-2, rank 4), values bit for bit, idempotence; a broadcast-batch one with a
-    dynamic batch is refused alone in an int8 module with its reason."""
-    from qlower.passes.iree.matmul_to_bmm import MatmulToBmm
-    from qlower.backends.iree.torch_import import not_importable_alone
-    from qlower.passes import PassContext, PassManager
-
-    class Products(torch.nn.Module):
-        def forward(self, a, b, c, w, d):
-            return a @ b, c @ b, a @ w, d @ d.transpose(-1, -2)
-
-    args = (torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(1, 3, 4), torch.randn(4, 5), torch.randn(2, 2, 3, 4))
-    batch = torch.export.Dim("batch", min=1, max=8)
-    gm = torch.export.export(Products(), args, dynamic_shapes=({0: batch}, {0: batch}, None, None, None)).module()
-    want = gm(*args)
-    ctx = PassManager([MatmulToBmm()]).run(gm, PassContext())
-    assert sum(ctx.rewrites.values()) == 1
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in
-             (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default)]
-    assert [n.target is torch.ops.aten.bmm.default for n in calls] == [True, False, False, False]
-    assert all(torch.equal(g, w) for g, w in zip(gm(*args), want))
-    assert not PassManager([MatmulToBmm()]).run(gm, PassContext()).rewrites   # idempotent
-    broadcast = calls[1]   # [1, 3, 4] @ [B, 4, 5]
-    assert "broadcasting a dynamic batch" in not_importable_alone(broadcast)
-    assert not_importable_alone(calls[2]) is None
 
 
 def _one_int8_cluster_bit_exact_at_other_sizes(model):
@@ -1785,30 +1628,6 @@ def test_multi_dim_reduction_of_a_broadcast_product_compiles(case):
     torch.testing.assert_close(cm(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
-def test_single_dim_reductions_pass_contract():
-    """Positive (several dims, permuted when not trailing), near misses (one dim, symbolic
-    shapes, integer input), values, idempotence."""
-    from qlower.passes.iree.merge_reduction_dims import MergeReductionDims
-    from qlower.passes import PassContext, PassManager
-
-    def run(fn, x, dynamic_shapes=None):
-        gm = torch.export.export(_OneOp(fn), (x,), dynamic_shapes=dynamic_shapes).module()
-        want = gm(x)
-        ctx = PassManager([MergeReductionDims()]).run(gm, PassContext())
-        torch.testing.assert_close(gm(x), want, rtol=1e-6, atol=1e-6)
-        again = PassManager([MergeReductionDims()]).run(gm, PassContext())
-        assert not again.rewrites   # idempotent
-        return sum(ctx.rewrites.values()), {n.target for n in gm.graph.nodes}
-    x = torch.randn(2, 5, 6, 5)
-    n, targets = run(lambda t: (t * _W5).sum((1, 3), keepdim=True), x)
-    assert n == 1 and torch.ops.aten.permute.default in targets
-    n, targets = run(lambda t: t.mean((2, 3)), x)
-    assert n == 1 and torch.ops.aten.permute.default not in targets   # trailing: a reshape only
-    assert run(lambda t: t.mean(3), x)[0] == 0                                        # one dim
-    assert run(lambda t: t.mean((1, 2)), x, ({0: torch.export.Dim("b", min=2, max=8)},))[0] == 0   # symbolic
-    assert run(lambda t: t.to(torch.int64).sum((1, 2)), x)[0] == 0                    # integers
-
-
 class _ReshapeToTwiceTheBatch(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -1864,27 +1683,6 @@ def test_bilinear_upsampling_runs_on_iree(size, align_corners, dynamic):
     for b in ((1, 3) if dynamic else (2,)):
         x = torch.randn(b, *x.shape[1:], generator=g)
         torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
-
-
-def test_unsafe_index_pass_contract():
-    """Positive (`_unsafe_index` → `index`), near miss (`index` already), values bit for bit,
-    idempotence."""
-    from qlower.passes.iree.unsafe_index_as_index import UnsafeIndexAsIndex
-    from qlower.passes import PassContext, PassManager
-
-    class Gathers(torch.nn.Module):
-        def forward(self, x, i):
-            return torch.ops.aten._unsafe_index.Tensor(x, [None, i]) + torch.ops.aten.index.Tensor(x, [i])
-
-    x, i = torch.randn(4, 4), torch.tensor([3, 0, 2, 1])
-    gm = torch.export.export(Gathers(), (x, i)).module()
-    want = gm(x, i)
-    ctx = PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext())
-    assert sum(ctx.rewrites.values()) == 1
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert torch.ops.aten._unsafe_index.Tensor not in targets and targets.count(torch.ops.aten.index.Tensor) == 2
-    assert torch.equal(gm(x, i), want)
-    assert not PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext()).rewrites   # idempotent
 
 
 @pytest.mark.slow
@@ -2007,31 +1805,6 @@ def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     cm = qlower.compile(Var(), (y,), backend="iree")
     assert not cm.report().fallbacks
     torch.testing.assert_close(cm(y), Var()(y))
-
-
-class _MatrixTransposes(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x.mT @ x) + x.mH.sum() + x.adjoint()
-
-
-def test_matrix_transposes_contract():
-    """mT / mH / adjoint (torch-mlir leaves them as an illegal `torch.operator`: the whole cluster
-    fell back) become transpose(-2, -1): one IREE cluster, eager's values; a complex input is a
-    near miss (a conjugate too); a second run changes nothing."""
-    from qlower.passes.iree.matrix_transpose_as_transpose import MatrixTransposeAsTranspose
-    from qlower.passes import PassContext
-    model, x = _MatrixTransposes(), torch.randn(3, 4, 4)
-    gm = torch.export.export(model, (x,)).module()
-    assert MatrixTransposeAsTranspose().run(gm, PassContext()) is True
-    assert not [n for n in gm.graph.nodes if n.target in (torch.ops.aten.mT.default, torch.ops.aten.mH.default,
-                                                          torch.ops.aten.adjoint.default)]
-    assert MatrixTransposeAsTranspose().run(gm, PassContext()) is False
-    assert torch.equal(gm(x), model(x))
-    complex_gm = torch.export.export(Fn(lambda z: z.mH * 2), (torch.randn(2, 3, dtype=torch.complex64),)).module()
-    assert MatrixTransposeAsTranspose().run(complex_gm, PassContext()) is False
-    cm = qlower.compile(model, (x,), backend="iree")
-    assert [(c.backend, c.status) for c in cm.report().clusters] == [("iree", "compiled")], str(cm.report())
-    torch.testing.assert_close(cm(x), model(x))
 
 
 @pytest.mark.parametrize("fn", [lambda x: torch.linalg.qr(x)[0], lambda x: torch.linalg.inv(x + 4 * torch.eye(4)),

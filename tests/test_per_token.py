@@ -1,12 +1,12 @@
 """Per-token dynamic activation quantization (QuantConfig(activations="per-token")): the
-numerics (numerics.py), the Q/DQ program it produces, the LowerPerTokenLinear pass, and
-bit-exactness of onnxruntime against the reference backend on both CPU formulations."""
+numerics (numerics.py), the Q/DQ program it produces, and bit-exactness of onnxruntime against
+the reference backend on both CPU formulations (the passes' own tests:
+tests/passes/test_lower_per_token.py, tests/passes/onnxruntime/test_fuse_per_token.py)."""
 import pytest
 import torch
 
 import qlower
 from qlower import numerics
-from qlower.passes import AttachQParams, LowerPerTokenLinear, PassContext, PassManager, default_pipeline
 from qlower.quantize import QuantConfig
 
 from conftest import skip_numerics_unless_exact_here
@@ -201,58 +201,6 @@ def test_onnxruntime_preset_without_vnni_keeps_8_bit_weights_in_per_token_linear
     assert _weight_ranges(ep) == {"conv2d": (-127, 127), "linear": (-127, 127)}
 
 
-# ------------------------------------------------------------------------------ the pass
-def _program(model, x, cal):
-    return qlower.quantize(model, (x,), cal, PER_TOKEN).module()
-
-
-def _before_lowering(gm):
-    """The default pipeline up to (not including) LowerPerTokenLinear."""
-    passes = default_pipeline()
-    index = next(i for i, p in enumerate(passes) if isinstance(p, LowerPerTokenLinear))
-    PassManager(passes[:index]).run(gm, PassContext())
-    return gm
-
-
-def test_pass_lowers_to_integer_linear_and_is_idempotent():
-    torch.manual_seed(0)
-    x = torch.randn(3, 32)
-    gm = _before_lowering(_program(Mlp().eval(), x, _calibration((3, 32))))
-    ctx = PassContext()
-    assert LowerPerTokenLinear().run(gm, ctx)
-    assert ctx.rewrites["linear -> linear (per-token)"] == 2
-    assert _count(gm, Q.linear.default) == 2 and _count(gm, torch.ops.aten.linear.default) == 0
-    assert _count(gm, Q.dequantize_per_token.default) == 0
-    code = gm.code
-    assert not LowerPerTokenLinear().run(gm, PassContext())
-    assert gm.code == code
-
-
-def test_pass_leaves_statically_quantized_linear_alone():
-    torch.manual_seed(0)
-    x = torch.randn(3, 32)
-    gm = qlower.quantize(Mlp().eval(), (x,), _calibration((3, 32)), QuantConfig()).module()
-    PassManager([AttachQParams()]).run(gm, PassContext())
-    assert not LowerPerTokenLinear().run(gm, PassContext())
-    assert _count(gm, torch.ops.aten.linear.default) == 2
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_pass_keeps_the_function(bias):
-    """Lowered (int32 GEMM, fp32(fp32(acc) * s_w) * s_t) vs the Q/DQ program (float GEMM of the
-    dequantized values): the same products, rounded differently — a few fp32 ulps apart."""
-    torch.manual_seed(0)
-    x = torch.randn(5, 32)
-    model = Mlp(bias).eval()
-    want = _program(model, x, _calibration((5, 32)))(x)
-    gm = _before_lowering(_program(model, x, _calibration((5, 32))))
-    LowerPerTokenLinear().run(gm, PassContext())
-    gm.recompile()
-    got = gm(x)[0] if isinstance(gm(x), (tuple, list)) else gm(x)
-    want = want[0] if isinstance(want, (tuple, list)) else want
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
 # ------------------------------------------------------------------------------ onnxruntime
 @pytest.mark.parametrize("bits", [8, 7])
 def test_onnxruntime_bit_exact_against_reference(vnni, bits):
@@ -307,39 +255,6 @@ def test_onnxruntime_row_scale_in_the_gemm_is_exact_for_single_rows(shape):
     for i in range(20):
         xi = torch.randn(*shape, generator=torch.Generator().manual_seed(i)) * (10.0 ** (i % 7 - 3))
         assert torch.equal(ort(xi), ref(xi))
-
-
-def _per_token_lowered(bias=False):
-    torch.manual_seed(6)
-    model, x = Mlp(bias=bias).eval(), torch.randn(2, 5, 32)
-    ep = qlower.quantize(model, (x,), _calibration((2, 5, 32)), PER_TOKEN)
-    return qlower.compile(ep, (x,), backend="reference").graph_module, x
-
-
-def test_fuse_per_token_pass_keeps_values_and_is_idempotent():
-    from qlower.passes.onnxruntime.fuse_per_token import FusePerTokenLinear
-    gm, x = _per_token_lowered(bias=True)
-    want = gm(x)
-    assert FusePerTokenLinear().run(gm, PassContext())
-    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count("qlower_ort.linear_per_token.default") == 2
-    assert "qlower.dequantize_per_token_acc.default" not in targets and "qlower.linear.default" not in targets
-    assert torch.equal(gm(x), want)   # the fused op's kernel is the canonical composition
-    assert not FusePerTokenLinear().run(gm, PassContext())
-
-
-def test_fuse_per_token_pass_near_miss_accumulator_with_a_second_user():
-    from qlower.passes.onnxruntime.fuse_per_token import FusePerTokenLinear
-    gm, x = _per_token_lowered()
-    acc = next(n for n in gm.graph.nodes if n.target is Q.linear.default)
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    with gm.graph.inserting_before(out):
-        extra = gm.graph.call_function(torch.ops.aten.sum.default, (acc,))
-    out.args = ((*out.args[0], extra) if isinstance(out.args[0], (tuple, list)) else (out.args[0], extra),)
-    gm.recompile()
-    FusePerTokenLinear().run(gm, PassContext())
-    assert acc in gm.graph.nodes   # still there, still a qlower.linear with both users
-    assert len(acc.users) == 2
 
 
 def test_ort_fusion_with_row_scales_stays_off():
