@@ -39,8 +39,17 @@ class SmallNet(torch.nn.Module):
 
 
 # The engines installed here (onnxruntime always): the bit-exact-on-every-backend tests' list
+def has_module(name: str) -> bool:
+    """`name` importable (find_spec of a submodule raises when its parent package is missing)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+HAS_IREE = has_module("iree.compiler") and has_module("iree.runtime")
 ENGINES = ["onnxruntime"] + \
-    (["iree"] if importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime") else []) + \
+    (["iree"] if HAS_IREE else []) + \
     (["openvino"] if importlib.util.find_spec("openvino") else [])
 
 HOST_VNNI = qlower.core.cpu.has_vnni()   # this CPU's, read before any test forces it

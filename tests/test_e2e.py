@@ -6,7 +6,6 @@ Sources of difference, all documented in docs/numerics.md: the Q/DQ graph quanti
 reciprocal multiply (E1), accumulates in fp32 instead of exactly, and adds a float bias; a 1-LSB
 change in one layer can grow to 2 LSB after the next.
 The int8 zoo transformers compiled for onnxruntime and IREE equal the reference backend bit for bit."""
-import importlib.util
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ import torch
 import qlower
 from qlower.passes import PassManager, default_pipeline
 
-HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
+from conftest import HAS_IREE  # noqa: E402
 
 
 def lsb_diff(ep, name, entry, n=20):

@@ -1,4 +1,3 @@
-import importlib.util
 import operator
 
 import pytest
@@ -8,7 +7,7 @@ import qlower
 from qlower.fx import is_dequantize, is_quantize
 from qlower.quantize import QuantConfig, is_quantized
 
-from conftest import calib
+from conftest import HAS_IREE, calib
 
 qd = torch.ops.quantized_decomposed
 
@@ -255,7 +254,7 @@ def test_transformer_presets_keep_explicit_attention_matmuls_float():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["onnxruntime"] + (["iree"] if importlib.util.find_spec("iree.runtime") else []))
+@pytest.mark.parametrize("backend", ["onnxruntime"] + (["iree"] if HAS_IREE else []))
 def test_quantize_attention_on_a_kv_cache_program_decomposes_it_on_the_module(backend):
     """torch 2.13 cannot re-trace a KV-cache decode step (it writes buffers) with the SDPA
     decomposition, so the decomposition is spliced into its FX module instead: `int8` makes the

@@ -1,7 +1,6 @@
 """IntegerSoftmax: a softmax over the last dim of an 8-bit per-tensor value from an exp table and
 an exact int32 sum (numerics.softmax_integer): the pass's positive case and near misses,
 idempotence, the numerics against PyTorch's float softmax, bit-exactness on every backend."""
-import importlib.util
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from qlower.passes import IntegerSoftmax, PassContext, PassManager, default_pipe
 from conftest import ENGINES
 
 qd = torch.ops.quantized_decomposed
-HAS_IREE = bool(importlib.util.find_spec("iree.compiler") and importlib.util.find_spec("iree.runtime"))
 
 
 class QSoftmax(torch.nn.Module):
