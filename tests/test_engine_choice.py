@@ -12,6 +12,7 @@ import torch
 import qlower
 from qlower import api
 from qlower.backends.reference import ReferenceBackend
+from qlower.backends.registry import Entry
 from qlower.engine_choice import AUTO_CANDIDATES, AutoSettings, EngineSelector, auto_backends
 from qlower import engine_choice as select
 from qlower.backends.base import Executable
@@ -73,7 +74,7 @@ def selector(monkeypatch):
     """A fresh selector (empty decision cache) with the fake engines registered."""
     import qlower.backends as backends
     for name, cls in FAKES.items():
-        monkeypatch.setitem(backends._BACKENDS, name, cls)
+        monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
     Fake.compiles = []
     fresh = EngineSelector(AutoSettings())
     monkeypatch.setattr(select, "_DEFAULT", fresh)
@@ -295,7 +296,7 @@ def test_recompile_of_the_same_graph_reuses_the_decision(selector, integer_net):
 def test_decision_cache_is_bounded(integer_net, monkeypatch):
     import qlower.backends as backends
     for name, cls in FAKES.items():
-        monkeypatch.setitem(backends._BACKENDS, name, cls)
+        monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
     small = EngineSelector(AutoSettings(cache_entries=1))
     monkeypatch.setattr(select, "_DEFAULT", small)
     compile_int8(integer_net, ("slow", "fast"))
@@ -384,7 +385,7 @@ def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(
     fails its digest, is deleted and measured again; QLOWER_CACHE_DIR=off keeps nothing."""
     import qlower.backends as backends
     for name, cls in FAKES.items():
-        monkeypatch.setitem(backends._BACKENDS, name, cls)
+        monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
     first = EngineSelector(AutoSettings(), persist=True)
     monkeypatch.setattr(select, "_DEFAULT", first)
     Fake.compiles = []
@@ -434,7 +435,7 @@ def test_a_faster_engine_on_a_less_accurate_program_is_not_chosen(selector, inte
     with the same (accurate) program the fast engine wins as before."""
     import qlower.backends as backends
     crude = fake("crude", adjust_observers=staticmethod(_coarse_activation_scales))
-    monkeypatch.setitem(backends._BACKENDS, "crude", crude)
+    monkeypatch.setitem(backends.REGISTRY, "crude", Entry.of(crude))
     report = compile_int8(integer_net, ("slow", "crude")).report()
     trials = by_name(report)
     assert report.backend == "slow", report.engine_choice

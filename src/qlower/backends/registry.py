@@ -20,6 +20,15 @@ class Entry:
     backend: str                         # the Backend class in that module
     options: str | None = None           # its options dataclass, if it takes options
     export_formats: tuple[str, ...] = ()  # qlower.export formats it writes (its `export(cm, path, format)`)
+    cls: type | None = None              # a class given directly (a backend defined outside qlower)
+
+    @classmethod
+    def of(cls, backend: type) -> Entry:
+        """An entry for a Backend class that takes no options, registered as is."""
+        return cls(module=backend.__module__, backend=backend.__name__, cls=backend)
+
+    def load(self) -> type:
+        return self.cls or getattr(importlib.import_module(self.module), self.backend)
 
 
 REGISTRY: dict[str, Entry] = {
@@ -41,8 +50,7 @@ def backend_names() -> list[str]:
 
 
 def backend_class(name: str) -> type:
-    entry = REGISTRY[name]
-    return getattr(importlib.import_module(entry.module), entry.backend)
+    return REGISTRY[name].load()
 
 
 def options_class(name: str) -> type | None:

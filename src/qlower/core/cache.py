@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule
 
-from .cpu import fingerprint
+from . import cpu
 from .settings import settings
 from .version import __version__
 
@@ -61,7 +61,7 @@ def cluster_key(sub: GraphModule, constants: dict[str, torch.Tensor], options) -
             else:
                 v = node.meta.get("val")
                 h.update(f"input:{getattr(v, 'dtype', None)}:{tuple(getattr(v, 'shape', ()))}".encode())
-    h.update(f"{options}|{__version__}|{onnxruntime.__version__}|{onnx.__version__}|{fingerprint()}".encode())
+    h.update(f"{options}|{__version__}|{onnxruntime.__version__}|{onnx.__version__}|{cpu.fingerprint()}".encode())
     h.update(_emitter_digest().encode())
     return h.hexdigest()
 
