@@ -1,0 +1,136 @@
+"""Which operators a loaded program may call (runtime/artifact.py checks every node of every
+graph of the program; docs/trust.md, "What a loaded file may contain").
+
+torch.export leaves in a program any ATen operator the model called (its training IR keeps
+composite operators such as aten.linear, and non-core ones such as aten.histc), and qlower's
+passes add qlower's own operators. So the ATen part of the allow-list is every registered
+`aten` operator that passes this rule, computed once from torch's registry:
+
+- a node of an operator whose schema writes an argument (in-place, out=) writes only into one
+  of the buffers the program's signature declares, or a view of one (checked per node:
+  `mutation_problem`; qlower's saved programs update module state with aten.copy_ into the
+  buffer), never into a parameter, a constant, a user input or a computed tensor;
+- it takes no file name (an argument named filename/path/file) and is not in the refused
+  families: files and printing (from_file, _print); layouts whose kernels trust their index
+  data (sparse, nested, jagged, mkldnn, packed fbgemm weights); views that set sizes and strides
+  without checking them against the storage (_reshape_alias); autograd and tensor state
+  (_backward, requires_grad_, retain_grad, set_data, _version); device and memory state
+  (pin_memory, record_stream, set_, resize, _cufft plan caches); a write its schema does not
+  declare (_copy_from); torch's own test operators.
+
+Other namespaces: `qlower` (qlower's quantized and block ops) and `quantized_decomposed`
+(the Q/DQ ops of torch's PT2E flow), functional ones only. Higher-order operators: the control
+flow and grad/autocast-mode wrappers of export (`_HOPS`). Python callables: operator's
+arithmetic and comparisons, math's rounding, torch's sym_* functions and asserts."""
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import re
+
+import torch
+
+_NAMESPACES = ("aten", "qlower", "quantized_decomposed")
+_REFUSED = re.compile(
+    r"from_file|_print|.*(?:sparse|nested|jagged|mkldnn|fbgemm|prepack|_cslt_|_cufft_).*"
+    r"|_reshape_alias|_backward|requires_grad_|retain_grad|retains_grad|set_data|_version"
+    r"|_pin_memory|pin_memory|is_pinned|record_stream|set_?|resize.*|_resize_output_?|_copy_from.*"
+    r"|_to_dense|_coalesce|_nnz|_indices|_values|indices|values|crow_indices|col_indices|ccol_indices|row_indices"
+    r"|_make_dep_token|_propagate_xla_data|_test_.*|_fused_adagrad_?|_amp_.*")
+_FILE_ARGUMENTS = frozenset({"filename", "path", "file", "filepath", "dirname"})
+_HOPS = frozenset({"cond", "while_loop", "map_impl", "scan", "associative_scan",
+                   "wrap_with_set_grad_enabled", "wrap_with_autocast"})
+SAFE_FUNCTIONS = frozenset(
+    [getattr(operator, n) for n in ("getitem", "add", "sub", "mul", "truediv", "floordiv", "mod",
+                                    "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge",
+                                    "and_", "or_", "xor", "not_", "invert", "lshift", "rshift")]
+    + [getattr(math, n) for n in ("floor", "ceil", "trunc", "sqrt")]
+    + [getattr(torch, n) for n in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not",
+                                   "sym_ite", "sym_sqrt", "sym_sum") if hasattr(torch, n)]
+    + [torch._assert] + [getattr(torch, n) for n in ("_assert_async", "_assert_scalar") if hasattr(torch, n)])
+
+
+@functools.lru_cache(maxsize=None)
+def _overload_problem(op: torch._ops.OpOverload) -> str | None:
+    """Why this overload is never allowed (None: allowed, writes checked per node)."""
+    namespace = op.namespace
+    if namespace not in _NAMESPACES:
+        return f"namespace '{namespace}' is not loaded (only {', '.join(_NAMESPACES)})"
+    name = op._schema.name.split("::", 1)[1]
+    if namespace == "aten" and _REFUSED.fullmatch(name):
+        return "it is in a refused family (files, printing, unchecked layouts or views, autograd, device or memory state)"
+    if any(arg.name in _FILE_ARGUMENTS for arg in op._schema.arguments):
+        return "it takes a file name"
+    if namespace != "aten" and op._schema.is_mutable:
+        return "it writes to an argument"
+    return None
+
+
+def operator_problem(target) -> str | None:
+    """None when `target` may be called by a loaded program (a per-node write check follows),
+    else why not."""
+    if isinstance(target, torch._ops.OpOverload):
+        return _overload_problem(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return None if target.name() in _HOPS else f"higher-order operator '{target.name()}' is not loaded"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return "an operator packet (a program names one overload)"
+    try:
+        return None if target in SAFE_FUNCTIONS else "it is not an operator"
+    except TypeError:   # unhashable
+        return "it is not an operator"
+
+
+def written_arguments(op: torch._ops.OpOverload, node) -> list:
+    """The values `node` passes to arguments `op`'s schema writes."""
+    written = []
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if not arg.kwarg_only and i < len(node.args):
+            written.append(node.args[i])
+        elif arg.name in node.kwargs:
+            written.append(node.kwargs[arg.name])
+    return written
+
+
+def mutation_problem(node, buffers: set[str]) -> str | None:
+    """A node writes only into the program's own buffers (`buffers`: the placeholder names the
+    signature declares as buffers; empty inside subgraphs), directly or through a view of one;
+    never into a parameter, a constant, a user input or a computed tensor."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable:
+        return None
+    for value in written_arguments(op, node):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            root = _view_root(v)
+            if not (isinstance(root, torch.fx.Node) and root.op == "placeholder" and root.name in buffers):
+                what = root.name if isinstance(root, torch.fx.Node) else repr(root)[:40]
+                return f"it writes into '{what}', which is not one of the program's buffers"
+    return None
+
+
+def _view_root(value, limit: int = 1000):
+    """The tensor `value` is a view of (following ops whose result aliases their first argument)."""
+    while limit and isinstance(value, torch.fx.Node) and value.op == "call_function" and value.args:
+        op = value.target
+        returns = op._schema.returns if isinstance(op, torch._ops.OpOverload) else ()
+        first = op._schema.arguments[0].alias_info if isinstance(op, torch._ops.OpOverload) and \
+            op._schema.arguments else None
+        if not (returns and returns[0].alias_info is not None and first is not None
+                and first.before_set == returns[0].alias_info.before_set):
+            break
+        value, limit = value.args[0], limit - 1
+    return value
+
+
+_STRING_OK = re.compile(r"[ -~]{0,1024}")   # printable ASCII
+
+
+def string_problem(value: str) -> str | None:
+    """Strings in operator arguments (einsum equations, modes, assert messages) are printable
+    ASCII without quotes, backslashes or braces: they may end up inside ONNX/MLIR text."""
+    if not _STRING_OK.fullmatch(value) or any(c in value for c in '"\\{}'):
+        return f"the string argument {value[:40]!r} holds a quote, backslash, brace or non-printable character"
+    return None
