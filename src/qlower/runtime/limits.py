@@ -287,8 +287,11 @@ def check_range_constraints(program: dict, path: Path) -> None:
 def check_payload_config(config: dict, config_name: str, records: dict[str, bytes], path: Path) -> None:
     """Every tensor the config describes lies inside its record: CPU, strided, integer sizes and
     strides, known dtype; offset + sum((size - 1) * stride) within the record's elements (in the
-    dtype of the record's first tensor, which torch uses for all of them); a record of no bytes
-    only for tensors of no elements (torch would allocate the declared size from nothing)."""
+    dtype of the record's first tensor, which torch uses for all of them) and no more elements
+    than the record holds (torch saves a view's whole storage, so only an overlapping view, e.g.
+    zero strides over a few bytes, has more: 2^20 x 2^20 of them over 128 bytes asked for 4 TiB
+    when the program was compiled); a record of no bytes only for tensors of no elements (torch
+    would allocate the declared size from nothing)."""
     from torch._export.serde import schema
     dtypes = {st.value: st for st in schema.ScalarType if st != schema.ScalarType.UNKNOWN}
     folder = config_name.rsplit("/", 1)[0]
@@ -301,6 +304,10 @@ def check_payload_config(config: dict, config_name: str, records: dict[str, byte
         dtype = tm.get("dtype")
         if type(dtype) is not int or dtype not in dtypes:
             raise _refuse(path, f"{where} has dtype {str(dtype)[:20]}, not a tensor dtype")
+        if type(tm.get("requires_grad", False)) is not bool or \
+                (tm.get("requires_grad") and not _torch_dtype(dtypes[dtype]).is_floating_point
+                 and not _torch_dtype(dtypes[dtype]).is_complex):
+            raise _refuse(path, f"{where}: requires_grad must be a bool, true only for a floating-point dtype")
         device = tm.get("device")
         if not isinstance(device, dict) or device.get("type") != "cpu" or device.get("index") not in (None, 0):
             raise _refuse(path, f"{where} is not a CPU tensor ({str(device)[:60]})")
@@ -322,9 +329,9 @@ def check_payload_config(config: dict, config_name: str, records: dict[str, byte
         nbytes = len(records.get(record, b""))
         itemsize = _itemsize(dtypes[dtype])
         last = offset[0] + sum((s - 1) * st for s, st in zip(sizes, strides))
-        if nbytes == 0 or nbytes % itemsize or (last + 1) * itemsize > nbytes:
-            raise _refuse(path, f"{where} declares {numel} elements reaching element {last} of record "
-                                f"'{record}', which holds {nbytes} bytes ({nbytes // itemsize} elements)")
+        if nbytes == 0 or nbytes % itemsize or (last + 1) * itemsize > nbytes or numel * itemsize > nbytes:
+            raise _refuse(path, f"{where} declares {numel} elements of {itemsize} bytes reaching element {last} "
+                                f"of record '{record}', which holds {nbytes} bytes ({nbytes // itemsize} elements)")
 
 
 def _ints(values) -> list[int] | None:
@@ -338,6 +345,10 @@ def _ints(values) -> list[int] | None:
     return out
 
 
-def _itemsize(scalar_type) -> int:
+def _torch_dtype(scalar_type):
     from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
-    return _SERIALIZE_TO_TORCH_DTYPE[scalar_type].itemsize
+    return _SERIALIZE_TO_TORCH_DTYPE[scalar_type]
+
+
+def _itemsize(scalar_type) -> int:
+    return _torch_dtype(scalar_type).itemsize
