@@ -6,24 +6,20 @@ Each attack is crafted as its author would: from a real saved model, parts rewri
 manifest recomputed the way the loader checks it (anyone who can write the file can). Each test
 names what the attack aims at (a marker file, time, memory) and asserts a quick ArtifactError
 naming the node, field or part."""
-import importlib.util
-import io
 import json
 import os
 import resource
 import time
 import tracemalloc
 import zipfile
-import zlib
 
 import pytest
 import torch
+from conftest import ENGINES, calib
 
 import qlower
 from qlower.errors import ArtifactError
 from qlower.runtime import allowlist, artifact, limits, saved_options
-
-from conftest import ENGINES, calib
 
 HAS_IREE = "iree" in ENGINES
 
@@ -44,7 +40,7 @@ def _tiny():
 
 def _saved(tmp_path, backend="onnxruntime", quantize=None, name="m.pt2", **kw):
     model, x = _tiny()
-    extra = dict(quantize=quantize, calibration=calib((2, 8))) if quantize else {}
+    extra = {"quantize": quantize, "calibration": calib((2, 8))} if quantize else {}
     cm = qlower.compile(model, (x,), backend=backend, **extra, **kw)
     return cm.save(tmp_path / name), cm, x
 
@@ -115,9 +111,8 @@ def _refused_quickly(load, path, match, *, seconds=1.0, memory=None):
     `memory` bytes (default: 4x the file + 8 MiB) in Python and growing the peak RSS by no more
     (plus the imports' slack)."""
     memory = memory if memory is not None else 4 * path.stat().st_size + (8 << 20)
-    with _Cost() as cost:
-        with pytest.raises(ArtifactError, match=match) as info:
-            load(path)
+    with _Cost() as cost, pytest.raises(ArtifactError, match=match) as info:
+        load(path)
     assert cost.seconds < seconds, f"refused after {cost.seconds:.2f} s"
     assert cost.python_peak < memory, f"{cost.python_peak >> 20} MiB allocated"
     # peak RSS: the first load of a session also imports backends (~70 MiB), hence the slack
@@ -156,6 +151,7 @@ def test_compiler_flags_from_a_file_never_reach_iree(tmp_path):
     """Attack 1: IreeOptions.extra_flags came from the file and went to iree-compile, which hands
     the embedded linker path to a shell: load and `qlower inspect` ran the author's command."""
     from typer.testing import CliRunner
+
     from qlower.cli import app
     marker = tmp_path / "pwned"
     path, _, _ = _saved(tmp_path)
@@ -203,6 +199,7 @@ def test_options_allow_lists_cover_every_field_but_the_free_form_ones():
     """Every options field is either allow-listed with a check or withheld from files; the
     withheld ones are the strings that reach a compiler or a shell."""
     import dataclasses
+
     from qlower.backends.onnxruntime import OrtOptions
     from qlower.backends.openvino import OvOptions
     classes = [OrtOptions, OvOptions]
@@ -240,7 +237,7 @@ def test_extra_flags_passed_to_load_reach_iree(iree_int8, tmp_path):
     """Flags stay possible, from whoever loads the file: the same shell-reaching flag, passed to
     load, runs (the user's choice). The file itself carries none."""
     from qlower.backends.iree import IreeOptions
-    path, cm, x = iree_int8
+    path, _, _ = iree_int8
     marker = tmp_path / "flag-reached-iree"
     options = IreeOptions(conv_im2col=False, extra_flags=(EVIL_FLAG.format(marker=marker),))
     qlower.load(path, backend_options=options)
@@ -405,7 +402,6 @@ def test_operators_of_other_namespaces_and_higher_order_ops():
     assert allowlist.operator_problem(cond) is None
     assert allowlist.operator_problem(torch.ops.c10d_functional.all_reduce.default) is not None
     assert allowlist.operator_problem(torch.ops.aten.add) is not None   # a packet, not an overload
-    import os
     import builtins
     assert allowlist.operator_problem(os.system) and allowlist.operator_problem(builtins.open)
 
@@ -508,8 +504,8 @@ def test_symbol_indices_in_range_constraints_are_bounded(tmp_path):
 
 
 @pytest.mark.parametrize("expr", [
-    "Symbol('s77', positive=True, integer=True)", "FloorDiv(Add(Symbol('s77', positive=True, integer=True), "
-    "Integer(1)), Integer(2))", "Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
+    "Symbol('s77', positive=True, integer=True)",
+    "FloorDiv(Add(Symbol('s77', positive=True, integer=True), Integer(1)), Integer(2))", "Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
     "LessThan(Symbol('u0', integer=True), Integer(8000))", "s0*2 + FloorDiv(s77, 4)", "Max(1, s3) - 1.5e3",
     "Mul(Integer(8), Symbol('s17', positive=True, integer=True), Symbol('s77', positive=True, integer=True))",
     "Float('0.5', precision=53)", "Rational(1, 2)", "-oo", "Integer(-1)"])
@@ -559,6 +555,18 @@ def test_deeply_nested_json_is_a_typed_error(tmp_path, part):
     for load in (qlower.load, qlower.load_pt2) if part != "extra/qlower.json" else (qlower.load,):
         err = _refused_quickly(load, path, "nests JSON")
         assert part in str(err)
+
+
+def test_deep_json_inside_node_metadata_is_refused(tmp_path):
+    """torch's deserializer json.loads each node's `from_node` / `custom` metadata string too."""
+    path, _, _ = _saved(tmp_path)
+    parts = _parts(path)
+    program = _program(parts)
+    depth = 200_000
+    program["graph_module"]["graph"]["nodes"][0]["metadata"]["from_node"] = "[" * depth + "]" * depth
+    parts["models/model.json"] = json.dumps(program).encode()
+    err = _refused_quickly(qlower.load_pt2, _write(path, parts), "nests JSON")
+    assert "node metadata" in str(err)
 
 
 def test_json_depth_ignores_brackets_in_strings():

@@ -51,7 +51,7 @@ SAFE_FUNCTIONS = frozenset(
     + [torch._assert] + [getattr(torch, n) for n in ("_assert_async", "_assert_scalar") if hasattr(torch, n)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _overload_problem(op: torch._ops.OpOverload) -> str | None:
     """Why this overload is never allowed (None: allowed, writes checked per node)."""
     namespace = op.namespace

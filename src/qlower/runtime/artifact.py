@@ -10,10 +10,13 @@ into generated source. Each of those runs code chosen by whoever wrote the file.
 
 Here the file is read once into memory and, before anything is deserialized: every entry must
 be one torch.export writes for plain tensors (JSON, raw tensor bytes; no pickles, no compiled
-code), no payload may be pickled, symbolic expressions must be arithmetic, and a qlower
-artifact's parts must match its manifest's sha256. After deserialization every node target must
-be an operator (torch.ops / operator / math), guards code is dropped (qlower checks inputs
-itself) and argument names must be identifiers. docs/trust.md states what this guarantees.
+code), checked by name and declared size before it is inflated; no payload may be pickled and
+every tensor view must lie inside its record; JSON is depth-limited; symbolic expressions must
+be of the grammar torch writes (limits.py); and a qlower artifact's parts must match its
+manifest's sha256. After deserialization every node target must be an allow-listed operator
+(allowlist.py) writing only into the program's buffers, weights must match the graph, guards
+code is dropped (qlower checks inputs itself) and argument names must be identifiers.
+docs/trust.md states what this guarantees ("What a loaded file may contain").
 """
 from __future__ import annotations
 
@@ -22,8 +25,6 @@ import hashlib
 import io
 import json
 import keyword
-import math
-import operator
 import os
 import re
 import uuid
@@ -46,8 +47,6 @@ _ALLOWED = re.compile(
     r"|extra/[\w.\-]+")
 _PAYLOAD_NAME = {"data/weights/model_weights_config.json": re.compile(r"weight_\d+"),
                  "data/constants/model_constants_config.json": re.compile(r"tensor_\d+")}
-_JSON_PARTS = ("models/model.json", "data/weights/model_weights_config.json",
-               "data/constants/model_constants_config.json")
 _SAFE_FUNCTIONS = allowlist.SAFE_FUNCTIONS
 
 
@@ -268,7 +267,7 @@ def _check_program_json(data: bytes, path: Path) -> None:
                                 f"'models/model.json') is not arithmetic of the form torch writes: {why}",
                                 hint="the file was tampered with")
     for text in _nested_json(program):
-        limits.load_json(text, "models/model.json (node metadata)", path)
+        limits.load_json(text, "models/model.json (node metadata)", path, limits.MAX_METADATA_JSON_DEPTH)
     limits.check_range_constraints(program, path)
 
 

@@ -32,7 +32,9 @@ MAX_DEFLATE_RATIO = 100             # a deflated part's size over its compressed
 DEFLATE_RATIO_FLOOR = 1 << 20       # ... beyond its first MiB
 MAX_INFLATED_FACTOR = 4             # all parts together: at most 4x the file ...
 INFLATED_FLOOR = 1 << 24            # ... plus 16 MiB
-MAX_JSON_DEPTH = 64                 # nesting of any JSON part (torch writes at most ~12)
+MAX_JSON_DEPTH = 64                 # nesting of any JSON part (qlower's zoo artifacts: at most 10)
+MAX_METADATA_JSON_DEPTH = 200       # JSON inside node metadata (from_node provenance grows with each
+                                    # pass and re-save; zoo artifacts: at most 9)
 MAX_EXPR_CHARS = 4096               # one symbolic expression
 MAX_EXPR_DEPTH = 48                 # its expression tree
 MAX_EXPR_INT = 1 << 64              # an integer literal in it
@@ -66,8 +68,8 @@ def zip_entries(data: bytes, path: Path, allowed: re.Pattern) -> dict[str, zipfi
         infos = zipfile.ZipFile(buf).infolist()
     except ArtifactError:
         raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, NotImplementedError) as exc:
-        raise ArtifactError(f"{path} is not a .pt2 archive: {exc}",
+    except Exception as exc:   # zipfile raises BadZipFile, struct.error, ValueError, UnicodeDecodeError, ...
+        raise ArtifactError(f"{path} is not a .pt2 archive: {str(exc)[:200]}",
                             hint="qlower reads files written by qlower.save / torch.export.save") from exc
     entries: dict[str, zipfile.ZipInfo] = {}
     total = 0
@@ -120,7 +122,7 @@ def same_parts(entries: dict[str, zipfile.ZipInfo], reader, path: Path) -> None:
 
 # ---------------------------------------------------------------- JSON
 
-_ESCAPE = re.compile(rb"\\.", re.S)
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
