@@ -348,24 +348,67 @@ def test_from_file_cannot_write_a_file(tmp_path):
     assert victim.read_bytes() == bytes(16)
 
 
-@pytest.mark.parametrize("into", ["p_fc_weight", "input"])
-def test_in_place_writes_only_into_the_programs_buffers(tmp_path, into):
-    """A program may update its own buffers (qlower saves module state as aten.copy_ into the
-    buffer), not its parameters nor the caller's input tensor."""
+def _user_input(program) -> str:
+    spec = next(s for s in program["graph_module"]["signature"]["input_specs"] if "user_input" in s)
+    return spec["user_input"]["arg"]["as_tensor"]["name"]
+
+
+@pytest.mark.parametrize("into", ["parameter", "input", "input through split", "input through _unsafe_view"])
+def test_in_place_writes_only_into_tensors_the_program_owns(tmp_path, into):
+    """A program may write its buffers, constants and the tensors it computed; not its
+    parameters, nor the caller's input tensor, directly or through a view (a list result picked
+    by getitem, or _unsafe_view, whose schema does not declare that it aliases)."""
     path, _, _ = _saved(tmp_path, backend="reference")
     parts = _parts(path)
     program = _program(parts)
     graph = program["graph_module"]["graph"]
-    name = into if into in graph["tensor_values"] else next(n for n in graph["tensor_values"] if n.endswith("weight"))
-    if into == "input":
-        name = program["graph_module"]["signature"]["input_specs"][-1]["user_input"]["arg"]["as_tensor"]["name"]
+    name = _user_input(program) if into.startswith("input") else \
+        next(n for n in graph["tensor_values"] if n.endswith("weight"))
     meta = graph["tensor_values"][name]
-    graph["nodes"].insert(0, _node("torch.ops.aten.zero_.default", [_arg("self", {"as_tensor": {"name": name}})],
-                                   "zeroed", meta, graph))
+    nodes, target = [], name
+    if into == "input through split":
+        nodes.append({"target": "torch.ops.aten.split.Tensor", "name": "parts", "metadata": {},
+                      "is_hop_single_tensor_return": None,
+                      "inputs": [_arg("self", {"as_tensor": {"name": name}}), _arg("split_size", {"as_int": 1})],
+                      "outputs": [{"as_tensors": [{"name": "part0"}, {"name": "part1"}]}]})
+        graph["tensor_values"]["part0"] = graph["tensor_values"]["part1"] = _tensor_meta(7, [1, 8])
+        target, meta = "part0", _tensor_meta(7, [1, 8])
+    elif into == "input through _unsafe_view":
+        nodes.append(_node("torch.ops.aten._unsafe_view.default",
+                           [_arg("self", {"as_tensor": {"name": name}}), _arg("size", {"as_ints": [16]})],
+                           "flat", _tensor_meta(7, [16]), graph))
+        target, meta = "flat", _tensor_meta(7, [16])
+    nodes.append(_node("torch.ops.aten.zero_.default", [_arg("self", {"as_tensor": {"name": target}})],
+                       "zeroed", meta, graph))
+    graph["nodes"] = nodes + graph["nodes"]
     parts["models/model.json"] = json.dumps(program).encode()
     _write(path, parts)
-    err = _refused_quickly(qlower.load_pt2, path, "not one of the program's buffers")
+    err = _refused_quickly(qlower.load_pt2, path, "user input or a parameter")
     assert err.node == "zeroed" and name in str(err)
+
+
+class InPlace(torch.nn.Module):
+    """In-place writes into computed tensors, which torch.export's training IR keeps (and
+    qlower's folding turns `zeros` into a constant that copy_ then writes)."""
+
+    def forward(self, x):
+        y = x * 2
+        y.add_(1)
+        y[0] = 0
+        z = torch.zeros(3, 4)
+        z[:, 1] = x[0, :3]
+        return y, z
+
+
+def test_in_place_writes_into_computed_tensors_and_constants_load(tmp_path):
+    x = torch.randn(3, 4)
+    want = InPlace()(x)
+    ep = torch.export.export(InPlace(), (x,))
+    got = qlower.load_pt2(qlower.save_pt2(ep, tmp_path / "p.pt2")).module()(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    cm = qlower.compile(InPlace(), (x,), backend="onnxruntime")
+    got = qlower.load(cm.save(tmp_path / "c.pt2"))(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_a_stateful_model_still_updates_its_buffer_after_load(tmp_path):

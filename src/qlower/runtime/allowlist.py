@@ -6,10 +6,12 @@ composite operators such as aten.linear, and non-core ones such as aten.histc), 
 passes add qlower's own operators. So the ATen part of the allow-list is every registered
 `aten` operator that passes this rule, computed once from torch's registry:
 
-- a node of an operator whose schema writes an argument (in-place, out=) writes only into one
-  of the buffers the program's signature declares, or a view of one (checked per node:
-  `mutation_problem`; qlower's saved programs update module state with aten.copy_ into the
-  buffer), never into a parameter, a constant, a user input or a computed tensor;
+- a node of an operator whose schema writes an argument (in-place, out=) writes only into a
+  tensor the program owns: one of the buffers or lifted constants its signature declares, or a
+  tensor it computed, directly or through views (checked per node: `mutation_problem`; qlower's
+  saved programs update module state with aten.copy_ into the buffer, and torch.export's
+  training IR keeps in-place ops on intermediates), never into a user input (the caller's
+  tensor) or a parameter;
 - it takes no file name (an argument named filename/path/file) and is not in the refused
   families: files and printing (from_file, _print); layouts whose kernels trust their index
   data (sparse, nested, jagged, mkldnn, packed fbgemm weights); views that set sizes and strides
@@ -95,34 +97,66 @@ def written_arguments(op: torch._ops.OpOverload, node) -> list:
     return written
 
 
-def mutation_problem(node, buffers: set[str]) -> str | None:
-    """A node writes only into the program's own buffers (`buffers`: the placeholder names the
-    signature declares as buffers; empty inside subgraphs), directly or through a view of one;
-    never into a parameter, a constant, a user input or a computed tensor."""
+def mutation_problem(node, writable: set[str]) -> str | None:
+    """A node writes only into tensors the program owns: its buffers and lifted constants
+    (`writable`: their placeholder names; empty inside subgraphs) or a tensor it computed,
+    directly or through views; never into a user input (the caller's tensor) or a parameter."""
     op = node.target
     if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable:
         return None
     for value in written_arguments(op, node):
         for v in value if isinstance(value, (list, tuple)) else [value]:
             root = _view_root(v)
-            if not (isinstance(root, torch.fx.Node) and root.op == "placeholder" and root.name in buffers):
-                what = root.name if isinstance(root, torch.fx.Node) else repr(root)[:40]
-                return f"it writes into '{what}', which is not one of the program's buffers"
+            if isinstance(root, torch.fx.Node) and (root.op == "call_function" or
+                                                    (root.op == "placeholder" and root.name in writable)):
+                continue
+            what = root.name if isinstance(root, torch.fx.Node) else repr(root)[:40]
+            return (f"it writes into '{what}', which is not a buffer, constant or computed tensor of the program "
+                    "(a user input or a parameter)")
     return None
 
 
-def _view_root(value, limit: int = 1000):
-    """The tensor `value` is a view of (following ops whose result aliases their first argument)."""
+# operators whose result shares its first argument's storage without saying so in their schema
+_UNDECLARED_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+def _view_root(value, limit: int = 10_000):
+    """The tensor `value` is a view of: back through every operator whose result may alias an
+    argument (schema alias annotations, list results picked by operator.getitem, and
+    _UNDECLARED_VIEWS), to a placeholder or to an operator that made a new tensor."""
     while limit and isinstance(value, torch.fx.Node) and value.op == "call_function" and value.args:
-        op = value.target
-        returns = op._schema.returns if isinstance(op, torch._ops.OpOverload) else ()
-        first = op._schema.arguments[0].alias_info if isinstance(op, torch._ops.OpOverload) and \
-            op._schema.arguments else None
-        if not (returns and returns[0].alias_info is not None and first is not None
-                and first.before_set == returns[0].alias_info.before_set):
+        limit -= 1
+        target = value.target
+        if target is operator.getitem:
+            base = value.args[0]
+            if not (isinstance(base, torch.fx.Node) and base.op == "call_function"
+                    and _aliased(base.target) is not None):
+                break
+            value = base
+            continue
+        source = _aliased(target)
+        if source is None:
             break
-        value, limit = value.args[0], limit - 1
+        value = value.args[source] if source < len(value.args) else value.args[0]
     return value
+
+
+def _aliased(target) -> int | None:
+    """The position of the argument `target`'s (first) result may alias, or None. (A list
+    result's annotation sits on its element type, which torch's Python schema does not show: an
+    annotated result that matches no argument's set is taken to alias the first.)"""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    schema = target._schema
+    if schema.name in _UNDECLARED_VIEWS:
+        return 0
+    result = schema.returns[0].alias_info if schema.returns else None
+    if result is None:
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.before_set & result.before_set:
+            return i
+    return 0
 
 
 _STRING_OK = re.compile(r"[ -~]{0,1024}")   # printable ASCII

@@ -14,7 +14,7 @@ code), checked by name and declared size before it is inflated; no payload may b
 every tensor view must lie inside its record; JSON is depth-limited; symbolic expressions must
 be of the grammar torch writes (limits.py); and a qlower artifact's parts must match its
 manifest's sha256. After deserialization every node target must be an allow-listed operator
-(allowlist.py) writing only into the program's buffers, weights must match the graph, guards
+(allowlist.py) writing only into tensors the program owns, weights must match the graph, guards
 code is dropped (qlower checks inputs itself) and argument names must be identifiers.
 docs/trust.md states what this guarantees ("What a loaded file may contain").
 """
@@ -327,7 +327,7 @@ def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.ex
 
 def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
     """Nothing the program runs or generates source from is left to the file: node targets are
-    allow-listed operators (runtime/allowlist.py) writing only into the program's declared buffers,
+    allow-listed operators (runtime/allowlist.py) writing only into tensors the program owns,
     attribute and argument names cannot be code, weights are what the graph says they are,
     guards code is dropped (qlower checks inputs itself; ep.module() would exec it)."""
     _check_targets(ep, path)
@@ -339,9 +339,10 @@ def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
 
 def _check_targets(ep: torch.export.ExportedProgram, path: Path) -> None:
     """Every call and every callable argument (HOPs call theirs) is an allow-listed operator;
-    a node writes only into one of the buffers the signature declares (or a view of one); string arguments cannot
+    a node writes only into tensors the program owns (buffers, constants, computed tensors); string arguments cannot
     break out of a quoted string in the text formats backends write."""
-    buffers = set(ep.graph_signature.inputs_to_buffers)
+    sig = ep.graph_signature
+    writable = set(sig.inputs_to_buffers) | set(getattr(sig, "inputs_to_lifted_tensor_constants", {}))
     where = "in part 'models/model.json'"
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -353,7 +354,7 @@ def _check_targets(ep: torch.export.ExportedProgram, path: Path) -> None:
                                     "programs call operators only", node=node.name, hint="the file was tampered with")
             if node.op == "call_function":
                 why = allowlist.operator_problem(node.target) or \
-                    allowlist.mutation_problem(node, buffers if top else set())
+                    allowlist.mutation_problem(node, writable if top else set())
                 if why:
                     raise ArtifactError(f"{path}: node '{node.name}' calls {_target_name(node.target)!r} (field "
                                         f"'target' {where}), which a loaded program may not call: {why}",
