@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -20,6 +21,7 @@ from ..fx import mutated_attributes
 from ..core.types import CompileReport
 from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
+from . import saved_options
 
 _META_NAME = "qlower.json"
 NAN_POLICIES = ("warn", "raise", "ignore")
@@ -148,6 +150,13 @@ class CompiledModule:
     def report(self) -> CompileReport:
         return self._report
 
+    def _examples(self) -> tuple:
+        """The example inputs (a loaded model makes its zeros here, when it is saved again, not
+        at load: their sizes come from the file)."""
+        if callable(self._example_inputs):
+            self._example_inputs = self._example_inputs()
+        return self._example_inputs
+
     @property
     def backend(self) -> str:
         return self._report.backend
@@ -172,7 +181,8 @@ class CompiledModule:
                 state = self._live_state()
         else:
             state = self._live_state()
-        ep = torch.export.export(self.graph_module, self._example_inputs, dynamic_shapes=self._dynamic_shapes)
+        examples = self._examples()
+        ep = torch.export.export(self.graph_module, examples, dynamic_shapes=self._dynamic_shapes)
         for name, value in state.items():
             table = ep.state_dict if name in ep.state_dict else ep.constants if name in ep.constants else None
             if table is not None:
@@ -180,8 +190,8 @@ class CompiledModule:
         meta = {"format": ARTIFACT_FORMAT, "qlower_version": __version__,
                 "input_specs": [asdict(s) for s in self.input_specs],
                 "report": self._report.to_dict(),
-                "example_inputs": [list(t.shape) for t in self._example_inputs],
-                "backend_options": _options_to_json(self.backend_options),
+                "example_inputs": [list(t.shape) for t in examples],
+                "backend_options": saved_options.to_json(self.backend_options),
                 "nan_policy": self.nan_policy}
         return write_pt2(ep, path, extra_files={_META_NAME: json.dumps(meta)})
 
@@ -199,70 +209,147 @@ def _arg_names(gm: GraphModule, specs: list[InputSpec]) -> list[str]:
 
 
 def _options_to_json(options) -> dict | None:
-    if options is None:
-        return None
-    if not dataclasses.is_dataclass(options):
-        raise ArtifactError(f"backend options of type {type(options).__name__} cannot be saved",
-                            hint="backend options are dataclasses such as OrtOptions")
-    return {"class": type(options).__qualname__, "fields": asdict(options)}
+    return saved_options.to_json(options)
 
 
-def _options_from_json(data, backend_name: str):
-    """Rebuild the backend's own options dataclass (never a class named by the file)."""
-    if data is None:
-        return None
-    from ..backends import get_backend
-    default = getattr(get_backend(backend_name), "options", None)
-    cls = type(default)
-    if default is None or not dataclasses.is_dataclass(default) or data.get("class") != cls.__qualname__:
-        raise ArtifactError(f"saved backend options {data.get('class')!r} do not belong to backend {backend_name!r}",
-                            hint="the artifact's metadata was modified")
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(data["fields"]).items()}
-    return cls(**fields)
+_META_FIELDS = {"format", "qlower_version", "input_specs", "report", "example_inputs", "backend_options", "nan_policy"}
+# dtypes an input may have (quantized tensor dtypes, bits and sub-byte integers have no kernels for inputs)
+_INPUT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
+                           "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "complex32",
+                           "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+_MAX_RANK = 64
+_MAX_DIM = (1 << 31) - 1
 
 
-def load(path: str | Path) -> CompiledModule:
-    """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend
-    (with its saved backend options). The file is checked before anything in it is deserialized
-    and nothing in it is unpickled or executed (runtime/artifact.py, docs/trust.md)."""
-    from ..backends import get_backend
+def load(path: str | Path, *, backend_options=None) -> CompiledModule:
+    """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend.
+    The file is checked before anything in it is deserialized and nothing in it is unpickled
+    or executed (runtime/artifact.py, docs/trust.md). Its backend options are limited to an
+    allow-list of fields (runtime/saved_options.py); compiler flags and paths are never taken
+    from a file: pass `backend_options` (the saved backend's options class, e.g.
+    IreeOptions(extra_flags=(...))) to compile with your own options instead of the file's."""
+    from ..backends import get_backend, options_backend
     from ..backends.base import compile_graph
     ep, extras, _ = read_pt2(path, require_manifest=True)
-    report, specs, shapes, options, nan_policy = _parse_meta(extras.get(_META_NAME), path)
+    report, specs, shapes, options, nan_policy, withheld = _parse_meta(extras.get(_META_NAME), path)
+    _check_specs_against_graph(specs, ep, path)
+    if backend_options is not None:
+        if options_backend(backend_options) != report.backend:
+            raise ArtifactError(f"backend_options are {type(backend_options).__name__}, but {path} was compiled "
+                                f"for {report.backend!r}", hint="pass the options class of the artifact's backend")
+        options = backend_options
+    elif withheld:
+        warnings.warn(f"{path} was saved with {', '.join(withheld)} set, which a file never supplies; it is "
+                      f"compiled without them (pass backend_options= to qlower.load to set them)", stacklevel=2)
     gm = _restore_default_args(ep.module())
     executable = compile_graph(get_backend(report.backend, options), gm)
-    examples = tuple(torch.zeros(shape, dtype=s.torch_dtype) for shape, s in zip(shapes, specs))
+    examples = functools.partial(_zeros, shapes, specs)
     return CompiledModule(gm, executable, specs, report, examples, _dynamic_shapes_from(specs),
                           backend_options=options, nan_policy=nan_policy)
 
 
+def _zeros(shapes, specs) -> tuple:
+    return tuple(torch.zeros(shape, dtype=s.torch_dtype) for shape, s in zip(shapes, specs))
+
+
 def _parse_meta(text: str | None, path):
-    """(report, input specs, example shapes, backend options, nan_policy) from qlower.json; any
-    malformed field is an ArtifactError (the manifest verified, so the writer made it so)."""
+    """(report, input specs, example shapes, backend options, nan_policy, withheld option names)
+    from qlower.json; any malformed field is an ArtifactError naming the part (the manifest
+    verified, so whoever wrote the file made it so)."""
+    from ..backends import backend_names, get_backend
+    from ..artifact.limits import load_json
+    part = "extra/qlower.json"
+    if text is None:
+        raise ArtifactError(f"{path}: part '{part}' is missing", hint="the file is not a qlower artifact")
+    meta = load_json(text, part, path)
     try:
-        meta = json.loads(text)
+        if not isinstance(meta, dict) or set(meta) - _META_FIELDS:
+            raise ValueError(f"unknown fields {sorted(set(meta) - _META_FIELDS)[:3] if isinstance(meta, dict) else meta}")
         report = CompileReport.from_dict(meta["report"])
+        if not isinstance(report.backend, str) or report.backend not in backend_names():
+            raise ValueError(f"report.backend {str(report.backend)[:40]!r} is not one of {backend_names()}")
+        if not isinstance(report.quantized, bool) or not isinstance(report.profile, str):
+            raise ValueError("report.quantized must be a bool and report.profile a string")
+        str(report), json.dumps(report.to_dict())   # every field prints and saves again
         specs = [_spec_from_json(s) for s in meta["input_specs"]]
-        shapes = [tuple(int(d) for d in shape) for shape in meta["example_inputs"]]
-        options = _options_from_json(meta.get("backend_options"), report.backend)
+        shapes = [_example_shape(shape, spec) for shape, spec in zip(meta["example_inputs"], specs)]
         nan_policy = meta.get("nan_policy", "warn")
-        if nan_policy not in NAN_POLICIES or len(shapes) != len(specs):
+        if nan_policy not in NAN_POLICIES or len(meta["example_inputs"]) != len(specs):
             raise ValueError("nan_policy or example inputs do not match the input specs")
     except ArtifactError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ArtifactError(f"{path}: qlower metadata is malformed: {type(exc).__name__}: {str(exc)[:200]}",
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ArtifactError(f"{path}: qlower metadata is malformed (part '{part}'): {type(exc).__name__}: "
+                            f"{str(exc)[:200]}",
                             hint="the artifact's metadata was modified; re-save it from the source model") from exc
-    return report, specs, shapes, options, nan_policy
+    default = getattr(get_backend(report.backend), "options", None)
+    cls = type(default) if default is not None and dataclasses.is_dataclass(default) else None
+    options, withheld = saved_options.from_json(meta.get("backend_options"), cls, path)
+    return report, specs, shapes, options, nan_policy, withheld
 
 
 def _spec_from_json(s: dict) -> InputSpec:
-    if not isinstance(getattr(torch, str(s["dtype"]), None), torch.dtype):
-        raise ValueError(f"{s['dtype']!r} is not a torch dtype")
-    shape = tuple(None if d is None else int(d) for d in s["shape"])
-    bounds = tuple(None if b is None else (int(b[0]), None if b[1] is None else int(b[1]))
-                   for b in s.get("bounds", ()))
-    return InputSpec(str(s["name"]), str(s["dtype"]), shape, bounds)
+    if not isinstance(s, dict) or not isinstance(s.get("dtype"), str) or s["dtype"] not in _INPUT_DTYPES \
+            or not isinstance(getattr(torch, s["dtype"], None), torch.dtype):
+        raise ValueError(f"input dtype {str(s.get('dtype') if isinstance(s, dict) else s)[:40]!r} is not one of "
+                         f"the input dtypes")
+    if not isinstance(s["name"], str) or not isinstance(s["shape"], list) or len(s["shape"]) > _MAX_RANK:
+        raise ValueError("an input spec's name must be a string and its shape a list of at most 64 dims")
+    shape = tuple(None if d is None else _dim(d) for d in s["shape"])
+    bounds = tuple(None if b is None else _bound(b) for b in s.get("bounds", ()))
+    if len(bounds) not in (0, len(shape)):
+        raise ValueError("an input spec has bounds for another rank")
+    return InputSpec(s["name"], s["dtype"], shape, bounds)
+
+
+def _dim(d) -> int:
+    if type(d) is not int or not 0 <= d <= _MAX_DIM:
+        raise ValueError(f"dim {str(d)[:30]} is not an integer in [0, {_MAX_DIM}]")
+    return d
+
+
+def _bound(b) -> tuple[int, int | None]:
+    if not isinstance(b, list) or len(b) != 2:
+        raise ValueError("a dynamic dim's bounds must be [min, max]")
+    lo, hi = _dim(b[0]), None if b[1] is None else _dim(b[1])
+    if hi is not None and hi < lo:
+        raise ValueError(f"a dynamic dim's bounds [{lo}, {hi}] are empty")
+    return lo, hi
+
+
+def _example_shape(shape, spec: InputSpec) -> tuple[int, ...]:
+    """An example input's shape: the spec's rank, its static dims, dynamic dims within their
+    declared bounds."""
+    if not isinstance(shape, list) or len(shape) != len(spec.shape):
+        raise ValueError(f"example input for '{spec.name}' does not have the rank of its spec")
+    dims = tuple(_dim(d) for d in shape)
+    for axis, (want, got) in enumerate(zip(spec.shape, dims)):
+        bound = spec.bounds[axis] if spec.bounds else None
+        if (want is not None and want != got) or (bound is not None and not
+                                                  (bound[0] <= got and (bound[1] is None or got <= bound[1]))):
+            raise ValueError(f"example input for '{spec.name}' has dim {axis} = {got}, outside its spec")
+    return dims
+
+
+def _check_specs_against_graph(specs: list[InputSpec], ep, path) -> None:
+    """The input specs (qlower.json) describe the graph's user inputs: one per input, same dtype,
+    same rank, same static sizes; else calls would fail inside the program, not at load."""
+    names = ep.graph_signature.user_inputs
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    vals = [nodes[n].meta.get("val") if n in nodes else None for n in names]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    problem = None
+    if len(tensors) != len(specs):
+        problem = f"{len(specs)} input specs for {len(tensors)} tensor inputs of the graph"
+    for spec, val in zip(specs, tensors):
+        declared = tuple(d if isinstance(d, int) else None for d in val.shape)
+        if problem is None and (spec.torch_dtype != val.dtype or len(spec.shape) != len(declared) or
+                                any(a is not None and b is not None and a != b for a, b in zip(spec.shape, declared))):
+            problem = (f"input '{spec.name}' is {spec.describe()} but the graph takes "
+                       f"{str(val.dtype)[6:]}[{', '.join('*' if d is None else str(d) for d in declared)}]")
+    if problem:
+        raise ArtifactError(f"{path}: qlower metadata is malformed (part 'extra/qlower.json'): {problem}",
+                            hint="the artifact's metadata was modified; re-save it from the source model")
 
 
 def _restore_default_args(gm: GraphModule) -> GraphModule:

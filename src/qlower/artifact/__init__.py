@@ -10,10 +10,13 @@ into generated source. Each of those runs code chosen by whoever wrote the file.
 
 Here the file is read once into memory and, before anything is deserialized: every entry must
 be one torch.export writes for plain tensors (JSON, raw tensor bytes; no pickles, no compiled
-code), no payload may be pickled, symbolic expressions must be arithmetic, and a qlower
-artifact's parts must match its manifest's sha256. After deserialization every node target must
-be an operator (torch.ops / operator / math), guards code is dropped (qlower checks inputs
-itself) and argument names must be identifiers. docs/trust.md states what this guarantees.
+code), checked by name and declared size before it is inflated; no payload may be pickled and
+every tensor view must lie inside its record; JSON is depth-limited; symbolic expressions must
+be of the grammar torch writes (limits.py); and a qlower artifact's parts must match its
+manifest's sha256. After deserialization every node target must be an allow-listed operator
+(allowlist.py) writing only into tensors the program owns, weights must match the graph, guards
+code is dropped (qlower checks inputs itself) and argument names must be identifiers.
+docs/trust.md states what this guarantees ("What a loaded file may contain").
 """
 from __future__ import annotations
 
@@ -22,17 +25,16 @@ import hashlib
 import io
 import json
 import keyword
-import math
-import operator
 import re
 from pathlib import Path
 
 import torch
 
-from .core.files import atomic_write
-from .core.version import __version__
-from .errors import ArtifactError
-from . import ops  # noqa: F401  (qlower ops must be registered before a program is deserialised)
+from .. import ops  # noqa: F401  (qlower ops must be registered before a program is deserialised)
+from ..core.files import atomic_write
+from ..core.version import __version__
+from ..errors import ArtifactError
+from . import allowlist, limits
 
 ARTIFACT_FORMAT = 2        # 1: torch.export.save + qlower.json, no manifest (never safe to load)
 MANIFEST = "extra/qlower.manifest.json"
@@ -45,22 +47,7 @@ _ALLOWED = re.compile(
     r"|extra/[\w.\-]+")
 _PAYLOAD_NAME = {"data/weights/model_weights_config.json": re.compile(r"weight_\d+"),
                  "data/constants/model_constants_config.json": re.compile(r"tensor_\d+")}
-# symbolic shape expressions (sympy str or srepr form): symbols (s0, u3, 'quoted' in srepr),
-# capitalised sympy classes/functions, assumption keywords, numbers, arithmetic
-_SYM_TOKEN = re.compile(r"[A-Za-z_]\w*")
-_SYM_SYMBOL = re.compile(r"[a-z]{1,3}\d+|[A-Z][A-Za-z]*|floor|ceiling|oo|zoo|nan|sqrt|positive|negative|integer"
-                         r"|nonnegative|nonpositive|nonzero|zero|real|finite|infinite|even|odd|rational|commutative")
-_SYM_QUOTED_NAME = re.compile(r"'[a-z]{1,3}\d+'")
-_SYM_NUMBER = re.compile(r"\d+\.\d*(?:e[+-]?\d+)?|\d*\.\d+(?:e[+-]?\d+)?")
-_SYM_CHARS = re.compile(r"[\w\s+\-*/%(),<>=!&|~^]*")
-_SAFE_FUNCTIONS = frozenset(
-    [getattr(operator, n) for n in ("getitem", "add", "sub", "mul", "truediv", "floordiv", "mod",
-                                    "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge",
-                                    "and_", "or_", "xor", "not_", "invert", "lshift", "rshift")]
-    + [getattr(math, n) for n in ("floor", "ceil", "trunc", "sqrt")]
-    + [getattr(torch, n) for n in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not",
-                                   "sym_ite", "sym_sqrt", "sym_sum") if hasattr(torch, n)]
-    + [torch._assert] + [getattr(torch, n) for n in ("_assert_async", "_assert_scalar") if hasattr(torch, n)])
+_SAFE_FUNCTIONS = allowlist.SAFE_FUNCTIONS
 
 
 # ---------------------------------------------------------------- writing
@@ -75,7 +62,7 @@ def write_pt2(ep: torch.export.ExportedProgram, path: str | Path, extra_files: d
     ep.example_inputs = None
     first = io.BytesIO()
     torch.export.save(ep, first, extra_files=extra_files or {})
-    parts = _records(first.getvalue(), path)
+    parts = _records(first.getvalue(), path, check_names=False)
     _check_payloads(parts, path)   # never write what load would refuse (e.g. a tensor subclass)
     manifest = {"format": ARTIFACT_FORMAT, "qlower_version": __version__, "torch_version": torch.__version__,
                 **(manifest_fields or {}),
@@ -112,7 +99,7 @@ def read_pt2(path: str | Path, *, require_manifest: bool
     if not path.is_file():
         raise ArtifactError(f"no such file: {path}", hint="check the path")
     data = path.read_bytes()
-    records = _records(data, path)
+    records = _records(data, path)   # names and declared sizes checked before anything is inflated
     _check_names(records, path)
     _check_payloads(records, path)
     manifest = _manifest(records, path)
@@ -133,13 +120,19 @@ def read_pt2(path: str | Path, *, require_manifest: bool
     return ep, extras, manifest
 
 
-def _records(data: bytes, path: Path | None = None) -> dict[str, bytes]:
+def _records(data: bytes, path: Path | None = None, *, check_names: bool = True) -> dict[str, bytes]:
     """Every record of the archive, as torch's own reader returns it (what it would deserialize).
-    Duplicate names are refused: two readers could pick different copies."""
+    Before anything is inflated, zipfile reads the central directory: part names (the allowed
+    ones unless `check_names` is False), declared sizes and compression ratios are bounded
+    (limits.zip_entries), and torch's reader must list the same parts with the same sizes."""
     from torch.export.pt2_archive import PT2ArchiveReader
+    entries = limits.zip_entries(data, path, _ALLOWED if check_names else re.compile(r".+"))
     try:
         reader = PT2ArchiveReader(io.BytesIO(data))
+        limits.same_parts(entries, reader.archive_file, path)
         names = reader.get_file_names()
+    except ArtifactError:
+        raise
     except Exception as exc:
         raise ArtifactError(f"{path} is not a .pt2 archive: {_first_line(exc)}",
                             hint="qlower reads files written by qlower.save / torch.export.save") from exc
@@ -174,13 +167,16 @@ def _check_names(records: dict[str, bytes], path: Path) -> None:
 def _manifest(records: dict[str, bytes], path: Path) -> dict | None:
     if MANIFEST not in records:
         return None
+    manifest = limits.load_json(records[MANIFEST], MANIFEST, path)
     try:
-        manifest = json.loads(records[MANIFEST])
         fmt, parts = manifest["format"], manifest["parts"]
         if not isinstance(fmt, int) or not isinstance(parts, dict):
             raise TypeError("format must be an int and parts a mapping")
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"{path}: part '{MANIFEST}' is malformed: {exc}", hint="the file was tampered with") from exc
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in parts.items()):
+        raise ArtifactError(f"{path}: part '{MANIFEST}' is malformed: parts must map names to sha256 strings",
+                            hint="the file was tampered with")
     if fmt > ARTIFACT_FORMAT:
         raise ArtifactError(f"{path} has artifact format {fmt} (qlower {manifest.get('qlower_version')}); "
                             f"this qlower reads format {ARTIFACT_FORMAT}",
@@ -214,8 +210,9 @@ def _check_payloads(records: dict[str, bytes], path: Path) -> None:
     for config_name, allowed in _PAYLOAD_NAME.items():
         if config_name not in records:
             continue
+        document = limits.load_json(records[config_name], config_name, path)
         try:
-            config = json.loads(records[config_name])["config"]
+            config = document["config"]
             items = list(config.items())
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ArtifactError(f"{path}: part '{config_name}' is malformed: {exc}",
@@ -228,19 +225,40 @@ def _check_payloads(records: dict[str, bytes], path: Path) -> None:
             if not allowed.fullmatch(name) or f"{config_name.rsplit('/', 1)[0]}/{name}" not in records:
                 raise ArtifactError(f"{path}: '{fqn}' refers to part '{name}', which is not a raw tensor part",
                                     hint="the file was tampered with or holds non-tensor objects")
+        limits.check_payload_config(config, config_name, records, path)
 
 
 def _check_program_json(data: bytes, path: Path) -> None:
-    """torch's deserializer sympify()s (evaluates) every `expr_str`: only arithmetic on symbols
-    and sympy functions may reach it."""
-    try:
-        program = json.loads(data)
-    except ValueError as exc:
-        raise ArtifactError(f"{path}: part 'models/model.json' is not JSON: {exc}", hint="the file is corrupt") from exc
+    """torch's deserializer sympify()s (evaluates) every `expr_str` and json.loads the `custom`
+    and `from_node` metadata of every node: expressions must be of the grammar torch writes
+    (limits.safe_sym_expr), nested JSON shallow, range constraints named by symbols."""
+    program = limits.load_json(data, "models/model.json", path)
+    if not isinstance(program, dict):
+        raise ArtifactError(f"{path}: part 'models/model.json' is not a program", hint="the file is corrupt")
     for expr in _expr_strings(program):
-        if not _safe_sym_expr(expr):
-            raise ArtifactError(f"{path}: symbolic expression {expr[:80]!r} in part 'models/model.json' "
-                                "is not arithmetic", hint="the file was tampered with")
+        why = limits.safe_sym_expr(expr)
+        if why:
+            raise ArtifactError(f"{path}: symbolic expression {str(expr)[:80]!r} (field 'expr_str' in part "
+                                f"'models/model.json') is not arithmetic of the form torch writes: {why}",
+                                hint="the file was tampered with")
+    for text in _nested_json(program):
+        limits.load_json(text, "models/model.json (node metadata)", path, limits.MAX_METADATA_JSON_DEPTH)
+    limits.check_range_constraints(program, path)
+
+
+def _nested_json(obj):
+    """The JSON texts torch's deserializer parses out of node metadata."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in ("custom", "from_node") and isinstance(value, str):
+                    yield value
+                else:
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _expr_strings(obj):
@@ -258,10 +276,7 @@ def _expr_strings(obj):
 
 
 def _safe_sym_expr(expr: str) -> bool:
-    bare = _SYM_QUOTED_NAME.sub("0", _SYM_NUMBER.sub("0", expr))
-    if "__" in bare or "." in bare or not _SYM_CHARS.fullmatch(bare):
-        return False
-    return all(_SYM_SYMBOL.fullmatch(tok) for tok in _SYM_TOKEN.findall(bare) if not tok[0].isdigit())
+    return limits.safe_sym_expr(expr) is None
 
 
 def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.export.ExportedProgram:
@@ -286,28 +301,79 @@ def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.ex
 
 def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
     """Nothing the program runs or generates source from is left to the file: node targets are
-    operators, attribute and argument names cannot be code, guards code is dropped (qlower
-    checks inputs itself; ep.module() would exec it)."""
+    allow-listed operators (runtime/allowlist.py) writing only into tensors the program owns,
+    attribute and argument names cannot be code, weights are what the graph says they are,
+    guards code is dropped (qlower checks inputs itself; ep.module() would exec it)."""
     _check_targets(ep, path)
     _check_attribute_names(ep, path)
     _check_argument_names(ep, path)
+    _check_weights(ep, path)
     ep._guards_code = []
 
 
 def _check_targets(ep: torch.export.ExportedProgram, path: Path) -> None:
-    """Every call and every callable argument (HOPs call theirs) is an operator."""
+    """Every call and every callable argument (HOPs call theirs) is an allow-listed operator;
+    a node writes only into tensors the program owns (buffers, constants, computed tensors); string arguments cannot
+    break out of a quoted string in the text formats backends write."""
+    sig = ep.graph_signature
+    writable = set(sig.inputs_to_buffers) | set(getattr(sig, "inputs_to_lifted_tensor_constants", {}))
+    where = "in part 'models/model.json'"
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
             continue
+        top = gm is ep.graph_module
         for node in gm.graph.nodes:
-            if node.op == "call_function" and not _safe_callable(node.target):
-                raise ArtifactError(f"{path}: node '{node.name}' calls {str(node.target)[:80]!r}, which is "
-                                    "not an operator", node=node.name, hint="the file was tampered with")
-            bad = [a for a in _leaves((node.args, node.kwargs)) if callable(a) and not isinstance(a, torch.fx.Node)
-                   and not isinstance(a, torch.fx.GraphModule) and not _safe_callable(a)]
-            if bad:
-                raise ArtifactError(f"{path}: node '{node.name}' passes {str(bad[0])[:80]!r}, which is not an "
-                                    "operator", node=node.name, hint="the file was tampered with")
+            if node.op in ("call_method", "call_module"):
+                raise ArtifactError(f"{path}: node '{node.name}' is a {node.op} (field 'target' {where}); loaded "
+                                    "programs call operators only", node=node.name, hint="the file was tampered with")
+            if node.op == "call_function":
+                why = allowlist.operator_problem(node.target) or \
+                    allowlist.mutation_problem(node, writable if top else set())
+                if why:
+                    raise ArtifactError(f"{path}: node '{node.name}' calls {_target_name(node.target)!r} (field "
+                                        f"'target' {where}), which a loaded program may not call: {why}",
+                                        node=node.name, hint="the file was tampered with, or the program calls an "
+                                                             "operator outside docs/trust.md's allow-list")
+            for value in _leaves((node.args, node.kwargs)):
+                why = None
+                if isinstance(value, str):
+                    why = allowlist.string_problem(value)
+                elif callable(value) and not isinstance(value, (torch.fx.Node, torch.fx.GraphModule)):
+                    why = allowlist.operator_problem(value)
+                    why = why and f"it passes {_target_name(value)!r}: {why}"
+                if why:
+                    raise ArtifactError(f"{path}: node '{node.name}' (field 'inputs' {where}): {why}",
+                                        node=node.name, hint="the file was tampered with")
+
+
+def _target_name(target) -> str:
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return f"{schema.name}{'.' + schema.overload_name if schema.overload_name else ''}"
+    return str(getattr(target, "__name__", target))[:80]
+
+
+def _check_weights(ep: torch.export.ExportedProgram, path: Path) -> None:
+    """Each parameter, buffer and constant tensor has the shape and dtype its placeholder in the
+    graph declares (else the program fails at its first call, not at load)."""
+    from torch.export.graph_signature import InputKind
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            continue
+        tensor = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        part = "data/weights/model_weights_config.json" if spec.target in ep.state_dict \
+            else "data/constants/model_constants_config.json"
+        node = placeholders.get(getattr(spec.arg, "name", None))
+        val = node.meta.get("val") if node is not None else None
+        if not isinstance(tensor, torch.Tensor) or not isinstance(val, torch.Tensor):
+            raise ArtifactError(f"{path}: weight '{spec.target}' is missing from part '{part}' or from the graph",
+                                hint="the file was tampered with")
+        declared = tuple(int(d) if isinstance(d, int) else None for d in val.shape)
+        if val.dtype != tensor.dtype or declared != tuple(tensor.shape):
+            raise ArtifactError(f"{path}: weight '{spec.target}' (part '{part}') is {str(tensor.dtype)[6:]}"
+                                f"{list(tensor.shape)} but the graph declares {str(val.dtype)[6:]}{list(declared)}",
+                                hint="the file was tampered with")
 
 
 def _check_argument_names(ep: torch.export.ExportedProgram, path: Path) -> None:
@@ -355,9 +421,4 @@ def _leaves(obj):
 
 
 def _safe_callable(target) -> bool:
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
-        return True
-    try:
-        return target in _SAFE_FUNCTIONS
-    except TypeError:  # unhashable
-        return False
+    return allowlist.operator_problem(target) is None
