@@ -517,24 +517,36 @@ class _Histc(torch.nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
-def test_histc_over_the_datas_range_runs_on_the_engine(backend):
-    """torch.histc's default min == max (the range is the data's): torchlib raises
-    NotImplementedError while translating, so the cluster failed at compile time after the
-    capability had accepted it; then it was refused up front; now histograms.py computes it
-    (static shapes). An explicit range translates as before. Both match eager on both engines;
-    near miss (onnxruntime): a symbolic size stays refused, with its reason."""
+def test_histc_over_a_fixed_range_runs_on_the_engine(backend):
+    """torch.histc with an explicit range translates; the default min == max (the range is the
+    data's), where torchlib raises NotImplementedError while translating, is refused up front
+    with its reason. Both match eager on both engines."""
     pytest.importorskip(backend)
     x = torch.randn(2, 3, 8)
-    for lo, hi in ((0.0, 0.0), (-1.0, 1.0)):
-        m = _Histc(lo, hi)
-        cm = qlower.compile(m, (x,), backend=backend)
-        assert not cm.report().fallbacks, str(cm.report())
-        assert torch.equal(cm(x), m(x))
-    if backend == "onnxruntime":
-        cm = qlower.compile(_Histc(0.0, 0.0), (x,), backend=backend,
-                            dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=8)},))
-        reasons = [c.reason for c in cm.report().fallbacks]
-        assert any("histc with min == max" in r and "symbolic" in r for r in reasons), reasons
+    m = _Histc(-1.0, 1.0)
+    cm = qlower.compile(m, (x,), backend=backend)
+    assert not cm.report().fallbacks, str(cm.report())
+    assert torch.equal(cm(x), m(x))
+    m = _Histc(0.0, 0.0)
+    cm = qlower.compile(m, (x,), backend=backend)
+    reasons = [c.reason for c in cm.report().fallbacks]
+    assert any("histc with min == max" in r for r in reasons), reasons
+    assert torch.equal(cm(x), m(x))
+
+
+@pytest.mark.parametrize("fn", [torch.special.i0, torch.lgamma, torch.linalg.inv, torch.linalg.matrix_exp],
+                         ids=["i0", "lgamma", "linalg.inv", "matrix_exp"])
+def test_float_math_without_a_translation_runs_in_pytorch(fn):
+    """Special functions, linear algebra and the matrix exponential have no ONNX translation
+    (torchlib has none, torch.onnx's decompositions end in ops it cannot translate): the op alone
+    runs in PyTorch with that reason, the ops around it in ONNX Runtime, eager's values."""
+    model, x = Fn(lambda x: fn(x * 0.5 + 2 * torch.eye(4)).relu() + 1), torch.randn(4, 4)
+    cm = qlower.compile(model, (x,), backend="onnxruntime")
+    report = cm.report()
+    assert len(report.fallbacks) == 1 and len(report.compiled) >= 1, str(report)
+    assert "torch.onnx has no translation" in report.fallbacks[0].reason \
+        or "which it cannot translate" in report.fallbacks[0].reason, report.fallbacks[0].reason
+    torch.testing.assert_close(cm(x), model(x))
 
 
 class _ConvThenLinear(torch.nn.Module):

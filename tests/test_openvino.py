@@ -887,10 +887,9 @@ def test_a_rejection_naming_no_node_of_the_cluster_refuses_nothing():
 
 
 def test_data_dependent_sizes_and_order_statistics_stay_in_pytorch():
-    """What onnxruntime now runs and OpenVINO is not verified on: masked_select (a size from the
-    values) and median / kthvalue / mode (decompositions.py's stable TopK passes, which
-    OpenVINO's TopK scrambles) and segment_reduce (its ReduceMax of nothing is -3.4e38) are
-    refused with their reasons, and the answers are eager's."""
+    """What onnxruntime runs and OpenVINO is not verified on: masked_select (a size from the
+    values) and segment_reduce (its ReduceMax of nothing is -3.4e38), and median / kthvalue /
+    mode (no translation), are refused with their reasons, and the answers are eager's."""
     from conftest import Fn
     fn = lambda x, m: (torch.masked_select(x, m), torch.median(x, 1), torch.kthvalue(x, 2, 1), torch.mode(x.round(), 1),
                        torch.segment_reduce(x[0], "max", lengths=torch.tensor([0, 2, 2])))

@@ -12,16 +12,19 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
-from .complex_values import boundary_positions
-
 
 def _is_bfloat16(value) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype is torch.bfloat16
 
 
 def bfloat16_positions(sub: GraphModule, constants: dict[int, torch.Tensor]) -> tuple[frozenset, frozenset]:
-    """(runtime input positions, output positions) of the cluster's bfloat16 tensors."""
-    return boundary_positions(sub, constants, _is_bfloat16)
+    """(runtime input positions, output positions) of the cluster's bfloat16 tensors (by meta value)."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    runtime = [p for i, p in enumerate(placeholders) if i not in constants]
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return (frozenset(i for i, p in enumerate(runtime) if _is_bfloat16(p.meta.get("val"))),
+            frozenset(i for i, o in enumerate(outs) if hasattr(o, "meta") and _is_bfloat16(o.meta.get("val"))))
 
 
 def as_float32(args: tuple, positions: frozenset) -> tuple:

@@ -16,8 +16,6 @@ from ..fx import full_args, node_tensors, target_schema_name
 from ..partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
-from .complex_values import complex_inputs as _complex_inputs
-from .conditional import handles_complex
 from .decompositions import DECOMPOSITIONS, applies_to, decomposes
 
 def _divisor_override(node: Node) -> str | None:
@@ -77,13 +75,11 @@ def _vecdot_empty(node: Node) -> str | None:
         if any(s is not None and 0 in s for s in shapes) else None
 
 
-# torchlib raises NotImplementedError for the default min == max (the range is the data's);
-# histograms.py computes it where the input is static and not empty.
+# torchlib raises NotImplementedError for the default min == max (the range is the data's).
 def _histc_data_range(node: Node) -> str | None:
-    """with min == max (the data's range) on a symbolic or empty input"""
+    """with min == max (the data's range)"""
     args = full_args(node)
-    return "histc with min == max (a data-dependent range) on a symbolic or empty input is not translated" \
-        if args[2] == args[3] and not decomposes(node) else None
+    return "histc with min == max (a data-dependent range) is not translated" if args[2] == args[3] else None
 
 
 # An empty reduction gives -0, eager NaN (measured: std/var/var_mean/std_mean of a (0, 5) input).
@@ -127,6 +123,12 @@ _MEAN_ON_EMPTY = _on_empty("ONNX Runtime's ReduceMean gives 0, eager NaN")
 _ANY_ON_EMPTY = _on_empty("the translation gives True, eager False")
 _LAYER_NORM_ON_EMPTY = _on_empty("ONNX Runtime's LayerNormalization rejects it at run time")
 _GROUP_NORM_ON_EMPTY = _on_empty("ONNX Runtime rejects the translation's Reshape")
+
+
+# Value-dependent: torchlib's formula overflows or underflows (measured: erfcx(randn * 9) off by
+# 0.13, relative 1.0; log_ndtr(-9) = -inf, eager -39.0).
+def _inaccurate(node: Node) -> str | None:
+    return f"{node.target._schema.name.removeprefix('aten::')} is translated by a formula that overflows"
 
 
 # A window with no input element, only padding (dilated, on a narrow input): PyTorch -inf,
@@ -176,13 +178,15 @@ GAPS: dict[str, Callable[[Node], str | None]] = {
     **{f"aten::{op}": _ANY_ON_EMPTY for op in ("any", "any.dim", "any.dims")},
     **{f"aten::{op}": _LAYER_NORM_ON_EMPTY for op in ("layer_norm", "native_layer_norm")},
     **{f"aten::{op}": _GROUP_NORM_ON_EMPTY for op in ("group_norm", "native_group_norm")},
+    "aten::special_erfcx": _inaccurate,
+    "aten::special_log_ndtr": _inaccurate,
 }
 # dtypes ONNX Runtime's CPU kernels cover for (nearly) every op, and those they cover only in
 # part (float64 Conv / Erf have none): a node lacking its kernel is refused when the session
 # says so (backends/onnxruntime/__init__.py, _nodes_without_kernels)
 FULL_KERNEL_DTYPES = {torch.float32, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool}
 PARTLY_COVERED_DTYPES = {torch.float64, torch.float16, torch.int16, torch.bfloat16}   # bfloat16: bfloat16_values.py
-_SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES | {torch.complex64, torch.complex128}
+_SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES   # complex: PyTorch
 
 
 def _translator():
@@ -209,7 +213,7 @@ def _dtypes_ok(node: Node) -> str | None:
 
 
 def translatable(node: Node) -> str | None:
-    """translated by torch.onnx (torchlib; a complex call where it has the complex form), not a random draw"""
+    """translated by torch.onnx (torchlib), not a random draw"""
     target = node.target
     if target is operator.getitem:
         return None
@@ -221,8 +225,6 @@ def translatable(node: Node) -> str | None:
     gap = GAPS.get(target_schema_name(target))
     if gap is not None and gap(node) is not None:
         return gap(node)
-    if _complex_inputs(node) and _complex_refusal(node):
-        return _complex_refusal(node)
     if _torchlib().is_registered(target) and (target not in DECOMPOSITIONS or _ours_leaves(node)):
         return _dtypes_ok(node)
     if _ours_applies(node):   # written in translatable ops (tests/test_decompositions.py): no re-trace
@@ -230,9 +232,6 @@ def translatable(node: Node) -> str | None:
     if not (target in _translator().exporter_decompositions() or _composite(target)):
         return "torch.onnx has no translation for it"
     missing = _untranslatable_in_decomposition(node)
-    if missing == "aten._linalg_check_errors.default":
-        return ("raises in eager on a singular or not positive-definite input, which an ONNX graph "
-                "cannot (its _ex form, which returns `info` instead, runs in ONNX Runtime)")
     if missing == str(target):
         return "no translation for this call of it (qlower's decomposition covers other sizes or arguments)"
     if missing is not None:
@@ -254,29 +253,12 @@ def _draws_random_numbers(node: Node) -> bool:
     return not (isinstance(rate, (int, float)) and rate == 0 and ("dropout_p" in args or "train" in args))
 
 
-def _complex_refusal(node: Node) -> str | None:
-    """A call with a complex input that the exporter keeps as it is (an op torchlib translates
-    directly, or one qlower's real-number decompositions leave: `conditional.for_real_tensors`)
-    needs torchlib's complex translation of it; ops torch.onnx decomposes are checked op by op
-    (`_untranslatable_in_decomposition`)."""
-    target = node.target
-    ours = DECOMPOSITIONS.get(target)
-    if ours is not None and handles_complex(ours):
-        return None
-    kept = ours is not None or target in _translator()._translated_as_is()
-    if kept and not _translator().has_complex_translation(target):
-        return "torch.onnx translates it for real tensors only"
-    return None
-
-
 def _ours_leaves(node: Node) -> bool:
     """A conditional decomposition certainly leaves this call to torchlib's translation of the op
     (its predicate says no, and the op is not handed to torch's decomposition instead): no
-    re-trace (complex_pairs.py put reshape, select, expand, ... in the table for complex calls)."""
+    re-trace."""
     decomposition = DECOMPOSITIONS.get(node.target)
     if applies_to(decomposition) is None or getattr(decomposition, "otherwise_torch", False):
-        return False
-    if _complex_inputs(node) and not handles_complex(decomposition):
         return False
     return not decomposes(node, undecided=True)
 
@@ -284,7 +266,7 @@ def _ours_leaves(node: Node) -> bool:
 def _ours_applies(node: Node) -> bool:
     """One of qlower's decompositions (decompositions.py) certainly takes this call."""
     decomposition = DECOMPOSITIONS.get(node.target)
-    if decomposition is None or (_complex_inputs(node) and not handles_complex(decomposition)):
+    if decomposition is None:
         return False
     return applies_to(decomposition) is None or decomposes(node, undecided=False)
 
@@ -330,11 +312,17 @@ def _decomposition_gap(key) -> str | None:
                         decomposition_table=_translator().exporter_decompositions())(*[build(a) for a in args]).graph
     except Exception:   # no meta kernel, data-dependent decomposition, ...: let the exporter decide
         return None
-    # in-place ops (copy_, squeeze_) are functionalized away by export before translation
+    # in-place ops (copy_, squeeze_) are functionalized away by export before translation; a
+    # complex value inside the decomposition needs torchlib's complex translation of its reader
     return next((str(n.target) for n in graph.nodes if n.op == "call_function"
                  and isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable
                  and not (_torchlib().is_registered(n.target)
                           and (not _complex_inputs(n) or _translator().has_complex_translation(n.target)))), None)
+
+
+def _complex_inputs(node: Node) -> bool:
+    return any(isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dtype.is_complex
+               for a in node.all_input_nodes)
 
 
 def onnxruntime_capability() -> Capability:

@@ -30,35 +30,3 @@ def applies_to(decomposition):
 def static(*sizes) -> bool:
     """Every size a Python int (no symbolic dim)."""
     return all(isinstance(s, int) for s in sizes)
-
-
-def for_complex(fn):
-    """Marks a decomposition written for complex tensors (the others see real ones only)."""
-    fn.complex_aware = True
-    return fn
-
-
-def handles_complex(decomposition) -> bool:
-    return getattr(decomposition, "complex_aware", False)
-
-
-def _any_complex(args, kwargs) -> bool:
-    import torch
-    from .complex_values import is_complex
-    return any(is_complex(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)))
-
-
-def for_real_tensors(decomposition):
-    """The decomposition for calls on real tensors only: a call with a complex tensor returns
-    NotImplemented, which keeps the op as it is (torchlib's complex translation, or PyTorch:
-    `capability._complex_refusal`). Written for real numbers (signs, orderings, abs), qlower's
-    decompositions would not compute a complex call right. Keeps `applies` / `otherwise_torch`."""
-    if handles_complex(decomposition):
-        return decomposition
-
-    @functools.wraps(decomposition)
-    def real(*args, **kwargs):
-        return NotImplemented if _any_complex(args, kwargs) else decomposition(*args, **kwargs)
-    real.applies = getattr(decomposition, "applies", None)
-    real.otherwise_torch = getattr(decomposition, "otherwise_torch", False)
-    return real

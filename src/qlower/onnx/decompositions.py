@@ -18,9 +18,6 @@ bit); tests/test_decompositions.py compares each with eager on those values.
 Some entries apply to some calls of an op only (`only_when`): the others keep the op as
 torchlib translates it, without the exporter's re-trace. Where ONNX Runtime's Where would pick
 a -0.0 from its first branch (it returns +0.0 then, measured), the value goes in the second.
-Special functions (lgamma, digamma, Bessel I0/I1, the error function family) live in
-special_functions.py: evaluated in float64 from series, continued fractions and Newton steps
-of our own.
 """
 from __future__ import annotations
 
@@ -28,8 +25,8 @@ import math
 
 import torch
 
-from . import (antialiased_resize, complex_pairs, data_dependent_sizes, grid_sampling, histograms, incomplete_gamma, linear_algebra, matrix_exponential, order_statistics, orthogonal_polynomials, segments, special_functions)
-from .conditional import applies_to, for_real_tensors, only_when, static as _static
+from . import antialiased_resize, data_dependent_sizes, grid_sampling, segments
+from .conditional import applies_to, only_when, static as _static
 
 A = torch.ops.aten
 # Quadratic decompositions (cumulative max/min/product compare every pair along the dim) stop here:
@@ -594,11 +591,6 @@ def _adaptive_max_pool(nd: int):
     return decomposition
 
 
-def _polygamma(n, x):
-    """ψ⁽ⁿ⁾: digamma for n = 0, the Hurwitz zeta function above (special_functions)."""
-    return special_functions.digamma(x) if n == 0 else special_functions.polygamma(n, x)
-
-
 @only_when(lambda x, dim, index, source, reduce, *, include_self=True:
            reduce in ("prod", "amax", "amin") or (reduce == "mean" and x.dtype.is_floating_point))
 def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
@@ -909,31 +901,6 @@ DECOMPOSITIONS = {
     A._adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
     A.adaptive_max_pool2d.default: _adaptive_max_pool(2),
     A.adaptive_max_pool3d.default: _adaptive_max_pool(3),
-    A.lgamma.default: special_functions.lgamma,
-    A.digamma.default: special_functions.digamma,
-    A.polygamma.default: _polygamma,
-    A.special_zeta.default: special_functions.zeta,
-    A.special_zeta.self_scalar: special_functions.zeta,
-    A.special_zeta.other_scalar: special_functions.zeta,
-    A.special_airy_ai.default: special_functions.airy_ai,
-    **{getattr(getattr(A, f"special_{shift}chebyshev_polynomial_{kind}"), overload):
-       special_functions.chebyshev(kind, shifted=bool(shift))
-       for kind in "tuvw" for shift in ("", "shifted_") for overload in ("default", "x_scalar", "n_scalar")},
-    A.special_bessel_j0.default: special_functions.bessel_j0,
-    A.special_bessel_j1.default: special_functions.bessel_j1,
-    A.special_bessel_y0.default: special_functions.bessel_y0,
-    A.special_bessel_y1.default: special_functions.bessel_y1,
-    A.special_modified_bessel_k0.default: special_functions.bessel_k(0, scaled=False),
-    A.special_modified_bessel_k1.default: special_functions.bessel_k(1, scaled=False),
-    A.special_scaled_modified_bessel_k0.default: special_functions.bessel_k(0, scaled=True),
-    A.special_scaled_modified_bessel_k1.default: special_functions.bessel_k(1, scaled=True),
-    A.i0.default: special_functions.bessel_i(0, scaled=False),
-    A.special_i0e.default: special_functions.bessel_i(0, scaled=True),
-    A.special_i1.default: special_functions.bessel_i(1, scaled=False),
-    A.special_i1e.default: special_functions.bessel_i(1, scaled=True),
-    A.special_modified_bessel_i0.default: special_functions.bessel_i(0, scaled=False),
-    A.special_modified_bessel_i1.default: special_functions.bessel_i(1, scaled=False),
-    A.special_spherical_bessel_j0.default: special_functions.spherical_bessel_j0,
     A.index_reduce.default: _index_reduce,
     A.empty_permuted.default: _empty_permuted,
     A.nextafter.default: _nextafter,
@@ -943,21 +910,9 @@ DECOMPOSITIONS = {
     A._cdist_forward.default: _cdist_forward,
     A._pdist_forward.default: _pdist_forward,
     A.frexp.Tensor: _frexp,
-    A.special_erfcx.default: special_functions.erfcx,
-    A.special_log_ndtr.default: special_functions.log_ndtr,
-    A.erfinv.default: special_functions.erfinv,
-    A.special_ndtri.default: special_functions.ndtri,
-    **linear_algebra.DECOMPOSITIONS,
-    **order_statistics.DECOMPOSITIONS,
     **data_dependent_sizes.DECOMPOSITIONS,
-    **histograms.DECOMPOSITIONS,
     **segments.DECOMPOSITIONS,
-    **orthogonal_polynomials.DECOMPOSITIONS,
-    **incomplete_gamma.DECOMPOSITIONS,
     **antialiased_resize.DECOMPOSITIONS,
     **grid_sampling.DECOMPOSITIONS,
-    **matrix_exponential.DECOMPOSITIONS,
     **_torch_nn_ops(),
-    **complex_pairs.DECOMPOSITIONS,
 }
-DECOMPOSITIONS = {target: for_real_tensors(fn) for target, fn in DECOMPOSITIONS.items()}

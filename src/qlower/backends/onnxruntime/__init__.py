@@ -25,13 +25,11 @@ from ..clusters import (as_scalars, compile_isolating_rejected, float_inputs, in
                         run_in_pytorch, scalar_kinds, split_inputs, tell_policy, worst_abs_diff)
 from ..input_sums import with_input_sums
 from ...onnx.bfloat16_values import as_bfloat16, as_float32, bfloat16_positions
-from ...onnx.complex_values import as_complex, as_real_pairs, complex_positions
 from ...core import cache, cpu
 from ...onnx.capability import PARTLY_COVERED_DTYPES, onnxruntime_capability
 from ...passes.onnxruntime.write_out_training_batch_norm import WriteOutTrainingBatchNorm
 from ...passes.onnxruntime.replace_alias_ops import ReplaceAliasOps
 from ...passes.onnxruntime.write_out_embedding_renorm import WriteOutEmbeddingRenorm
-from ...passes.onnxruntime.move_error_checks_outside import MoveErrorChecksOutside
 from ...passes.onnxruntime.write_out_reduction_dims import WriteOutReductionDims
 from ...passes.onnxruntime.unsqueeze_attention_to_4d import UnsqueezeAttentionTo4d
 from ...passes.onnxruntime.fuse_dequantize import FuseDequantize
@@ -222,7 +220,6 @@ class OrtCluster(torch.nn.Module):
         self.n_outputs = len(outputs) - (1 if has_sums else 0)
         self.output_names = outputs or None
         self.scalar_kinds = scalar_kinds(fallback)
-        self.complex_inputs, self.complex_outputs = complex_positions(fallback, constants)
         self.bfloat16_inputs, self.bfloat16_outputs = bfloat16_positions(fallback, constants)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
 
@@ -250,8 +247,7 @@ class OrtCluster(torch.nn.Module):
             self._check_finite_in_pytorch(args)
             return self._pytorch(args)
         try:
-            feed = args if not self.complex_inputs else as_real_pairs(args, self.complex_inputs)
-            feed = feed if not self.bfloat16_inputs else as_float32(feed, self.bfloat16_inputs)
+            feed = args if not self.bfloat16_inputs else as_float32(args, self.bfloat16_inputs)
             outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, feed)}, None)
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
@@ -265,8 +261,6 @@ class OrtCluster(torch.nn.Module):
                 return self._nonfinite_call(args, bad)
             outs = outs[:self.n_outputs]
         result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
-        if self.complex_outputs:
-            result = as_complex(result, self.complex_outputs, self.single_output)
         if self.bfloat16_outputs:
             result = as_bfloat16(result, self.bfloat16_outputs, self.single_output)
         if self.scalar_kinds is not None:
@@ -278,11 +272,11 @@ class OrtCluster(torch.nn.Module):
     def validating_run(self, gm: GraphModule, order: list[int]):
         """`run_validated`, returning the cluster's outputs in `order` (the model's), where the
         session's own input validation equals the input specs' check for a flat call of `gm`'s
-        inputs: a plain cluster (no complex, bfloat16 or scalar conversions, no comparison run)
+        inputs: a plain cluster (no bfloat16 or scalar conversions, no comparison run)
         whose session inputs have every placeholder's dtype and all its dims, static. ONNX
         Runtime refuses another dtype, rank or static dim (INVALID_ARGUMENT) and copies a
         non-contiguous array; the bounds of a dynamic dim are not its to check. None otherwise."""
-        if self.session is None or self.check or self.complex_inputs or self.complex_outputs \
+        if self.session is None or self.check \
                 or self.bfloat16_inputs or self.bfloat16_outputs or self.scalar_kinds is not None:
             return None
         vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -450,12 +444,12 @@ class OnnxRuntimeBackend:
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
         and attention-rank gaps spelled out (and its scatter "mean", which was wrong, as sums into
-        zeros), linear algebra's error checks moved out of the ops that raise, batch norm that
+        zeros), batch norm that
         updates its caller's running statistics and embedding's max_norm renormalization spelled
         out, and fused kernels where they are
         proven exact."""
         return [decompose_unsupported_block_ops(self.capability), ReplaceAliasOps(), WriteOutReductionDims(),
-                MoveErrorChecksOutside(), WriteOutTrainingBatchNorm(), WriteOutEmbeddingRenorm(),
+                WriteOutTrainingBatchNorm(), WriteOutEmbeddingRenorm(),
                 ScatterIntoNeutral(frozenset({"mean"})),
                 UnsqueezeAttentionTo4d(), FuseRequantize(), FuseDequantize(), FusePerTokenLinear()]
 

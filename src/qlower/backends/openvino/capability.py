@@ -298,10 +298,7 @@ def _no_data_dependent_size(node: Node) -> str | None:
 
 # Measured (PyTorch's OpInfo samples through `tests/test_opinfo.py --backend
 # openvino`): each compiled, was reported as compiled, and answered wrongly.
-_SORTS = ("aten::sort", "aten::sort.stable", "aten::argsort", "aten::argsort.stable", "aten::msort",
-          # order_statistics.py: the same two stable TopK passes (not verified on OpenVINO)
-          "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::kthvalue",
-          "aten::mode")
+_SORTS = ("aten::sort", "aten::sort.stable", "aten::argsort", "aten::argsort.stable", "aten::msort")
 
 
 def _measured_wrong_in_openvino(node: Node) -> str | None:
