@@ -196,7 +196,9 @@ def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | openvino 
         cap = get_backend(backend).capability
     except QlowerError as exc:
         _fail(exc)
-    table = Table(title=f"{backend} capability")
+    table = Table(title=f"{backend} capability",
+                  caption="an op this backend does not accept runs in PyTorch, with its reason in the compile "
+                          "report (`qlower schema FILE.pt2` lists it per node)")
     table.add_column("op schema")
     table.add_column("condition")
     for name, note in cap.table():

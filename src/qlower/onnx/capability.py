@@ -213,7 +213,7 @@ def _dtypes_ok(node: Node) -> str | None:
 
 
 def translatable(node: Node) -> str | None:
-    """translated by torch.onnx (torchlib), not a random draw"""
+    """translated by torch.onnx (torchlib; special functions and linear algebra are not), not a random draw"""
     target = node.target
     if target is operator.getitem:
         return None
