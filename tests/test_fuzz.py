@@ -43,7 +43,7 @@ import operator
 import os
 import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch

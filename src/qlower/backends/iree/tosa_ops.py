@@ -558,7 +558,7 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
         for j, nm in enumerate(names):
             lines.append(f"  {nm} = tensor.extract_slice {src}[0, 0, {j * dw}, 0] [{size_n}, {hp}, {ow}, {c}] "
                          f"[1, 1, {sw}, 1] : tensor<{src_t}xi8> to tensor<{sl_t}xi8>")
-        lines.append(f"  %b1 = tensor.concat dim(3) " + ", ".join(names) + " : ("
+        lines.append("  %b1 = tensor.concat dim(3) " + ", ".join(names) + " : ("
                      + ", ".join([f"tensor<{sl_t}xi8>"] * kw) + f") -> tensor<{b1_t}xi8>")
         sl2_t = _shape_text([n, oh, ow, kw * c])
         names = [f"%h{i}" for i in range(kh)]
@@ -566,7 +566,7 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
             lines.append(f"  {nm} = tensor.extract_slice %b1[0, {i * dh}, 0, 0] [{size_n}, {oh}, {ow}, {kw * c}] "
                          f"[1, {sh}, 1, 1] : tensor<{b1_t}xi8> to tensor<{sl2_t}xi8>")
         cat_t = _shape_text([n, oh, ow, k])
-        lines += [f"  %cat = tensor.concat dim(3) " + ", ".join(names) + " : ("
+        lines += ["  %cat = tensor.concat dim(3) " + ", ".join(names) + " : ("
                   + ", ".join([f"tensor<{sl2_t}xi8>"] * kh) + f") -> tensor<{cat_t}xi8>",
                   f"  %a2 = tensor.collapse_shape %cat [[0, 1, 2], [3]] : tensor<{cat_t}xi8> into "
                   f"tensor<{_shape_text([m, k])}xi8>"]
@@ -1123,7 +1123,7 @@ def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -
               f"  ^bb0(%o: {element}):"]
     lines += [f"    %i{d} = linalg.index {d} : index" for d in range(rank)]
     lines += [f"    %step = arith.constant {kept.step} : index", f"    %start = arith.constant {kept.start} : index",
-              f"    %scaled = arith.muli %i{dim}, %step : index", f"    %j = arith.addi %scaled, %start : index"]
+              f"    %scaled = arith.muli %i{dim}, %step : index", "    %j = arith.addi %scaled, %start : index"]
     index = ", ".join("%j" if d == dim else f"%i{d}" for d in range(rank))
     lines += [f"    %v = tensor.extract %x[{index}] : {xt}", f"    linalg.yield %v : {element}",
               f"  }} -> {ot}", f"  return %r : {ot}", "}"]
