@@ -132,7 +132,8 @@ def _conv_check(node: Node, spatial: int = 2) -> str | None:
         return why
     args = full_args(node)
     why = static_dims(node, args[0].meta["val"], tuple(range(1, 2 + spatial)),
-                      "channels, height and width of a conv input" if spatial == 2 else "channels and length of a conv1d input")
+                      "channels, height and width of a conv input" if spatial == 2
+                      else "channels and length of a conv1d input")
     if why is not None:
         return why
     groups, cin = args[8], args[0].meta["val"].shape[1]
@@ -575,7 +576,8 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
                   f"tensor<{_shape_text([m, k])}xi8>"]
     mt = _shape_text([m, cout])
     lines += [f"  %e = tensor.empty({dyn_m}) : tensor<{mt}xi32>",
-              f"  %init = linalg.broadcast ins(%bias : tensor<{cout}xi32>) outs(%e : tensor<{mt}xi32>) dimensions = [0]"]
+              f"  %init = linalg.broadcast ins(%bias : tensor<{cout}xi32>) outs(%e : tensor<{mt}xi32>) "
+              "dimensions = [0]"]
     if wzp == 0:
         lines.append(f"  %r = linalg.matmul ins(%a2, %w : tensor<{_shape_text([m, k])}xi8>, tensor<{k}x{cout}xi8>) "
                      f"outs(%init : tensor<{mt}xi32>) -> tensor<{mt}xi32>")
@@ -800,7 +802,8 @@ def _emit_integer_norm(em: TosaEmitter, q_n: Node, scale, zp, weight, bias, eps,
         w = em.constant(weight).detach().to(torch.float32).numpy().reshape(affine_shape)
         y = b.tosa.mul(b.ttype(shape, f32), y, b.const(w), b.const(np.zeros([1], dtype=np.int8)))
         finite = float(np.finfo(np.float32).max)
-        y = b.arith.minimumf(b.arith.maximumf(y, b.splat(shape, f32, -finite, like=y)), b.splat(shape, f32, finite, like=y))
+        y = b.arith.minimumf(b.arith.maximumf(y, b.splat(shape, f32, -finite, like=y)),
+                             b.splat(shape, f32, finite, like=y))
     if bias is not None:
         bb = em.constant(bias).detach().to(torch.float32).numpy().reshape(affine_shape)
         y = b.tosa.add(b.ttype(shape, f32), y, b.const(bb))
@@ -1053,7 +1056,8 @@ def emit_transpose(em: TosaEmitter, node: Node) -> Val:
 def _static_range(x, dim, start, end, step) -> range | None:
     """The indices a slice of `x` along `dim` keeps, or None when that dim or a bound is symbolic."""
     size = x.shape[dim % x.dim()]
-    if not all(isinstance(v, int) for v in (size, step)) or not all(v is None or isinstance(v, int) for v in (start, end)):
+    if (not all(isinstance(v, int) for v in (size, step))
+            or not all(v is None or isinstance(v, int) for v in (start, end))):
         return None
     return range(size)[slice(start, end, step)]
 
