@@ -133,7 +133,8 @@ def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
                    f'<td class="l">{escape(layer.op)}</td><td class="l">{_mini_bar(layer.sqnr_db, top)}</td>'
                    f'<td>{"yes" if layer.output_quantized else "no"}</td>'
                    f"<td>{layer.cosine:.5f}</td><td>{format_db(layer.sqnr_db_in_model)}</td>"
-                   f'<td>{layer.cosine_in_model:.5f}</td><td class="l">[{format_number(i.min)}, {format_number(i.max)}]</td>'
+                   f'<td>{layer.cosine_in_model:.5f}</td>'
+                   f'<td class="l">[{format_number(i.min)}, {format_number(i.max)}]</td>'
                    f"<td>{format_number(i.absmax)}</td><td>{format_number(i.p999)}</td><td>{format_number(i.peak_over_p999)}</td>"
                    f"<td>{format_number(i.channel_ratio)} ({i.top_channel})</td><td>{format_number(i.kurtosis)}</td>"
                    f"<td>{format_number(o.absmax)}</td><td>{format_number(w.peak_to_median) if w else '–'}</td></tr>")
@@ -221,7 +222,8 @@ def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
         s = layer.input
         raw = layer.label(unique[layer.node])
         label = escape(raw)
-        tip = (f"{label}: max|x| {format_number(s.absmax)}, p99.9 {format_number(s.p999)}, channel ratio {format_number(s.channel_ratio)} "
+        tip = (f"{label}: max|x| {format_number(s.absmax)}, p99.9 {format_number(s.p999)}, "
+               f"channel ratio {format_number(s.channel_ratio)} "
                f"(channel {s.top_channel}), kurtosis {format_number(s.kurtosis)}")
         svg.append(f'<rect x="{x + step * 0.15:.1f}" y="{y(s.absmax):.1f}" width="{step * 0.7:.1f}" '
                    f'height="{y(0) - y(s.absmax):.1f}" fill="#9ecbff"><title>{tip}</title></rect>')

@@ -192,8 +192,9 @@ class VerifyReport:
                 f"{'in max|x|':>9s} {'p99.9':>8s} {'ch ratio':>8s} {'kurt':>6s} {'w pk/med':>8s}")
         lines += [head, "-" * len(head)]
         for layer, name in zip(shown, names):
-            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {format_db(layer.sqnr_db):>6s} {layer.cosine:8.5f} "
-                         f"{format_db(layer.sqnr_db_in_model):>8s}   {format_number(layer.input.absmax):>9s} "
+            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {format_db(layer.sqnr_db):>6s} "
+                         f"{layer.cosine:8.5f} {format_db(layer.sqnr_db_in_model):>8s}   "
+                         f"{format_number(layer.input.absmax):>9s} "
                          f"{format_number(layer.input.p999):>8s} {format_number(layer.input.channel_ratio):>8s} "
                          f"{format_number(layer.input.kurtosis):>6s} "
                          f"{format_number(layer.weight.peak_to_median) if layer.weight else '-':>8s}")
