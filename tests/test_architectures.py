@@ -63,7 +63,8 @@ TEXT = {
 }
 VISION = {
     "vit": lambda: transformers.ViTModel(transformers.ViTConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)),
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+        patch_size=8)),
     "convnext": lambda: transformers.ConvNextModel(transformers.ConvNextConfig(
         hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])),
     "swin": lambda: transformers.SwinModel(transformers.SwinConfig(

@@ -170,7 +170,8 @@ def test_size_one_under_dim_auto_names_the_special_case():
     """Dim.AUTO starts at 2 (export traces 0 and 1 apart): batch 1 is an InputError whose hint
     says why and how to include it (it suggested a wider Dim(min, max), which did not explain)."""
     model, _ = _net()
-    cm = qlower.compile(model, (torch.randn(3, 8),), backend="reference", dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    cm = qlower.compile(model, (torch.randn(3, 8),), backend="reference",
+                        dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
     assert cm(torch.randn(7, 8)).shape == (7, 4)
     with pytest.raises(InputError, match=r"dynamic dim 0 is 1, outside its declared range \[2, inf\]") as info:
         cm(torch.randn(1, 8))
@@ -312,7 +313,8 @@ def test_float_model_with_nan_or_inf_input_answers_as_eager(backend, kind):
     want, got = m(bad), cm(bad)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(torch.isnan(got), torch.isnan(want)) if want.is_floating_point() else True
-    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)) if want.is_floating_point() else torch.equal(got, want)
+    assert (torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)) if want.is_floating_point()
+            else torch.equal(got, want))
     assert torch.equal(cm(x), cm(x)) and cm.report().compiled[0].nonfinite_calls == 1
     assert "1 call(s) with NaN/inf inputs ran in PyTorch" in str(cm.report())
 
@@ -520,13 +522,17 @@ def test_model_computing_nan_on_finite_calibration_is_a_typed_error_naming_the_n
 _F = torch.nn.functional
 _EMPTY_BATCH = {
     "conv": (lambda m, x: m.conv(x), (0, 3, 6, 6)), "linear": (lambda m, x: m.fc(x), (0, 4, 5)),
-    "matmul": (lambda m, x: x @ x.transpose(-1, -2), (0, 4, 5)), "max_pool": (lambda m, x: _F.max_pool2d(x, 2), (0, 3, 6, 6)),
-    "avg_pool": (lambda m, x: _F.avg_pool2d(x, 2), (0, 3, 6, 6)), "layer_norm": (lambda m, x: _F.layer_norm(x, (5,)), (0, 4, 5)),
-    "group_norm": (lambda m, x: _F.group_norm(x, 1), (0, 3, 6, 6)), "softmax": (lambda m, x: torch.softmax(x, -1), (0, 4, 5)),
+    "matmul": (lambda m, x: x @ x.transpose(-1, -2), (0, 4, 5)),
+    "max_pool": (lambda m, x: _F.max_pool2d(x, 2), (0, 3, 6, 6)),
+    "avg_pool": (lambda m, x: _F.avg_pool2d(x, 2), (0, 3, 6, 6)),
+    "layer_norm": (lambda m, x: _F.layer_norm(x, (5,)), (0, 4, 5)),
+    "group_norm": (lambda m, x: _F.group_norm(x, 1), (0, 3, 6, 6)),
+    "softmax": (lambda m, x: torch.softmax(x, -1), (0, 4, 5)),
     "attention": (lambda m, x: _F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None]), (0, 4, 5)),
     "amax_last": (lambda m, x: x.amax(-1), (0, 4, 5)), "argmax_last": (lambda m, x: x.argmax(-1), (0, 4, 5)),
     "sum_over_empty": (lambda m, x: x.sum(-1), (2, 4, 0)), "mean_over_empty": (lambda m, x: x.mean((0, 1)), (0, 4, 5)),
-    "var_over_empty": (lambda m, x: x.var(-1), (2, 4, 0)), "expand": (lambda m, x: x.expand(2, -1, -1, -1).sum(0), (0, 4, 5)),
+    "var_over_empty": (lambda m, x: x.var(-1), (2, 4, 0)),
+    "expand": (lambda m, x: x.expand(2, -1, -1, -1).sum(0), (0, 4, 5)),
     "cat_slice": (lambda m, x: torch.cat([x[:, 1:3], x[:, :2] * 2], 1), (0, 4, 5)),
 }
 

@@ -328,11 +328,13 @@ ONNX_CASES = {
     "masked_softmax_mask": (_OpCall(lambda m, s, mask: bops.masked_softmax(s, mask, None, -1)),
                             (torch.randn(2, 5, 6), torch.randn(5, 6)), ("qlower", "masked_softmax")),
     "masked_softmax_lengths": (_OpCall(lambda m, s, n: bops.masked_softmax(s, None, n, -1)),
-                               (torch.randn(3, 2, 4, 6), torch.tensor([6, 2, 0])), ("qlower", "masked_softmax_lengths")),
+                               (torch.randn(3, 2, 4, 6), torch.tensor([6, 2, 0])),
+                               ("qlower", "masked_softmax_lengths")),
     "rotary_half": (_OpCall(lambda m, x: bops.rotary_embedding(x, m.c, m.s, False), c=torch.rand(5, 8),
                             s=torch.rand(5, 8)), (torch.randn(1, 2, 5, 8),), ("qlower", "rotary_embedding")),
     "rotary_interleaved": (_OpCall(lambda m, x: bops.rotary_embedding(x, m.c, m.s, True), c=torch.rand(5, 8),
-                                   s=torch.rand(5, 8)), (torch.randn(1, 2, 5, 8),), ("qlower", "rotary_embedding_interleaved")),
+                                   s=torch.rand(5, 8)), (torch.randn(1, 2, 5, 8),),
+                           ("qlower", "rotary_embedding_interleaved")),
     "kv_cache_update": (_OpCall(lambda m, c, n, p: bops.kv_cache_update(c, n, p)),
                         (torch.randn(1, 2, 6, 4), torch.randn(1, 2, 2, 4), torch.tensor(3)),
                         ("qlower", "kv_cache_update")),
@@ -439,6 +441,7 @@ def test_every_stateless_block_op_is_quantized_at_its_boundary(case):
     op = ops[0]
     for i in BLOCK_OP_ACTIVATION_INPUTS[op.target]:
         assert is_dequantize(op.args[i]), (case, i)
-    others = [a for i, a in enumerate(op.args) if isinstance(a, torch.fx.Node) and i not in BLOCK_OP_ACTIVATION_INPUTS[op.target]]
+    others = [a for i, a in enumerate(op.args)
+              if isinstance(a, torch.fx.Node) and i not in BLOCK_OP_ACTIVATION_INPUTS[op.target]]
     assert not any(is_dequantize(a) for a in others), case
     assert all(is_quantize(u) for u in op.users), case

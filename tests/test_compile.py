@@ -155,7 +155,8 @@ def test_compile_keeps_nothing_of_a_discarded_model(small_net, quantize):
     assert all(counts == first for counts in rest)
     before = set(_loader.eval_cache)
     cm = build()
-    own = {type(m).forward.__code__.co_filename for m in cm.graph_module.modules() if isinstance(m, torch.fx.GraphModule)}
+    own = {type(m).forward.__code__.co_filename for m in cm.graph_module.modules()
+           if isinstance(m, torch.fx.GraphModule)}
     assert own and set(_loader.eval_cache) - before == own
 
 

@@ -31,11 +31,13 @@ def test_to_and_bitwise_aliases_are_renamed_with_the_same_values():
     args = _inputs()
     ep = torch.export.export(MaskArithmetic(), args)
     before = ep.module()(*args)
-    assert {aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.__and__.Tensor, aten.__xor__.Scalar} <= set(_targets(ep.graph_module))
+    assert {aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.__and__.Tensor,
+            aten.__xor__.Scalar} <= set(_targets(ep.graph_module))
     renamed = rename_to_direct_forms(ep.graph_module)
     targets = _targets(ep.graph_module)
     assert renamed >= 5
-    assert not {aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.__and__.Tensor, aten.__xor__.Scalar} & set(targets)
+    assert not {aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.__and__.Tensor,
+                aten.__xor__.Scalar} & set(targets)
     assert aten._to_copy.default in targets and aten.bitwise_and.Tensor in targets
     after = ep.module()(*args)
     assert after.dtype == before.dtype and torch.equal(after, before)

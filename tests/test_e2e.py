@@ -45,7 +45,8 @@ ZOO_TRANSFORMERS = ["transformer", "bert", "vit"]
 
 
 # onnxruntime in the default run; iree (every zoo transformer compiled by iree-compile) under -m slow
-@pytest.mark.parametrize("backend", ["onnxruntime"] + ([pytest.param("iree", marks=pytest.mark.slow)] if HAS_IREE else []))
+@pytest.mark.parametrize("backend",
+                         ["onnxruntime"] + ([pytest.param("iree", marks=pytest.mark.slow)] if HAS_IREE else []))
 @pytest.mark.parametrize("name", ZOO_TRANSFORMERS)
 def test_zoo_transformers_int8_equal_the_reference_bit_for_bit(backend, name):
     """The int8 transformers' outputs equal the reference backend's in every bit (a float final

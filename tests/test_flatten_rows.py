@@ -13,7 +13,8 @@ B, S, N = 2, 4, 8
 
 def _inits():
     rng = np.random.default_rng(0)
-    arrays = {"one": np.float32(1.0), "sx": np.float32(0.05), "zx": np.uint8(128), "w1": rng.integers(-60, 60, (N, N)).astype(np.int8),
+    arrays = {"one": np.float32(1.0), "sx": np.float32(0.05), "zx": np.uint8(128),
+              "w1": rng.integers(-60, 60, (N, N)).astype(np.int8),
               "w2": rng.integers(-60, 60, (N, N)).astype(np.int8), "ws": np.float32(0.002), "wz": np.int8(0),
               "sy": np.float32(0.04), "zy": np.uint8(120), "b": rng.integers(-500, 500, N).astype(np.int32),
               "rows": np.array([-1, N], np.int64), "cube": np.array([B, S, N], np.int64),
@@ -30,7 +31,8 @@ def _block(ln_axis=-1, per_channel_dq=False):
     nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
              helper.make_node("Reshape", ["xq", "rows"], ["xr"]), *_qgemm("xr", "w1", "y2"),
              helper.make_node("Reshape", ["y2", "cube"], ["y"]),
-             helper.make_node("QLinearAdd", ["y", "sy", "zy", "xq", "sx", "zx", "sy", "zy"], ["s"], domain="com.microsoft"),
+             helper.make_node("QLinearAdd", ["y", "sy", "zy", "xq", "sx", "zx", "sy", "zy"], ["s"],
+                              domain="com.microsoft"),
              helper.make_node("DequantizeLinear", ["s", "pc", "pz"] if per_channel_dq else ["s", "sy", "zy"], ["sd"],
                               **({"axis": 2} if per_channel_dq else {})),
              helper.make_node("LayerNormalization", ["sd", "g", "beta"], ["ln"], axis=ln_axis),
@@ -45,7 +47,8 @@ def _block(ln_axis=-1, per_channel_dq=False):
 def _run(nodes, inits):
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, N])],
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, N])], inits)
-    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)])
+    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 23),
+                                                           helper.make_opsetid("com.microsoft", 1)])
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     x = np.random.default_rng(1).standard_normal((B, S, N)).astype(np.float32)
@@ -72,7 +75,8 @@ def test_reshape_pairs_cancel_and_values_are_identical():
     assert [n.op_type for n in again] == ops
 
 
-@pytest.mark.parametrize("kw", [{"ln_axis": 1}, {"per_channel_dq": True}], ids=["layernorm-not-last-axis", "per-channel-dq"])
+@pytest.mark.parametrize("kw", [{"ln_axis": 1}, {"per_channel_dq": True}],
+                         ids=["layernorm-not-last-axis", "per-channel-dq"])
 def test_near_misses_keep_their_reshapes(kw):
     nodes, shapes = _block(**kw)
     before = _run(_copy(nodes), _inits())

@@ -1,10 +1,12 @@
 """Differential fuzzing across backends (issue 17, item 8).
 
 Hypothesis draws small random models from a grammar: a DAG of 2-6 ops (conv2d with random
-stride/padding/dilation/groups, linear, matmul (weight, activation x activation, and attention's pair (x yᵀ) y, whose second product reduces over the sequence), add, mul,
+stride/padding/dilation/groups, linear, matmul (weight, activation x activation, and attention's pair (x yᵀ) y,
+whose second product reduces over the sequence), add, mul,
 relu, clamp, max/avg pool, global mean, reshape/flatten, permute, cat, slice, layer_norm,
 softmax, and the block ops RMSNorm/LayerNorm/GroupNorm/MaskedSoftmax/Attention), random small
-shapes, optionally a dynamic batch dim (and for rank 3 a dynamic sequence dim), random weights with edge ranges (tiny, huge, constant,
+shapes, optionally a dynamic batch dim (and for rank 3 a dynamic sequence dim), random weights with edge ranges
+(tiny, huge, constant,
 zero, per-channel spread over 6 decades), random inputs (tiny, huge, constant), per-tensor and
 per-channel, uint8/int8 activations, static, per-token (run-time row scales) or dynamic (a run-time
 range per tensor) linear inputs,
@@ -43,7 +45,7 @@ import operator
 import os
 import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -109,7 +111,8 @@ class Program:
     per_channel: bool = True
     weight_bits: int = 8
     quantize_mul: bool = False
-    activations: str = "static"   # static | per-token | dynamic (linear inputs quantized per row / per tensor at run time)
+    activations: str = "static"   # static | per-token | dynamic (linear inputs quantized per row / per tensor
+                                  # at run time)
 
     def module(self) -> "FuzzNet":
         return FuzzNet(self).eval()
@@ -875,7 +878,8 @@ def test_fuzz_iree(prog):
     _run(prog, ("iree",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @_settings(_SMOKE_OV)
 @given(prog=programs())
 def test_fuzz_openvino_smoke(prog):
@@ -883,7 +887,8 @@ def test_fuzz_openvino_smoke(prog):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @_settings(_DEFAULT_OV)
 @given(prog=programs())
 def test_fuzz_openvino(prog):
@@ -904,8 +909,8 @@ def test_regression_one_quantum_flip_amplified_by_a_layer_norm_is_the_flip_gain(
     see; it moves one element per row too now (`_quantum_flip_gain`). Not a numerics bug:
     qlower's ONNX model keeps the Q/DQ pair, and ONNX Runtime gives the same answer with every
     graph optimization off."""
-    _check(Program(in_shape=(1, 4, 6, 4), ops=(Op("maxpool", (0,), (1, 2, 0, 2, False)), Op("attention", (0, 0), (True, None)),
-                                               Op("ln_block", (2,), ())),
+    _check(Program(in_shape=(1, 4, 6, 4), ops=(Op("maxpool", (0,), (1, 2, 0, 2, False)),
+                                               Op("attention", (0, 0), (True, None)), Op("ln_block", (2,), ())),
                    weights="zero", inputs="tiny", seed=1926, act="int8", per_channel=True, weight_bits=7))
 
 
@@ -935,7 +940,8 @@ def test_regression_int8_activations_conv_without_vnni(monkeypatch):
     _check(prog)
     ep = qlower.quantize(prog.module(), (prog.sample(0),), [(prog.sample(10 + i),) for i in range(3)],
                          config=prog.config(), backend="onnxruntime")
-    model = onnx.load_from_string(qlower.compile(ep, (prog.sample(0),), backend="onnxruntime").report().compiled[0].onnx)
+    model = onnx.load_from_string(qlower.compile(ep, (prog.sample(0),),
+                                                 backend="onnxruntime").report().compiled[0].onnx)
     weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     conv = next(n for n in model.graph.node if n.op_type == "ConvInteger")
     assert str(weights[conv.input[1]].dtype) == "int8", weights[conv.input[1]].dtype
@@ -983,7 +989,8 @@ def test_regression_onnxruntime_scale_fusion_deletes_a_read_mul():
     MatmulTransposeFusion, deleted the Mul producing y while a MatMul still read it, and the
     session was rejected ("Invalid model. Node input 'mul' is not a graph input ..."): the cluster
     fell back. The session is now retried without that fusion (backends/onnxruntime/__init__.py)."""
-    _check(Program(in_shape=(1, 2, 3), ops=(Op("mul_s", (0,), (0.5,)), Op("mul_s", (1,), (0.0,)), Op("matmul_b", (2, 1))),
+    _check(Program(in_shape=(1, 2, 3), ops=(Op("mul_s", (0,), (0.5,)), Op("mul_s", (1,), (0.0,)),
+                                            Op("matmul_b", (2, 1))),
                    inputs="tiny", seed=3))
 
 
@@ -1054,7 +1061,8 @@ def test_regression_iree_pool_ceil_mode_output_size():
     _check(Program(in_shape=(1, 2, 3, 9), ops=(Op("avgpool", (0,), (3, 3, 0, True, True, None)),)), ("iree",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_ceil_mode_pool_window_in_padding():
     """fp32 max_pool2d(kernel 1, stride 2, dilation 2, ceil_mode=True) on a 6x6 input: OpenVINO
     returned a (4, 4) output where PyTorch's ceil rule drops the last window ((3, 3)): a wrong
@@ -1063,7 +1071,8 @@ def test_regression_openvino_ceil_mode_pool_window_in_padding():
     _check(Program(in_shape=(2, 1, 6, 6), ops=(Op("maxpool", (0,), (1, 2, 0, 2, True)),)), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_block_op_function_with_dynamic_batch():
     """group_norm (a qlower-domain ONNX function) on openvino: "No conversion rule found for
     operations: qlower.group_norm" -- OpenVINO's ONNX frontend does not convert model-local
@@ -1072,7 +1081,8 @@ def test_regression_openvino_block_op_function_with_dynamic_batch():
                    dynamic=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_one_by_one_gemm_after_a_gemm():
     """fp32 x @ W (12 -> 1) then Linear(1, 1): OpenVINO's CPU plugin failed to compile the
     cluster with one inference thread ("Layout rank can't be larger than tensor rank"); found by
@@ -1082,7 +1092,8 @@ def test_regression_openvino_one_by_one_gemm_after_a_gemm():
                    weights="zero", quantize_mul=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 @pytest.mark.parametrize("first", [(2, 3, 3, 0, 1, 1, True), (2, 1, 1, 0, 1, 1, False)])
 def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
     """conv -> 1x1 conv with stride 2 and padding 1: OpenVINO returned (1, 1, 3, 3) where PyTorch
@@ -1092,7 +1103,8 @@ def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
                    inputs="const", seed=6705), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_pointwise_conv_padded_by_two():
     """fp32 1x1 conv, one channel in and out, padding 2: on an AVX2-only AMD EPYC OpenVINO wrote
     unread memory into the last padded column (13 of 242 outputs off by up to 0.46 here, 6e19
@@ -1106,7 +1118,8 @@ def test_regression_openvino_pointwise_conv_padded_by_two():
     assert any("padded by more than 1" in str(f) for f in cm.report().fallbacks), cm.report().fallbacks
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
     """fp32 causal attention over a max-pool output holding -inf (a window in the padding):
     eager's softmax rows are NaN, OpenVINO's fused attention (what the ONNX Attention op becomes)
@@ -1116,12 +1129,15 @@ def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
     inside the cluster is the decomposed attention's job (tests/test_openvino.py,
     test_nan_born_inside_a_cluster_stays_nan_as_in_eager)."""
     _check(Program(in_shape=(2, 6, 6, 7), ops=(Op("clamp", (0,), (None, 6.0)), Op("slice", (1,), (3, 2, 3, 1)),
-                                               Op("maxpool", (2,), (2, 2, 1, 2, False)), Op("attention", (3, 3), (True, None)),
-                                               Op("maxpool", (4,), (1, 1, 0, 1, False)), Op("linear", (5,), (1, False))),
+                                               Op("maxpool", (2,), (2, 2, 1, 2, False)),
+                                               Op("attention", (3, 3), (True, None)),
+                                               Op("maxpool", (4,), (1, 1, 0, 1, False)),
+                                               Op("linear", (5,), (1, False))),
                    weights="normal", inputs="huge", seed=1, weight_bits=7, quantize_mul=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_layer_norm_of_constant_rows_within_its_conditioning():
     """int8 program whose only op is a LayerNorm (tiny weights) of constant rows: OpenVINO's row
     mean is one ulp off eager's, amplified by 1 / sqrt(eps) to 1.9e-5 on outputs near 1e-5. The
@@ -1157,7 +1173,8 @@ def _eager_in_float32_and_float64(prog: Program, x: torch.Tensor) -> tuple[torch
         return prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     """int8, dynamic batch: a LayerNorm row holding 2.8e24 -- PyTorch's fp32 layer_norm overflows
     computing the variance and returns NaN (the reference backend runs PyTorch's kernel), while
@@ -1167,14 +1184,16 @@ def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     which OpenVINO runs in PyTorch): its eps term fp32(eps·n²/s²) underflows to 0 (s ~ 1e22
     here), so a row of equal codes is 0/0 = NaN on both sides, where eager fp32 is NaN too."""
     prog = Program(in_shape=(2, 1, 5), ops=(Op("linear", (0,), (4, False)), Op("matmul_w", (1,), (2,)),
-                                           Op("matmul_a", (2, 2), ()), Op("mul", (3, 3), ()), Op("layer_norm", (4,), ())),
+                                           Op("matmul_a", (2, 2), ()), Op("mul", (3, 3), ()),
+                                           Op("layer_norm", (4,), ())),
                    dynamic=True, weights="huge", seed=208, act="int8", weight_bits=7)
     e32, e64 = _eager_in_float32_and_float64(prog, prog.sample(0))
     assert torch.isnan(e32).any() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
     _check(prog, ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_nan_query_row_in_decomposed_attention():
     """fp32 attention(x, x, x) * x with a NaN in the input: the call runs in PyTorch (NaN/inf
     input), on the openvino backend's legalized graph, where attention is decomposed: the math
@@ -1192,14 +1211,26 @@ def test_regression_nan_activation_from_a_pool_window_in_the_padding():
     """A dilated ceil_mode max-pool on a width-1 tensor has a window entirely in the padding
     (-inf), the group_norm after it NaN: quantizing raised a raw AssertionError inside convert.
     Now a QuantizeError naming the values (tests/test_bad_inputs.py has the minimized model)."""
-    _check(Program(in_shape=(1, 1, 5, 4), ops=(Op(kind='matmul_w', srcs=(0,), args=(1,)), Op(kind='group_norm', srcs=(1,), args=(1, False)), Op(kind='maxpool', srcs=(2,), args=(2, 1, 1, 2, True)), Op(kind='group_norm', srcs=(3,), args=(1, False)), Op(kind='matmul_w', srcs=(4,), args=(4,)), Op(kind='mul', srcs=(5, 0), args=())), dynamic=False, weights='tiny', inputs='normal', seed=2, act='uint8', per_channel=False, weight_bits=7, quantize_mul=False))
+    _check(Program(in_shape=(1, 1, 5, 4), ops=(Op(kind='matmul_w', srcs=(0,), args=(1,)),
+                                               Op(kind='group_norm', srcs=(1,), args=(1, False)),
+                                               Op(kind='maxpool', srcs=(2,), args=(2, 1, 1, 2, True)),
+                                               Op(kind='group_norm', srcs=(3,), args=(1, False)),
+                                               Op(kind='matmul_w', srcs=(4,), args=(4,)),
+                                               Op(kind='mul', srcs=(5, 0), args=())),
+                   dynamic=False, weights='tiny', inputs='normal', seed=2, act='uint8', per_channel=False,
+                   weight_bits=7, quantize_mul=False))
 
 
 def test_regression_int8_pool_window_in_the_padding_last():
     """The same -inf activation as above, with the pool as the last op: the int8 reference
     gave NaN where ONNX Runtime gave a number ("NaN in one output only"). Quantization now
     refuses the non-finite range up front (a typed QuantizeError, counted as an event)."""
-    _check(Program(in_shape=(1, 4, 6, 6), ops=(Op(kind='ln_block', srcs=(0,), args=()), Op(kind='conv', srcs=(1,), args=(1, 1, 1, 1, 2, 1, False)), Op(kind='linear', srcs=(2,), args=(1, False)), Op(kind='maxpool', srcs=(3,), args=(2, 1, 1, 2, False))), dynamic=False, weights='const', inputs='const', seed=1369, act='int8', per_channel=False, weight_bits=8, quantize_mul=True))
+    _check(Program(in_shape=(1, 4, 6, 6), ops=(Op(kind='ln_block', srcs=(0,), args=()),
+                                               Op(kind='conv', srcs=(1,), args=(1, 1, 1, 1, 2, 1, False)),
+                                               Op(kind='linear', srcs=(2,), args=(1, False)),
+                                               Op(kind='maxpool', srcs=(3,), args=(2, 1, 1, 2, False))),
+                   dynamic=False, weights='const', inputs='const', seed=1369, act='int8', per_channel=False,
+                   weight_bits=8, quantize_mul=True))
 
 
 def test_per_token_linears_in_the_grammar():
@@ -1229,7 +1260,8 @@ def test_regression_two_flattens_of_one_input():
                    seed=3, per_channel=False))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_pool_window_larger_than_input():
     """avg_pool2d(kernel 3, stride 2, ceil_mode=True) on a 2-high input: PyTorch pools the
     oversized window into one output, OpenVINO's shape inference rejected the model ("Check
@@ -1240,7 +1272,8 @@ def test_regression_openvino_pool_window_larger_than_input():
            ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
     """fp32 avg_pool2d(kernel 3, stride 3, padding 1, ceil_mode, count_include_pad) on a 6-high
     input: the last window covers row 5, the padding row 6 and row 7 beyond it; PyTorch divides
@@ -1350,8 +1383,8 @@ def test_regression_iree_global_data_tiling_path_self_product():
     points non-zero on that path; such clusters take the dispatch-creation path
     (data_tiling.global_path_hazard)."""
     _check(Program(in_shape=(1, 4, 10), ops=(Op("masked_softmax", (0,), (2, None)), Op("permute", (1,), (2, 1)),
-                                             Op("softmax", (2,), (2,)), Op("permute", (3,), (2, 1)), Op("rms", (4,), ()),
-                                             Op("matmul_a", (5, 5), ())),
+                                             Op("softmax", (2,), (2,)), Op("permute", (3,), (2, 1)),
+                                             Op("rms", (4,), ()), Op("matmul_a", (5, 5), ())),
                    inputs="tiny", seed=16221, act="uint8", per_channel=False, weight_bits=7,
                    activations="per-token"), ("iree",))
 
@@ -1471,8 +1504,8 @@ def test_regression_iree_clamp_to_a_single_value_after_a_requantize(dynamic):
     (tenth session). Such a clamp is now emitted as the constant it is; with a dynamic batch that
     would be a linalg.fill, which IREE sums wrongly (twenty-first session), so it runs in PyTorch."""
     _check(Program(in_shape=(2, 4, 4, 9), ops=(Op("gap", (0,), (False,)), Op("conv", (0,), (1, 2, 1, 2, 1, 1, True)),
-                                               Op("relu", (2,)), Op("attention", (3, 2), (False, None)), Op("relu", (2,)),
-                                               Op("matmul_w", (5,), (1,))),
+                                               Op("relu", (2,)), Op("attention", (3, 2), (False, None)),
+                                               Op("relu", (2,)), Op("matmul_w", (5,), (1,))),
                    dynamic=dynamic, inputs="tiny", seed=0, per_channel=False), ("iree",))
 
 
@@ -1508,7 +1541,8 @@ def test_regression_iree_global_average_pool_after_a_broadcast_weight():
     op invalid accumulator/result vector shape" without), the capability had accepted the
     cluster (fuzz, twelfth session). Fixed by MergeReductionDims (iree legalization)."""
     _check(Program(in_shape=(2, 5, 6, 5), ops=(Op("softmax", (0,), (1,)), Op("conv", (0,), (10, 3, 2, 2, 1, 5, False)),
-                                               Op("rms", (0,), ()), Op("gap", (3,), (False,)), Op("reshape", (4,), (5, 1))),
+                                               Op("rms", (0,), ()), Op("gap", (3,), (False,)),
+                                               Op("reshape", (4,), (5, 1))),
                    weights="huge", inputs="const", seed=1008, act="int8", per_channel=False, weight_bits=7,
                    activations="per-token"), ("iree",))
 
@@ -1587,7 +1621,8 @@ def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter()
     removed, so a constant row divided 0 by 0 (NaN, requantized into garbage: 245 quanta off the
     reference, or a NaN in one output). Found by the onnxruntime fuzz run, twentieth session;
     the rewriter runs without its inexact no-op rules now."""
-    _check(Program(in_shape=(2, 2, 8, 7), ops=(Op("group_norm", (0,), (1, True)), Op("conv", (1,), (4, 1, 3, 0, 1, 2, True)),
+    _check(Program(in_shape=(2, 2, 8, 7), ops=(Op("group_norm", (0,), (1, True)),
+                                               Op("conv", (1,), (4, 1, 3, 0, 1, 2, True)),
                                                Op("ln_block", (1,), ()), Op("layer_norm", (2,), ()),
                                                Op("conv", (4,), (1, 1, 1, 1, 1, 1, True))),
                    weights="huge", inputs="tiny", seed=221, act="uint8", per_channel=False, weight_bits=7),
@@ -1599,7 +1634,8 @@ def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter()
                    per_channel=True, weight_bits=8, activations="per-token"), ("onnxruntime",))
 
 
-@pytest.mark.skipif(not _openvino_available(), reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not _openvino_available(),
+                    reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_constant_multiply_into_a_padded_conv():
     """mul_c (a constant along the last dim) into a padded depthwise conv: OpenVINO folded the
     multiply into the conv and answered 2.4e4 where eager gives 0.07 (logged by the nineteenth
@@ -1645,9 +1681,11 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
     overflowed value (1/sqrt(inf) = 0 leaves the bias): float32 has no answer there, so the
     oracle does not compare those elements (logged by the seventeenth session's onnxruntime fuzz
     run, left open until the twenty-first)."""
-    prog = Program(in_shape=(2, 1, 4), ops=(Op("matmul_b", (0, 0), ()), Op("mul_c", (0,), ()), Op("matmul_b", (0, 1), ()),
+    prog = Program(in_shape=(2, 1, 4), ops=(Op("matmul_b", (0, 0), ()), Op("mul_c", (0,), ()),
+                                            Op("matmul_b", (0, 1), ()),
                                            Op("layer_norm", (3,), ()), Op("matmul_w", (4,), (6,))),
-                   dynamic=True, weights="normal", inputs="huge", seed=1269, act="uint8", per_channel=True, weight_bits=8)
+                   dynamic=True, weights="normal", inputs="huge", seed=1269, act="uint8", per_channel=True,
+                   weight_bits=8)
     e32, e64 = _eager_in_float32_and_float64(prog, prog.sample(100))
     assert torch.isnan(e32).all() and torch.isfinite(e64).all()   # the premise: PyTorch's own overflow
     _check(prog, ("onnxruntime",))
@@ -1661,7 +1699,8 @@ def test_regression_iree_outer_product_of_a_column_slice():
     0 (5 of 10 outputs off by up to 0.18, silently). Fixed in backends/iree/outer_products.py:
     a product with a reduction size of 1 is a broadcast multiply on IREE."""
     _check(Program(in_shape=(2, 12), ops=(Op("clamp", (0,), (0.25, 1.0)), Op("slice", (0,), (1, 11, 12, 2)),
-                                          Op("slice", (2,), (1, 0, 1, 1)), Op("relu", (3,)), Op("matmul_w", (3,), (5,))),
+                                          Op("slice", (2,), (1, 0, 1, 1)), Op("relu", (3,)),
+                                          Op("matmul_w", (3,), (5,))),
                    weights="const", seed=2281, act="uint8", per_channel=False, weight_bits=7,
                    activations="per-token"), ("iree",))
 

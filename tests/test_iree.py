@@ -242,7 +242,8 @@ def test_recurrent_ops_are_refused_up_front(cls):
     torch.manual_seed(0)
     cm = qlower.compile(cls(8, 8, batch_first=True).eval(), (torch.randn(1, 5, 8),), backend="iree")
     reasons = [c.reason for c in cm.report().clusters if c.status == "fallback"]
-    assert any("is not legalized by torch-mlir" in r for r in reasons) and not any("compile failed" in r for r in reasons)
+    assert (any("is not legalized by torch-mlir" in r for r in reasons)
+            and not any("compile failed" in r for r in reasons))
 
 
 _UNLEGALIZED_FLOAT_OPS = {
@@ -738,7 +739,8 @@ def test_dynamic_batch_sizes_cross_cluster_boundaries(monkeypatch):
     cal = [(torch.randn(4, 16, generator=g),) for _ in range(4)]
     dyn = {"x": {0: BATCH}}
     ep = qlower.quantize(model, cal[0], cal, dynamic_shapes=dyn)
-    ref, got = (qlower.compile(ep, cal[0], backend=b, profile="fixed", dynamic_shapes=dyn) for b in ("reference", "iree"))
+    ref, got = (qlower.compile(ep, cal[0], backend=b, profile="fixed", dynamic_shapes=dyn)
+                for b in ("reference", "iree"))
     report = got.report()
     assert [c.reason for c in report.fallbacks] == ["aten::cumsum is in QLOWER_OP_DENYLIST"], str(report)
     assert len([c for c in report.compiled if c.backend == "iree"]) == 2
@@ -1103,7 +1105,8 @@ def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case, pat
     shapes, dynamic, at = _DYNAMIC_MATMULS[case]
     g = torch.Generator().manual_seed(0)
     ex = tuple(torch.randn(*s, generator=g) for s in shapes)
-    program = qlower.quantize(_ReluMatmul(), ex, [tuple(torch.randn(*s, generator=g) for s in shapes) for _ in range(3)],
+    program = qlower.quantize(_ReluMatmul(), ex,
+                              [tuple(torch.randn(*s, generator=g) for s in shapes) for _ in range(3)],
                               dynamic_shapes=dynamic)
     ref = qlower.compile(program, ex, backend="reference", profile="fixed", dynamic_shapes=dynamic)
     got = qlower.compile(program, ex, backend="iree", profile="fixed", dynamic_shapes=dynamic,
@@ -1126,7 +1129,8 @@ def test_int8_linears_with_batch_and_sequence_dynamic_bit_exact():
     g = torch.Generator().manual_seed(0)
     ex = (torch.randn(2, 16, 64, generator=g),)
     dynamic = ({0: _BATCH, 1: _SEQ},)
-    program = qlower.quantize(model, ex, [(torch.randn(2, 16, 64, generator=g),) for _ in range(3)], dynamic_shapes=dynamic)
+    program = qlower.quantize(model, ex, [(torch.randn(2, 16, 64, generator=g),) for _ in range(3)],
+                              dynamic_shapes=dynamic)
     ref, got = (qlower.compile(program, ex, backend=b, profile="fixed", dynamic_shapes=dynamic)
                 for b in ("reference", "iree"))
     assert len(got.report().compiled) == 1 and not got.report().fallbacks
@@ -1376,7 +1380,8 @@ def test_float_op_sized_by_another_input_is_passed_its_size(dynamic):
     assert ("aten::slice.Tensor" in report.compiled[0].ops) == dynamic
     if dynamic:
         cluster = next(m for m in got._executable.module.modules() if getattr(m, "mlir", None))
-        assert "arith.index_cast %dim : index to i64" in cluster.mlir and "(%arg0: i64) -> tensor<1x?xi64>" in cluster.mlir
+        assert ("arith.index_cast %dim : index to i64" in cluster.mlir
+                and "(%arg0: i64) -> tensor<1x?xi64>" in cluster.mlir)
     for s in ((3, 8, 20) if dynamic else (8,)):
         x, i = torch.randn(2, s, 16, generator=g), torch.zeros(2, s, dtype=torch.int64)
         assert_equal(ref(x, i), got(x, i))
@@ -1504,7 +1509,8 @@ def test_pairwise_advanced_indexing_with_a_dynamic_batch_is_refused_up_front(dyn
     front with the reason; near miss: static, it compiles."""
     h, i = torch.randn(2, 5, 4), torch.tensor([1, 3])
     batch = torch.export.Dim("batch", min=2, max=8)
-    cm = qlower.compile(_PairIndex(), (h, i), backend="iree", dynamic_shapes=({0: batch}, {0: batch}) if dynamic else None)
+    cm = qlower.compile(_PairIndex(), (h, i), backend="iree",
+                        dynamic_shapes=({0: batch}, {0: batch}) if dynamic else None)
     report = cm.report()
     assert not any("failed" in (c.reason or "") for c in report.clusters)
     refused = [c for c in report.fallbacks if "aten::index.Tensor" in c.reason]
@@ -1785,7 +1791,8 @@ def test_float_cluster_carries_the_declared_ranges_of_its_dynamic_dims():
             torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("fn", [lambda x: x.var(-1), lambda x: x.std(-1, correction=0), lambda x: torch.var_mean(x, -1)[0]])
+@pytest.mark.parametrize("fn", [lambda x: x.var(-1), lambda x: x.std(-1, correction=0),
+                                lambda x: torch.var_mean(x, -1)[0]])
 def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
     """IREE gives 0 for the variance of nothing, eager NaN (a silent wrong answer until the
     eighteenth session). FoldEmptyTensors computes it at compile time; without that pass the
@@ -1829,7 +1836,8 @@ def _unpool(x):
 _WRONG_ON_IREE = {   # (function, input, op): each compiled and answered wrongly before
     "logcumsumexp": (lambda x: torch.logcumsumexp(x, 1), torch.randn(5, 5, 5), "logcumsumexp"),
     "grid_sample": (lambda x: torch.nn.functional.grid_sample(x, x[:, :2].permute(0, 2, 3, 1) * 1.5,
-                                                              align_corners=False), torch.randn(2, 3, 5, 5), "grid_sampler"),
+                                                              align_corners=False),
+                    torch.randn(2, 3, 5, 5), "grid_sampler"),
     "max_unpool1d": (_unpool, torch.randn(1, 2, 6), "max_unpool2d"),
 }
 
@@ -1842,7 +1850,8 @@ def test_ops_measured_wrong_on_iree_run_in_pytorch(case):
     from conftest import Fn
     fn, x, op = _WRONG_ON_IREE[case]
     cm = qlower.compile(Fn(fn), (x,), backend="iree")
-    assert any(op in (c.reason or "") and "answers wrongly" in c.reason for c in cm.report().fallbacks), str(cm.report())
+    assert any(op in (c.reason or "") and "answers wrongly" in c.reason
+               for c in cm.report().fallbacks), str(cm.report())
     torch.testing.assert_close(cm(x), fn(x))
 
 

@@ -22,7 +22,8 @@ func.func @main(%x: tensor<1x{m}x{k}xi8>) -> tensor<1x{m}x{m}xi32> {{
   %t = tosa.transpose %x perms([0, 2, 1]) : (tensor<1x{m}x{k}xi8>) -> tensor<1x{k}x{m}xi8>
   %za = tosa.const values(dense<{zp_a}> : tensor<1xi8>) : () -> tensor<1xi8>
   %zb = tosa.const values(dense<{zp_b}> : tensor<1xi8>) : () -> tensor<1xi8>
-  %p = tosa.matmul %x, %t, %za, %zb : (tensor<1x{m}x{k}xi8>, tensor<1x{k}x{m}xi8>, tensor<1xi8>, tensor<1xi8>) -> tensor<1x{m}x{m}xi32>
+  %p = tosa.matmul %x, %t, %za, %zb : (tensor<1x{m}x{k}xi8>, tensor<1x{k}x{m}xi8>, tensor<1xi8>, tensor<1xi8>) \
+-> tensor<1x{m}x{m}xi32>
   return %p : tensor<1x{m}x{m}xi32>
 }}"""
 

@@ -10,7 +10,6 @@ import torch
 pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
 pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install -e .[iree])")
 
-import qlower  # noqa: E402
 from qlower.backends.iree import IreeBackend, IreeOptions  # noqa: E402
 
 ops = torch.ops.qlower

@@ -49,7 +49,8 @@ def test_microkernels_resolved_per_cluster_by_its_op_mix():
     assert not any("ukernels" in f for f in IreeOptions().compile_flags())   # unresolved: no flag
     assert not any("ukernels" in f for f in IreeOptions.for_target("cuda:sm_80").resolved_for(cnn_ops).compile_flags())
     pinned = IreeOptions(ukernels="none")
-    assert pinned.resolved_for(cnn_ops).ukernels == "none" and "--iree-llvmcpu-enable-ukernels=none" in pinned.compile_flags()
+    assert (pinned.resolved_for(cnn_ops).ukernels == "none"
+            and "--iree-llvmcpu-enable-ukernels=none" in pinned.compile_flags())
     with pytest.raises(BackendError, match="unknown ukernels setting"):
         IreeOptions(ukernels="fast")
 
@@ -66,7 +67,8 @@ def test_data_tiling_path_resolved_per_cluster_by_its_op_mix():
     assert "--iree-global-opt-data-tiling" in IreeOptions().resolved_for(vit_ops).compile_flags()
     assert "--iree-opt-data-tiling" in IreeOptions.for_target("cuda:sm_80").resolved_for(vit_ops).compile_flags()
     assert "--iree-opt-data-tiling" in IreeOptions(data_tiling_path="dispatch").resolved_for(vit_ops).compile_flags()
-    assert "--iree-global-opt-data-tiling" in IreeOptions(data_tiling_path="global").resolved_for(cnn_ops).compile_flags()
+    assert ("--iree-global-opt-data-tiling"
+            in IreeOptions(data_tiling_path="global").resolved_for(cnn_ops).compile_flags())
     assert not any("data-tiling" in f for f in IreeOptions(data_tiling=False).resolved_for(vit_ops).compile_flags())
     with pytest.raises(BackendError, match="unknown data_tiling_path"):
         IreeOptions(data_tiling_path="late")
@@ -118,7 +120,8 @@ def test_compiling_for_a_driver_without_a_device_is_a_typed_error_with_the_expor
         pass
     model = torch.nn.Linear(4, 4).eval()
     with pytest.raises(BackendError, match="driver 'cuda' has no device") as info:
-        qlower.compile(model, (torch.randn(2, 4),), backend="iree", backend_options=IreeOptions.for_target("cuda:sm_80"))
+        qlower.compile(model, (torch.randn(2, 4),), backend="iree",
+                       backend_options=IreeOptions.for_target("cuda:sm_80"))
     assert "--iree-target cuda:sm_80" in str(info.value)
 
 
@@ -168,7 +171,8 @@ def test_device_check_bundle_runs_with_its_own_script_and_catches_a_wrong_module
     times every module with numpy + iree.runtime and no torch, and fails on a wrong answer."""
     from qlower.bench.device_check import prepare
     bundle = tmp_path / "bundle"
-    manifest = prepare(bundle, "llvm-cpu", models=["cnn"], batch=2, modes=("int8-fixed", "fp32"), progress=lambda m: None)
+    manifest = prepare(bundle, "llvm-cpu", models=["cnn"], batch=2, modes=("int8-fixed", "fp32"),
+                       progress=lambda m: None)
     names = [e["name"] for e in manifest["entries"]]
     assert names[:3] == ["cnn-int8-fixed", "cnn-int8-fixed-nodt", "cnn-fp32"] and manifest["driver"] == "local-sync"
     assert sum(n.startswith("numerics-requantize-") for n in names) == 6   # both profiles x 3 outputs

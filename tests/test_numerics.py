@@ -252,7 +252,8 @@ def test_integer_mean_rounds_half_to_even_exactly():
     rng = np.random.default_rng(3)
     for n in (2, 4, 49, 64):
         q = torch.tensor(rng.integers(0, 256, size=(3, n)), dtype=torch.uint8)
-        q[0] = torch.tensor([10 + (i % 2) for i in range(n)], dtype=torch.uint8)  # n/2 elements +1: tie at .5 when n/2 odd
+        # n/2 elements +1: tie at .5 when n/2 odd
+        q[0] = torch.tensor([10 + (i % 2) for i in range(n)], dtype=torch.uint8)
         got = N.mean_integer(q, 7, [1], False, 0, 255, torch.uint8).tolist()
         want = [max(0, min(255, rne(Fraction(sum(int(v) - 7 for v in row), n)) + 7)) for row in q.tolist()]
         assert got == want

@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=int, default=120, help="seconds per op")
     p.add_argument("--only", nargs="*", help="op names (default: every float32 op in op_db)")
     p.add_argument("--backend", default="onnxruntime", help="the engine to sweep (the expectation is onnxruntime's)")
-    p.add_argument("--samples", type=int, default=SAMPLES_PER_OP, help="samples per op (fewer for a slow engine's sweep)")
+    p.add_argument("--samples", type=int, default=SAMPLES_PER_OP,
+                   help="samples per op (fewer for a slow engine's sweep)")
     p.add_argument("--expected", action="store_true", help=f"write {EXPECTED.name} from --out, print the numbers")
     args = p.parse_args(argv)
     os.environ.setdefault("QLOWER_CACHE_DIR", "off")
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
         r = json.loads(ln)
         results[r["op"]] = r
     summarize(results, len(ops))
-    EXPECTED.write_text(json.dumps({n: outcome_class(r["outcome"]) for n, r in sorted(results.items())}, indent=1) + "\n")
+    EXPECTED.write_text(json.dumps({n: outcome_class(r["outcome"]) for n, r in sorted(results.items())},
+                                   indent=1) + "\n")
 
 
 def _bucket(outcome: str) -> str:
@@ -360,13 +362,15 @@ def _bucket(outcome: str) -> str:
     import re
     parts = outcome.split(": ", 2)
     why = parts[-1] if outcome.startswith("fallback") and len(parts) == 3 else outcome.split(": ", 1)[-1]
-    rules = [(r"dtype (torch\.\w+) is not compiled", r"dtype \1 is not compiled for ONNX Runtime (qlower's dtype list)"),
+    rules = [(r"dtype (torch\.\w+) is not compiled",
+              r"dtype \1 is not compiled for ONNX Runtime (qlower's dtype list)"),
              (r"No ONNX function found for <OpOverload\(op='([\w.]+)'", r"translation failed: torchlib has no \1"),
              (r"Could not find an implementation for (\w+)", r"ONNX Runtime has no CPU kernel for \1"),
              (r"view Float as Byte", "qlower: cluster cache key fails on a 0-d constant (cache.py view(uint8))"),
              (r"^(aten::\w+): torch.onnx has no translation", r"not in torchlib: \1"),
              (r"torch.onnx has no translation", "not in torchlib"),
-             (r"Required parameter '(\w+)' is not provided.*torch_lib::(\w+)", r"translation failed: torchlib \2 requires \1"),
+             (r"Required parameter '(\w+)' is not provided.*torch_lib::(\w+)",
+              r"translation failed: torchlib \2 requires \1"),
              (r"(INVALID_GRAPH|INVALID_ARGUMENT|FAIL) : .*?(Op \(\w+\)|Optype \(\w+\)|\(\"node_(\w+?)_\d+)",
               r"ONNX Runtime rejects the model (\1)"),
              (r"^run failed", "ONNX Runtime run failed"),

@@ -186,7 +186,8 @@ def test_onnxruntime_preset_without_vnni_keeps_8_bit_weights_in_per_token_linear
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 6)
     monkeypatch.setattr(cpu, "has_vnni", lambda: False)
-    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer", backend="onnxruntime")
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer",
+                         backend="onnxruntime")
     assert _weight_ranges(ep) == {"conv2d": (-63, 63), "linear": (-127, 127)}
     ort, ref = (qlower.compile(ep, (x,), backend=b) for b in ("onnxruntime", "reference"))
     assert "MatMulIntegerToFloat" in _onnx_ops(ort) and not ort.report().fallbacks
@@ -197,7 +198,8 @@ def test_onnxruntime_preset_without_vnni_keeps_8_bit_weights_in_per_token_linear
                         backend="onnxruntime")
     assert any(n.startswith("7-bit weights outside per-token linears") for n in cm.report().notes), cm.report().notes
     monkeypatch.setattr(cpu, "has_vnni", lambda: True)
-    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer", backend="onnxruntime")
+    ep = qlower.quantize(ConvThenLinear().eval(), (x,), _calibration((2, 3, 6, 6)), "transformer",
+                         backend="onnxruntime")
     assert _weight_ranges(ep) == {"conv2d": (-127, 127), "linear": (-127, 127)}
 
 
@@ -267,7 +269,8 @@ def test_ort_fusion_with_row_scales_stays_off():
     model, x = Mlp(bias=False).eval(), torch.randn(4, 32)
     ep = qlower.quantize(model, (x,), _calibration((4, 32)), PER_TOKEN)
     xi = x * torch.tensor([[0.01], [1.0], [100.0], [3.0]])
-    assert torch.equal(qlower.compile(ep, (x,), backend="onnxruntime")(xi), qlower.compile(ep, (x,), backend="reference")(xi))
+    assert torch.equal(qlower.compile(ep, (x,), backend="onnxruntime")(xi),
+                       qlower.compile(ep, (x,), backend="reference")(xi))
 
 
 def test_dynamic_batch_and_sequence_on_onnxruntime():

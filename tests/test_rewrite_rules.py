@@ -85,5 +85,6 @@ def test_the_rewritten_model_computes_what_the_original_does(x):
     import onnxruntime as ort
     model = ir.serde.deserialize_model(_model())
     rewriter.RewritePass(list(rewrite_rules.exact_rewrite_rules()))(model)
-    run = lambda proto: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    run = lambda proto: ort.InferenceSession(proto.SerializeToString(),
+                                             providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(run(ir.serde.serialize_model(model)), run(_model()))

@@ -13,8 +13,8 @@ def test_sensitivity_ranks_every_layer_worst_first_and_keep_float_helps():
     model, x = entry.model(), entry.inputs(1)
     layers = sensitivity(model, x, entry.calibration(4))
     assert len(layers) == 12  # 8 linears + 4 matmuls
-    assert [l.sqnr_db for l in layers] == sorted(l.sqnr_db for l in layers)
-    assert all(10 < l.sqnr_db < 80 for l in layers)
+    assert [layer.sqnr_db for layer in layers] == sorted(layer.sqnr_db for layer in layers)
+    assert all(10 < layer.sqnr_db < 80 for layer in layers)
     worst = layers[0].module
     base = qlower.compile(model, x, quantize="int8", calibration=entry.calibration(4), backend="reference")
     kept = qlower.compile(model, x, quantize=qlower.QuantConfig(keep_float=(worst,)),

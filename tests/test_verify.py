@@ -82,17 +82,17 @@ def bad_report():
 def test_table_is_sorted_worst_first_and_the_bad_layer_leads(bad_report):
     _, _, _, report = bad_report
     assert isinstance(report, VerifyReport)
-    assert [l.module for l in report.layers] and len(report.layers) == 3
-    own = [l.sqnr_db for l in report.layers]
+    assert [layer.module for layer in report.layers] and len(report.layers) == 3
+    own = [layer.sqnr_db for layer in report.layers]
     assert own == sorted(own)
     worst = report.worst
     assert worst.module == "fc2" and worst.op == "linear" and worst.quantized
-    assert worst.sqnr_db < 5 < 25 < min(l.sqnr_db for l in report.layers[1:])
+    assert worst.sqnr_db < 5 < 25 < min(layer.sqnr_db for layer in report.layers[1:])
     # the weight statistic names the cause: max|w| / median|w| of the worst output channel
     assert worst.weight is not None and worst.weight.peak_to_median > 1000
-    assert all(l.weight.peak_to_median < 20 for l in report.layers[1:])
+    assert all(layer.weight.peak_to_median < 20 for layer in report.layers[1:])
     # fc3's own error is small; in the quantized model it inherits fc2's
-    fc3 = next(l for l in report.layers if l.module == "fc3")
+    fc3 = next(layer for layer in report.layers if layer.module == "fc3")
     assert fc3.sqnr_db > 25 and fc3.sqnr_db_in_model < 10
     # activation statistics of fc2's input: channel DEAD is all zeros, values are >= 0 (after relu)
     stats = report.stats["fc2"]
@@ -122,7 +122,7 @@ def test_smoothquant_suggestion_is_measured_on_an_outlier_channel():
     inputs, calibration = _batches(4, 1, (1, 32, 64)), _batches(8, 0, (1, 32, 64))
     config = qlower.QuantConfig(requantize_outputs=False)
     report = qlower.verify(model, inputs, calibration, config, suggest=0)
-    gate = next(l for l in report.layers if l.module == "gate")
+    gate = next(layer for layer in report.layers if layer.module == "gate")
     assert gate.input.top_channel == 3 and gate.input.channel_ratio > 10
     sq = next(s for s in report.suggestions if s.action == "smoothquant_on")
     assert sq.recommended and sq.gain_db > 0.5  # measured 1.7 dB (19.1 -> 20.8)
@@ -173,7 +173,7 @@ def test_html_is_one_self_contained_file_with_table_and_svg(bad_report, tmp_path
     assert "script" not in page.tags and "link" not in page.tags and "img" not in page.tags
     assert page.tags.count("svg") >= 2 + len(report.layers)  # two charts and a bar in every row
     rows = [r for r in page.rows if r and r[0].isdigit()]
-    assert [r[1] for r in rows] == [l.label() for l in report.layers]  # the table rows, worst first
+    assert [r[1] for r in rows] == [layer.label() for layer in report.layers]  # the table rows, worst first
     assert rows[0][1] == "fc2"
     assert "keep fc2 in float" in text and "recommended" in text
 

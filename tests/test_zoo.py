@@ -8,7 +8,8 @@ from qlower import zoo
 from qlower.report import sqnr_db
 
 EXPECTED_FALLBACK: dict[str, str] = {}  # model -> expected fallback reason (none today)
-MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "transformer-blockops": 25, "vit": 18, "bert": 18, "decoder": 25, "lstm": 25}
+MIN_SQNR = {"cnn": 25, "mobilenet": 30, "transformer": 25, "transformer-blockops": 25, "vit": 18, "bert": 18,
+            "decoder": 25, "lstm": 25}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in zoo.ZOO if not n.startswith("hf-")))  # hf-*: test_hf.py

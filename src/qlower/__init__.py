@@ -27,5 +27,6 @@ from .runtime import CompiledModule, load  # noqa: E402
 from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
 __all__ = ["__version__", "blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
-           "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY", "QlowerError", "CaptureError",
+           "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY",
+           "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]

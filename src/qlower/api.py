@@ -140,7 +140,8 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
         selector = default_selector()
         backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
         selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
-                                    float_outputs=lambda: _float_outputs(model, example_inputs) if requantizes or prequantized else None,
+                                    float_outputs=lambda: (_float_outputs(model, example_inputs)
+                                                           if requantizes or prequantized else None),
                                     source_digest=lambda: source_digest(source(), calibration if requantizes else None))
         chosen, program, executable = selection.backend, selection.program, selection.executable
     else:

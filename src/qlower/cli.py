@@ -22,7 +22,8 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
-         backend: str = typer.Option("auto", help="auto (fastest correct engine, measured) | onnxruntime | openvino | iree | reference"),
+         backend: str = typer.Option("auto", help="auto (fastest correct engine, measured) | onnxruntime | openvino | "
+                                     "iree | reference"),
          runs: int = typer.Option(10, help="timed runs per stack (median reported)")):
     """Quantize, compile and run the built-in models; print accuracy and latency."""
     from .demo import run_demo
@@ -46,7 +47,8 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
 @app.command()
 def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo models (default: the suite's)"),
           stacks: Optional[str] = typer.Option(None, help="comma-separated stacks (default: the suite's)"),
-          batch: Optional[str] = typer.Option(None, help="comma-separated batch sizes, e.g. 1,8 (default: the suite's)"),
+          batch: Optional[str] = typer.Option(None, help="comma-separated batch sizes, e.g. 1,8 "
+                                              "(default: the suite's)"),
           suite: str = typer.Option("default", help="default: small zoo models, batch 1 | quick: smoke run | "
                                     "real: MiniLM/BERT-base/ResNet-50/SmolLM2 sizes at batch 1 and 8"),
           quick: bool = typer.Option(False, help="same as --suite quick (2 models, fast stacks, 2 rounds, < 3 min)"),
@@ -95,8 +97,10 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
 
 @app.command("device-check")
 def device_check(out: Path = typer.Argument(..., help="the bundle's folder"),
-                 iree_target: str = typer.Option("cuda:sm_80", help="IREE target, backend[:arch] (see `qlower export`)"),
-                 models: str = typer.Option(",".join(("cnn", "transformer", "transformer-blockops", "mobilenet", "vit", "bert")),
+                 iree_target: str = typer.Option("cuda:sm_80",
+                                                 help="IREE target, backend[:arch] (see `qlower export`)"),
+                 models: str = typer.Option(",".join(("cnn", "transformer", "transformer-blockops", "mobilenet", "vit",
+                                                      "bert")),
                                             help="comma-separated zoo models"),
                  batch: int = typer.Option(8, help="the modules' (static) batch size")):
     """Compile zoo models here for an IREE device (a GPU) into a bundle that a machine with only
@@ -117,9 +121,11 @@ def device_check(out: Path = typer.Argument(..., help="the bundle's folder"),
 def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program, Q/DQ program or qlower artifact)"),
            out: Path = typer.Argument(..., help="output file"),
            format: str = typer.Option("onnx", help="onnx | mlir | vmfb | pt2"),
-           profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the reference run it, ONNX Runtime does not)"),
+           profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the "
+                                       "reference run it, ONNX Runtime does not)"),
            iree_target: str = typer.Option(None, help="mlir/vmfb: compile for this IREE target instead of this CPU, "
-                                                      "backend[:arch]: cuda:sm_80 | rocm:gfx942 | vulkan-spirv:ampere | llvm-cpu:znver4")):
+                                                      "backend[:arch]: cuda:sm_80 | rocm:gfx942 | vulkan-spirv:ampere "
+                                                      "| llvm-cpu:znver4")):
     """Export a saved program as one ONNX file, one IREE module (.mlir as emitted, or compiled
     .vmfb for iree-run-module, for this CPU or --iree-target's device) or .pt2; says which nodes
     prevent it otherwise."""
@@ -219,7 +225,8 @@ def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) 
            suggest: int = typer.Option(3, help="how many of the worst layers' modules to try in float"),
            json_out: Optional[Path] = typer.Option(None, "--json", help="also write the report as JSON"),
            charts: Optional[Path] = typer.Option(None, help="also write the two charts as SVG files into this "
-                                                 "folder (<out stem>-layer-sqnr.svg, <out stem>-activation-ranges.svg)"),
+                                                 "folder (<out stem>-layer-sqnr.svg, "
+                                                 "<out stem>-activation-ranges.svg)"),
            top: int = typer.Option(10, help="layers printed here (the HTML has all)")):
     """Float vs quantized on the same inputs: per-layer SQNR (worst first), activation outlier
     statistics, measured suggestions (layers to keep float, SmoothQuant), one HTML report."""

@@ -82,7 +82,8 @@ NEAR_MISSES = {
     "per-channel dequantize": (PerChannel, (2, 3, 8)),
     "over two dims": (lambda: QLayerNorm(dims=2), (2, 4, 64)),
     "computed weight": (ComputedWeight, (2, 64)),
-    "N beyond int32 sums": (lambda: QLayerNorm(n=numerics.LAYER_NORM_MAX_N + 1, affine=False), (1, numerics.LAYER_NORM_MAX_N + 1)),
+    "N beyond int32 sums": (lambda: QLayerNorm(n=numerics.LAYER_NORM_MAX_N + 1, affine=False),
+                            (1, numerics.LAYER_NORM_MAX_N + 1)),
 }
 
 

@@ -20,7 +20,8 @@ def _inputs(dtype=torch.float32):
     src = torch.randn(4, 5, generator=g)
     if not dtype.is_floating_point:
         x, src = (x * 10).to(dtype), (src * 10).to(dtype)
-    index = torch.tensor([[0, 1, 0, 3, 0], [0, 1, 2, 3, 0], [2, 1, 0, 0, 0], [0, 0, 0, 3, 0]])   # repeats in every column
+    # repeats in every column
+    index = torch.tensor([[0, 1, 0, 3, 0], [0, 1, 2, 3, 0], [2, 1, 0, 0, 0], [0, 0, 0, 3, 0]])
     return x, index, src
 
 

@@ -74,7 +74,8 @@ def computable_from(val, symbols: frozenset) -> bool:
     expr = getattr(getattr(val, "node", None), "expr", None)
     if expr is None:
         return False
-    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(expr)) \
+    return all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul))
+               for a in sympy.preorder_traversal(expr)) \
         and expr.free_symbols <= symbols
 
 

@@ -18,4 +18,5 @@ from .suites import SUITES, Suite
 
 __all__ = ["DEFAULT_STACKS", "FORMULATIONS", "QUICK_STACKS", "STACKS", "SUITES", "LogCapture", "PeerUnavailable",
            "StackResult", "Suite", "best_peer_ratios", "build_stack", "canonical_cell", "machine_info",
-           "paired_ratios", "partition_scaling", "ratio_lines", "require", "rich_table", "run_bench", "run_plan", "write_outputs"]
+           "paired_ratios", "partition_scaling", "ratio_lines", "require", "rich_table", "run_bench", "run_plan",
+           "write_outputs"]

@@ -138,7 +138,8 @@ def _numerics_modules():
             yield (f"requantize-{profile}-{str(dtype)[6:]}-zp{zp}", _Requantize(EDGE_SCALES, zp, dtype, profile),
                    (tie_vector(len(EDGE_SCALES)),))
     for scale, zp, dtype in ((0.00214854861, 0, torch.uint8), (1.0, 1, torch.uint8), (0.0173, -5, torch.int8)):
-        yield f"quantize-{scale}-{str(dtype)[6:]}-zp{zp}", QuantizeDequantize(scale, zp, dtype), (quantize_edges(scale),)
+        yield (f"quantize-{scale}-{str(dtype)[6:]}-zp{zp}", QuantizeDequantize(scale, zp, dtype),
+               (quantize_edges(scale),))
 
 
 def _numerics_cases():

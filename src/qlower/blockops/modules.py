@@ -95,7 +95,8 @@ def _merge_masks(attn_mask, key_padding_mask, dtype):
             if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
     if key_padding_mask is not None:
         kp = key_padding_mask[:, None, None, :]
-        kp = torch.zeros(kp.shape, dtype=dtype).masked_fill(kp, float("-inf")) if kp.dtype == torch.bool else kp.to(dtype)
+        kp = (torch.zeros(kp.shape, dtype=dtype).masked_fill(kp, float("-inf")) if kp.dtype == torch.bool
+              else kp.to(dtype))
         mask = kp if mask is None else mask + kp
     return mask
 

@@ -70,7 +70,8 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise QlowerError(f"{name}={raw!r} is not a positive integer", hint=f"{VARIABLES[name]}; unset it for the default")
+        raise QlowerError(f"{name}={raw!r} is not a positive integer",
+                          hint=f"{VARIABLES[name]}; unset it for the default")
     return value
 
 

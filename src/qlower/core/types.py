@@ -85,10 +85,11 @@ class CompileReport:
     def lowered_fraction(self) -> tuple[int, int]:
         """(integer conv/linear/matmul ops, all conv/linear/matmul ops) in the final graph."""
         integer = sum(v for k, v in self.op_counts.items()
-                      if k.split(".")[0] in ("qlower::conv1d", "qlower::conv2d", "qlower::linear", "qlower::linear_dynamic",
-                                             "qlower::matmul"))
+                      if k.split(".")[0] in ("qlower::conv1d", "qlower::conv2d", "qlower::linear",
+                                             "qlower::linear_dynamic", "qlower::matmul"))
         floating = sum(v for k, v in self.op_counts.items()
-                       if k.split(".")[0] in ("aten::conv1d", "aten::conv2d", "aten::linear", "aten::matmul", "aten::bmm"))
+                       if k.split(".")[0] in ("aten::conv1d", "aten::conv2d", "aten::linear", "aten::matmul",
+                                              "aten::bmm"))
         return integer, integer + floating
 
     def to_dict(self) -> dict:

@@ -55,7 +55,8 @@ def _run_qlinear_add(sa, za, sb, zb, sy, zy) -> np.ndarray:
     from onnx import TensorProto, helper
     n = _PAIRS_A.size
     scalars = [helper.make_tensor(name, TensorProto.FLOAT, [], [v]) for name, v in (("sa", sa), ("sb", sb), ("sy", sy))]
-    scalars += [helper.make_tensor(name, TensorProto.UINT8, [], [v]) for name, v in (("za", za), ("zb", zb), ("zy", zy))]
+    scalars += [helper.make_tensor(name, TensorProto.UINT8, [], [v])
+                for name, v in (("za", za), ("zb", zb), ("zy", zy))]
     graph = helper.make_graph(
         [helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")],
         "qlinear_add_proof", [helper.make_tensor_value_info(x, TensorProto.UINT8, [n]) for x in ("a", "b")],
@@ -123,7 +124,8 @@ def qlinear_global_average_pool_exact(size: int, scale: float, zp: int) -> bool:
 
 def _run_qlinear_global_average_pool(x: np.ndarray, scale: float, zp: int) -> np.ndarray:
     from onnx import TensorProto, helper
-    consts = [helper.make_tensor("s", TensorProto.FLOAT, [], [scale]), helper.make_tensor("z", TensorProto.UINT8, [], [zp])]
+    consts = [helper.make_tensor("s", TensorProto.FLOAT, [], [scale]),
+              helper.make_tensor("z", TensorProto.UINT8, [], [zp])]
     graph = helper.make_graph(
         [helper.make_node("QLinearGlobalAveragePool", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft",
                           channels_last=0)],

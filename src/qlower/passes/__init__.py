@@ -24,10 +24,16 @@ from .tabulate_pointwise import TabulatePointwise
 
 
 def default_pipeline() -> list[Pass]:
-    return [DropEvalDropout(), InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(), FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(), FoldQuantizedConstants(), PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
+    return [DropEvalDropout(), InlineGradModeRegions(), DropMetadataAsserts(), MaskedSelectBounds(),
+            FunctionalizeState(), RnnSeqFirst(), FoldEmptyTensors(), FoldFloatConstants(), AttachQParams(),
+            FoldQuantizedConstants(),
+            PropagateDequantize(), LowerPerTokenLinear(), LowerDynamicLinear(), LowerQDQ(), CanonicalizeQDQ(),
             FoldScaleIntoDequantize(), TabulatePointwise(), IntegerLayerNorm(), IntegerRMSNorm(), IntegerSoftmax()]
 
 
 __all__ = ["Pass", "PassContext", "PassManager", "verify", "default_pipeline",
-           "AttachQParams", "DropEvalDropout", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors", "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants", "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ", "CanonicalizeQDQ",
+           "AttachQParams", "DropEvalDropout", "DropMetadataAsserts", "MaskedSelectBounds", "FoldEmptyTensors",
+           "FoldFloatConstants", "FunctionalizeState", "InlineGradModeRegions", "FoldQuantizedConstants",
+           "PropagateDequantize", "RnnSeqFirst", "LowerPerTokenLinear", "LowerDynamicLinear", "LowerQDQ",
+           "CanonicalizeQDQ",
            "FoldScaleIntoDequantize", "TabulatePointwise", "IntegerLayerNorm", "IntegerRMSNorm", "IntegerSoftmax"]

@@ -18,7 +18,8 @@ def dequantize_node(gm: GraphModule, q: Node, qp: QParams, like: Node) -> Node:
     if qp.per_channel:
         scale = add_constant(gm, qp.scale_tensor(), "scale")
         zp = add_constant(gm, torch.tensor(qp.zero_point, dtype=torch.int64), "zp")
-        node = call(gm, qd.dequantize_per_channel.default, (q, scale, zp, qp.axis, qp.qmin, qp.qmax, qp.dtype), like=like)
+        node = call(gm, qd.dequantize_per_channel.default, (q, scale, zp, qp.axis, qp.qmin, qp.qmax, qp.dtype),
+                    like=like)
     else:
         node = call(gm, qd.dequantize_per_tensor.default,
                     (q, qp.scale[0], qp.zero_point[0], qp.qmin, qp.qmax, qp.dtype), like=like)

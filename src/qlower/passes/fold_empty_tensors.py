@@ -78,7 +78,8 @@ def _evaluated_on_empty_inputs(node: Node):
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     try:
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # eager's own warning ("var(): degrees of freedom is <= 0") is for run time
+            # eager's own warning ("var(): degrees of freedom is <= 0") is for run time
+            warnings.simplefilter("ignore")
             return node.target(*args, **kwargs)
     except Exception:   # eager's own error on empty input: left for run time, where eager raises it
         return None

@@ -70,7 +70,8 @@ class FoldQuantizedConstants(Pass):
         """split/chunk/unbind of a quantized constant: every piece becomes its own folded constant whose
         qparams are the matching slice (on the channel axis) or the same (elsewhere)."""
         src = node.args[0]
-        if not (is_dequantize(src) and QPARAMS_KEY in src.meta) or not all(u.target is operator.getitem for u in node.users):
+        if (not (is_dequantize(src) and QPARAMS_KEY in src.meta)
+                or not all(u.target is operator.getitem for u in node.users)):
             return False
         value = constant_value(gm, src.args[0])
         if value is None:

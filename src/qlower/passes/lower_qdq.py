@@ -35,7 +35,8 @@ from .base import Pass, PassContext
 aten = torch.ops.aten
 qlower = torch.ops.qlower
 
-ACCUMULATING = {aten.mm.default: qlower.matmul.default, aten.conv1d.default: qlower.conv1d.default, aten.conv2d.default: qlower.conv2d.default,
+ACCUMULATING = {aten.mm.default: qlower.matmul.default, aten.conv1d.default: qlower.conv1d.default,
+                aten.conv2d.default: qlower.conv2d.default,
                 aten.linear.default: qlower.linear.default, aten.matmul.default: qlower.matmul.default,
                 aten.bmm.default: qlower.matmul.default}
 BINARY = {aten.add.Tensor: qlower.add.default, aten.mul.Tensor: qlower.mul.default}
@@ -335,7 +336,8 @@ class LowerQDQ(Pass):
         if t is aten.max_pool2d.default:
             two = lambda v: list(v) if isinstance(v, (list, tuple)) else [v, v]
             return call(gm, qlower.max_pool2d.default,
-                        (qs[0], two(node.args[1]), two(arg(node, 2, "stride", [])) if arg(node, 2, "stride", []) else [],
+                        (qs[0], two(node.args[1]),
+                         two(arg(node, 2, "stride", [])) if arg(node, 2, "stride", []) else [],
                          two(arg(node, 3, "padding", 0)), two(arg(node, 4, "dilation", 1)),
                          bool(arg(node, 5, "ceil_mode", False))), like=node)
         if t in ACTIVATIONS:

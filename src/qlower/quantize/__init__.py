@@ -20,7 +20,8 @@ from .biascorrect import correct
 from .per_token import insert_run_time_qdq
 from .smoothquant import smooth
 
-__all__ = ["AccuracyTarget", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
+__all__ = ["AccuracyTarget", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize",
+           "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
 # graph_module.meta key of a quantized program: the mixed-precision PrecisionChoice, if any

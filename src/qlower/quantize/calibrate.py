@@ -99,7 +99,8 @@ class _LooseSpec:
         if not isinstance(value, torch.Tensor):
             return f"expected a tensor, got {type(value).__name__}"
         if value.dtype != self.dtype:
-            return f"expected dtype {str(self.dtype).removeprefix('torch.')}, got {str(value.dtype).removeprefix('torch.')}"
+            return (f"expected dtype {str(self.dtype).removeprefix('torch.')}, "
+                    f"got {str(value.dtype).removeprefix('torch.')}")
         if value.dim() != self.rank:
             return f"expected rank {self.rank}, got shape {list(value.shape)}"
         return None

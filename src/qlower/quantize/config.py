@@ -60,7 +60,8 @@ class QuantConfig:
     weight_bits: 8 -> int8 symmetric weights in [-127, 127]; 7 -> [-63, 63] (`reduce_range`:
         AVX2 without VNNI saturates 16-bit pair sums of u8*s8, 7-bit weights keep it exact).
     per_token_weight_bits: the weight width of linears whose input is quantized at run time
-        (`activations="per-token"` or `"dynamic"`); None: weight_bits. ONNX Runtime's named presets on a CPU without VNNI set 7 / 8: its
+        (`activations="per-token"` or `"dynamic"`); None: weight_bits. ONNX Runtime's named presets on a CPU
+        without VNNI set 7 / 8: its
         per-token kernel runs 8-bit weights exactly as u8 x u8, at the 7-bit kernel's speed from
         32 rows up (SmolLM2-135M, `transformer` preset: 7-bit weights cost 6.6 dB of logits SQNR).
     per_channel: per-output-channel weight scales (else per-tensor).
@@ -181,7 +182,8 @@ class QuantConfig:
                    # transformers with explicit attention (decoder, transformer, bert, vit; batch
                    # 1, onnxruntime, one thread) float matmuls were 5-7% faster and 0.7-3.6 dB
                    # more accurate (docs/accuracy.md).
-                   "transformer": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False, activations="per-token",
+                   "transformer": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False,
+                                              activations="per-token",
                                               requantize_outputs=False, smoothquant=SmoothQuant(),
                                               quantize_activation_matmul=False),
                    # the static form of the above: faster (no per-row max / division), less accurate
@@ -191,7 +193,8 @@ class QuantConfig:
                    # ONNX Runtime's dynamic scheme (one range per linear input, computed at run
                    # time) with the rest as above: as fast as ORT's own `quantize_dynamic` model
                    # (one DynamicQuantizeMatMul per linear), bit-exact with the reference backend
-                   "transformer-dynamic": QuantConfig(observer="histogram", quantize_add=False, quantize_attention=False,
+                   "transformer-dynamic": QuantConfig(observer="histogram", quantize_add=False,
+                                                      quantize_attention=False,
                                                       activations="dynamic", requantize_outputs=False,
                                                       smoothquant=SmoothQuant(), quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),

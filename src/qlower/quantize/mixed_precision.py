@@ -4,7 +4,8 @@ Given QuantConfig.target, quantize everything, measure the program's outputs aga
 model's on the calibration inputs, and if the target is missed, keep layers float in the order
 of their measured sensitivity (each layer's own output SQNR on float inputs, report/verify.py,
 worst first): the k worst for k = 1, 2, 4, ... until the target holds, then a bisection down to
-the smallest k that holds (error is not monotone in k, so "smallest" is the bisection's). Each trial is a full quantization (keep_float changes the annotation and hence the
+the smallest k that holds (error is not monotone in k, so "smallest" is the bisection's). Each
+trial is a full quantization (keep_float changes the annotation and hence the
 calibrated ranges), so the cost is about 2 log2(layers) quantizations; every trial is recorded.
 Precisions tried per layer: int8 and float (an int16-activation path exists on no backend
 exactly yet, so it is not offered).

@@ -118,7 +118,7 @@ def _suggestions(report: "VerifyReport") -> list[str]:
 
 
 def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
-    top = max([l.sqnr_db for l in report.layers if math.isfinite(l.sqnr_db)] + [1.0])
+    top = max([layer.sqnr_db for layer in report.layers if math.isfinite(layer.sqnr_db)] + [1.0])
     out = ["<h2>Layers, worst first</h2>",
            '<div class="wrap"><table id="layers"><tr><th>#</th><th class="l">layer</th><th class="l">op</th>'
            '<th class="l">own SQNR dB</th><th>output 8-bit</th><th>cosine</th><th>in model dB</th>'
@@ -133,7 +133,8 @@ def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
                    f'<td class="l">{escape(layer.op)}</td><td class="l">{_mini_bar(layer.sqnr_db, top)}</td>'
                    f'<td>{"yes" if layer.output_quantized else "no"}</td>'
                    f"<td>{layer.cosine:.5f}</td><td>{format_db(layer.sqnr_db_in_model)}</td>"
-                   f'<td>{layer.cosine_in_model:.5f}</td><td class="l">[{format_number(i.min)}, {format_number(i.max)}]</td>'
+                   f'<td>{layer.cosine_in_model:.5f}</td>'
+                   f'<td class="l">[{format_number(i.min)}, {format_number(i.max)}]</td>'
                    f"<td>{format_number(i.absmax)}</td><td>{format_number(i.p999)}</td><td>{format_number(i.peak_over_p999)}</td>"
                    f"<td>{format_number(i.channel_ratio)} ({i.top_channel})</td><td>{format_number(i.kurtosis)}</td>"
                    f"<td>{format_number(o.absmax)}</td><td>{format_number(w.peak_to_median) if w else '–'}</td></tr>")
@@ -143,10 +144,10 @@ def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
 
 # ---------------------------------------------------------------- charts
 def _sqnr_chart(layers: list["LayerReport"], unique: dict) -> str:
-    ordered = sorted(layers, key=lambda l: l.index)
+    ordered = sorted(layers, key=lambda layer: layer.index)
     if not ordered:
         return "<p>No conv/linear/matmul layers.</p>"
-    values = [v for l in ordered for v in (l.sqnr_db, l.sqnr_db_in_model) if math.isfinite(v)]
+    values = [v for layer in ordered for v in (layer.sqnr_db, layer.sqnr_db_in_model) if math.isfinite(v)]
     ymax = max(40.0, math.ceil((max(values) if values else 40) / 10) * 10)
     left, right, top, bottom = 48, 12, 12, 110 if len(ordered) <= 60 else 20
     step = max(4.0, min(40.0, 1100 / len(ordered)))
@@ -183,14 +184,14 @@ def _sqnr_chart(layers: list["LayerReport"], unique: dict) -> str:
 
 
 def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
-    ordered = sorted(layers, key=lambda l: l.index)
+    ordered = sorted(layers, key=lambda layer: layer.index)
     if not ordered:
         return ""
-    highs = [l.input.absmax for l in ordered if l.input.absmax > 0] or [1.0]
-    lows = [l.input.p999 for l in ordered if l.input.p999 > 0] or [1.0]
+    highs = [layer.input.absmax for layer in ordered if layer.input.absmax > 0] or [1.0]
+    lows = [layer.input.p999 for layer in ordered if layer.input.p999 > 0] or [1.0]
     lo_exp = math.floor(math.log10(min(lows + highs)))
     hi_exp = math.ceil(math.log10(max(highs))) if max(highs) > 10 ** lo_exp else lo_exp + 1
-    ratios = [l.input.channel_ratio for l in ordered if math.isfinite(l.input.channel_ratio)] or [1.0]
+    ratios = [layer.input.channel_ratio for layer in ordered if math.isfinite(layer.input.channel_ratio)] or [1.0]
     rmax_exp = max(1, math.ceil(math.log10(max(max(ratios), 1.0))))
     left, right, top, bottom = 56, 48, 12, 110 if len(ordered) <= 60 else 20
     step = max(4.0, min(40.0, 1100 / len(ordered)))
@@ -221,7 +222,8 @@ def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
         s = layer.input
         raw = layer.label(unique[layer.node])
         label = escape(raw)
-        tip = (f"{label}: max|x| {format_number(s.absmax)}, p99.9 {format_number(s.p999)}, channel ratio {format_number(s.channel_ratio)} "
+        tip = (f"{label}: max|x| {format_number(s.absmax)}, p99.9 {format_number(s.p999)}, "
+               f"channel ratio {format_number(s.channel_ratio)} "
                f"(channel {s.top_channel}), kurtosis {format_number(s.kurtosis)}")
         svg.append(f'<rect x="{x + step * 0.15:.1f}" y="{y(s.absmax):.1f}" width="{step * 0.7:.1f}" '
                    f'height="{y(0) - y(s.absmax):.1f}" fill="#9ecbff"><title>{tip}</title></rect>')

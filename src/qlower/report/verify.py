@@ -154,14 +154,15 @@ class VerifyReport:
     @property
     def stats(self) -> dict[str, ActivationStats]:
         """Input activation statistics per layer, in graph order."""
-        return {layer.label(self._unique(layer)): layer.input for layer in sorted(self.layers, key=lambda l: l.index)}
+        return {layer.label(self._unique(layer)): layer.input
+                for layer in sorted(self.layers, key=lambda layer: layer.index)}
 
     @property
     def recommended(self) -> list[Suggestion]:
         return [s for s in self.suggestions if s.recommended]
 
     def _unique(self, layer: LayerReport) -> bool:
-        return sum(l.module == layer.module for l in self.layers) == 1
+        return sum(other.module == layer.module for other in self.layers) == 1
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -191,8 +192,9 @@ class VerifyReport:
                 f"{'in max|x|':>9s} {'p99.9':>8s} {'ch ratio':>8s} {'kurt':>6s} {'w pk/med':>8s}")
         lines += [head, "-" * len(head)]
         for layer, name in zip(shown, names):
-            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {format_db(layer.sqnr_db):>6s} {layer.cosine:8.5f} "
-                         f"{format_db(layer.sqnr_db_in_model):>8s}   {format_number(layer.input.absmax):>9s} "
+            lines.append(f"{_clip(name, width):{width}s} {layer.op:7s} {format_db(layer.sqnr_db):>6s} "
+                         f"{layer.cosine:8.5f} {format_db(layer.sqnr_db_in_model):>8s}   "
+                         f"{format_number(layer.input.absmax):>9s} "
                          f"{format_number(layer.input.p999):>8s} {format_number(layer.input.channel_ratio):>8s} "
                          f"{format_number(layer.input.kurtosis):>6s} "
                          f"{format_number(layer.weight.peak_to_median) if layer.weight else '-':>8s}")
@@ -272,7 +274,7 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
     say("per-layer comparison")
     ep = capture(model, example_inputs, dynamic_shapes)
     layers, layer_e2e, groups = _per_layer(ep, calibration, config, inputs, find_groups)
-    layers.sort(key=lambda l: (l.sqnr_db, l.index))
+    layers.sort(key=lambda layer: (layer.sqnr_db, layer.index))
     say("quantizing")
     base = end_to_end(config)
     if abs(_finite(layer_e2e) - _finite(base.sqnr_db)) > 0.05:
@@ -290,8 +292,8 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         say(f"measuring: {layer.module} in float ({i + 1}/{len(candidates)})")
         cfg = dataclasses.replace(config, keep_float=config.keep_float + (layer.module,))
         after = end_to_end(cfg)
-        ops = [l for l in layers if l.module == layer.module or l.module.startswith(layer.module + ".")]
-        what = f"{len(ops)} {'ops' if len(ops) > 1 else 'op'}: " + ", ".join(sorted({l.op for l in ops}))
+        ops = [other for other in layers if other.module == layer.module or other.module.startswith(layer.module + ".")]
+        what = f"{len(ops)} {'ops' if len(ops) > 1 else 'op'}: " + ", ".join(sorted({other.op for other in ops}))
         suggestions.append(Suggestion("keep_float", f"keep {layer.module} in float ({what})", cfg, base, after,
                                       after.sqnr_db - base.sqnr_db >= min_gain_db, (layer.module,),
                                       f"own SQNR {format_db(layer.sqnr_db)} dB, rank {layers.index(layer) + 1} "
@@ -311,11 +313,12 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         say("measuring: SmoothQuant " + ("off" if on else "on"))
         cfg = dataclasses.replace(config, smoothquant=None if on else SmoothQuant())
         after = end_to_end(cfg)
-        worst = max((l for l in layers if l.op == "linear"), key=lambda l: l.input.channel_ratio, default=None)
+        worst = max((layer for layer in layers if layer.op == "linear"), key=lambda layer: layer.input.channel_ratio,
+                    default=None)
         reason = f"{groups} norm->linear group{'s' if groups > 1 else ''} it can smooth"
         if worst is not None:
             reason += (f"; largest linear-input channel ratio {format_number(worst.input.channel_ratio)} "
-                       f"({worst.label(sum(l.module == worst.module for l in layers) == 1)})")
+                       f"({worst.label(sum(layer.module == worst.module for layer in layers) == 1)})")
         if on:
             desc = "turn SmoothQuant off (it is on in this config)"
         else:

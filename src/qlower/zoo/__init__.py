@@ -97,7 +97,8 @@ def _register_hf() -> None:
                                      f"HuggingFace {name.removesuffix('-base')}, 768 wide, 4 layers, 128 tokens")
     for name in hf.HF_DECODERS:
         ZOO[f"hf-{name}"] = ZooEntry(f"hf-{name}", (lambda n=name: hf.build(n)), _hf_decode_step,
-                                     f"HuggingFace {name.removesuffix('-kv')} decoding one token with a static KV cache")
+                                     f"HuggingFace {name.removesuffix('-kv')} decoding one token with a static KV "
+                                     "cache")
 
 
 _register_hf()

@@ -82,7 +82,8 @@ def build(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     common = dict(vocab_size=1000, num_hidden_layers=2, num_attention_heads=4)
     if name == "bert":
-        model = tf.BertModel(tf.BertConfig(hidden_size=128, intermediate_size=256, max_position_embeddings=64, **common))
+        model = tf.BertModel(tf.BertConfig(hidden_size=128, intermediate_size=256, max_position_embeddings=64,
+                                           **common))
         return LastHidden(model.eval(), ("input_ids", "attention_mask"))
     if name == "gpt2":
         model = tf.GPT2Model(tf.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=64))
@@ -107,7 +108,8 @@ def build(name: str) -> torch.nn.Module:
         model = tf.LlamaModel(tf.LlamaConfig(intermediate_size=2048, num_key_value_heads=4, **wide))
         return LastHidden(model.eval(), ("input_ids", "attention_mask"), causal_lm=True)
     if name == "sentence":
-        model = tf.BertModel(tf.BertConfig(hidden_size=128, intermediate_size=256, max_position_embeddings=64, **common))
+        model = tf.BertModel(tf.BertConfig(hidden_size=128, intermediate_size=256, max_position_embeddings=64,
+                                           **common))
         return SentenceEncoder(model.eval())
     if name == "vit":
         model = tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=128, num_hidden_layers=2,
@@ -118,5 +120,5 @@ def build(name: str) -> torch.nn.Module:
 
 HF_MODELS = ("bert", "gpt2", "llama", "vit")
 HF_ENCODERS = ("sentence",)   # BERT + mask mean pooling + L2 norm (sentence-transformers style)
-HF_DECODERS = ("gpt2-kv", "llama-kv")
-HF_WIDE = ("bert-base", "llama-base")   # bench only (seq 128): too slow to quantize in unit tests   # step-by-step decoding with a static KV cache
+HF_DECODERS = ("gpt2-kv", "llama-kv")   # step-by-step decoding with a static KV cache
+HF_WIDE = ("bert-base", "llama-base")   # bench only (seq 128): too slow to quantize in unit tests

@@ -11,7 +11,8 @@ from qlower.passes.iree.bool_constants_as_int_compare import BoolConstantsAsIntC
 
 class _BooleanConstants(torch.nn.Module):
     def forward(self, x, m):
-        made = (m.new_ones((2, 1, 4), dtype=torch.bool), torch.full((2, 1, 4), True), torch.ones_like(m[:, None, :] > 0),
+        made = (m.new_ones((2, 1, 4), dtype=torch.bool), torch.full((2, 1, 4), True),
+                torch.ones_like(m[:, None, :] > 0),
                 torch.full_like(m[:, None, :] > 0, False), torch.zeros(2, 1, 4, dtype=torch.bool))
         mask = made[0] & made[1] & made[2] & ~made[3] & ~made[4] & (m[:, None, :] > 0)
         return x.masked_fill(mask, -1.0)

@@ -19,7 +19,8 @@ def test_batched_matmuls_pass_contract():
         def forward(self, a, b, c, w, d):
             return a @ b, c @ b, a @ w, d @ d.transpose(-1, -2)
 
-    args = (torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(1, 3, 4), torch.randn(4, 5), torch.randn(2, 2, 3, 4))
+    args = (torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(1, 3, 4), torch.randn(4, 5),
+            torch.randn(2, 2, 3, 4))
     batch = torch.export.Dim("batch", min=1, max=8)
     gm = torch.export.export(Products(), args, dynamic_shapes=({0: batch}, {0: batch}, None, None, None)).module()
     want = gm(*args)

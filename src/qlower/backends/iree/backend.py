@@ -199,7 +199,8 @@ class IreeBackend:
         and products into their input) into a neutral tensor (IREE lost repeated indices), and
         float products read by a sum kept apart (IREE contracts them into FMAs)."""
         return [decompose_unsupported_block_ops(self.capability), _decompose_attention_among_integer_ops(),
-                DropNoopCeilMode(), PadSingleWindowConvs(), UnitStepSingleElementSlices(), MergeReductionDims(), NameBitwiseOperators(), BoolConstantsAsIntCompare(),
+                DropNoopCeilMode(), PadSingleWindowConvs(), UnitStepSingleElementSlices(), MergeReductionDims(),
+                NameBitwiseOperators(), BoolConstantsAsIntCompare(),
                 MatmulToBmm(), _decompose_ops_iree_lacks(), _reflection_pads_decomposed(), UnsafeIndexAsIndex(),
                 MatrixTransposeAsTranspose(), OuterProductsAsMul(),
                 ScatterIntoNeutral(), SeparateFloatProducts()]
@@ -251,7 +252,8 @@ class IreeBackend:
                 cluster.on_nonfinite = handler
         executable = Executable(run=direct or fused, clusters=infos, module=fused, notes=notes,
                                 needs_no_grad=direct is None,
-                                engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks) for c in checked)),
+                                engine_checked_inputs=frozenset().union(*(policy_inputs(c.finite_checks)
+                                                                          for c in checked)),
                                 on_nonfinite=on_nonfinite)
         return executable, {name: why for p in pending for name, why in _named_by_failure(p).items()}
 
@@ -362,7 +364,8 @@ class IreeBackend:
                         continue
                     notes.append(f"without data tiling (with it: {_first_line(exc)[:160]})")
                     options = dataclasses.replace(options, data_tiling=False)
-                elif options.ukernels != "all" and not options.is_gpu and any(m in message for m in _UKERNEL_RETRY_FAILURES):
+                elif (options.ukernels != "all" and not options.is_gpu
+                      and any(m in message for m in _UKERNEL_RETRY_FAILURES)):
                     notes.append("with all micro-kernels")
                     options = dataclasses.replace(options, ukernels="all")
                 else:

@@ -44,7 +44,8 @@ def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, st
     from ...core.cpu import fingerprint
     flags = options.compile_flags()
     key = "iree-" + hashlib.sha256("\0".join([asm, input_type, options.target_backend, *flags,
-                                              metadata.version("iree-base-compiler"), fingerprint()]).encode()).hexdigest()
+                                              metadata.version("iree-base-compiler"),
+                                              fingerprint()]).encode()).hexdigest()
     vmfb = _VMFB.get(key)
     if vmfb is not None:
         return vmfb, "memory"

@@ -129,7 +129,8 @@ def _value_numbers(sub: GraphModule) -> dict[Node, int]:
             numbers[node] = numbers[node.args[0]]
             continue
         if node.op == "call_function":
-            key = (str(node.target), _operand_key(node.args, numbers), _operand_key(tuple(node.kwargs.items()), numbers))
+            key = (str(node.target), _operand_key(node.args, numbers),
+                   _operand_key(tuple(node.kwargs.items()), numbers))
         elif node.op == "get_attr":
             key = _constant_key(sub, node)
         else:   # placeholders, the output

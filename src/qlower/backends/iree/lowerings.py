@@ -22,7 +22,8 @@ from torch.fx import Node
 from ...fx import full_args, schema_name
 from ...partition import holds_empty_tensor
 from ..cluster_sizes import is_size
-from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_is_noop, ceil_mode_resizes_beside_a_single_window, pool_geometry, window_span)
+from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_is_noop, ceil_mode_resizes_beside_a_single_window,
+                              pool_geometry, window_span)
 
 Check = Callable[[Node], Optional[str]]   # None: lowerable; else the reason it is not
 Emit = Callable[..., object]              # emit(emitter, node, args) -> Val
@@ -45,7 +46,8 @@ def tosa_lowering(*names: str, check: Check | None = None, dynamic_dims: bool = 
     and reshapes through Builder.reshape's run-time sizes); otherwise at most one."""
     def register(emit: Emit) -> Emit:
         for name in names:
-            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(data_dependent if dynamic_dims else tosa_shapes, check), emit)
+            TOSA_LOWERINGS[name] = Lowering("tosa", _all_of(data_dependent if dynamic_dims else tosa_shapes, check),
+                                            emit)
         return emit
     return register
 
@@ -162,11 +164,11 @@ _NOT_LEGALIZED = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::
                             # linalg_det, linalg_slogdet, linalg_cross and linalg_vector_norm compile
                             *(f"aten::linalg_{op}" for op in ("qr", "cholesky", "cholesky_ex", "inv", "inv_ex", "svd",
                                                               "svdvals", "eigh", "eigvalsh", "eig", "eigvals", "solve",
-                                                              "solve_ex", "pinv", "matrix_norm", "norm", "solve_triangular",
-                                                              "lu", "lu_factor", "lu_factor_ex", "lu_solve", "lstsq",
-                                                              "matrix_rank", "cond", "householder_product", "ldl_factor",
-                                                              "ldl_factor_ex", "ldl_solve", "tensorinv", "tensorsolve",
-                                                              "matrix_exp")),
+                                                              "solve_ex", "pinv", "matrix_norm", "norm",
+                                                              "solve_triangular", "lu", "lu_factor", "lu_factor_ex",
+                                                              "lu_solve", "lstsq", "matrix_rank", "cond",
+                                                              "householder_product", "ldl_factor", "ldl_factor_ex",
+                                                              "ldl_solve", "tensorinv", "tensorsolve", "matrix_exp")),
                             "aten::_linalg_svd", "aten::_linalg_eigh", "aten::cholesky", "aten::cholesky_solve",
                             "aten::cholesky_inverse", "aten::triangular_solve", "aten::geqrf", "aten::ormqr",
                             "aten::svd", "aten::qr", "aten::lu_unpack", "aten::pinverse", "aten::matrix_exp",

@@ -88,7 +88,8 @@ class IreeOptions:
         conv_dominated = convs > products
         resolved = self
         if self.ukernels == "auto":
-            resolved = dataclasses.replace(resolved, ukernels="all" if conv_dominated and not self.is_gpu else "default")
+            resolved = dataclasses.replace(resolved,
+                                           ukernels="all" if conv_dominated and not self.is_gpu else "default")
         if self.data_tiling_path == "auto":
             path = "dispatch" if conv_dominated or self.is_gpu else "global"
             resolved = dataclasses.replace(resolved, data_tiling_path=path)
@@ -114,7 +115,8 @@ class IreeOptions:
             if self.ukernels not in ("auto", "default"):
                 flags.append(f"--iree-llvmcpu-enable-ukernels={self.ukernels}")
         if self.data_tiling:
-            flags.append("--iree-global-opt-data-tiling" if self.data_tiling_path == "global" else "--iree-opt-data-tiling")
+            flags.append("--iree-global-opt-data-tiling" if self.data_tiling_path == "global"
+                         else "--iree-opt-data-tiling")
         if self.im2col_convs:
             flags.append("--iree-global-opt-use-im2col-for-convs")
         # IREE demotes f64 to f32 by default: a float64 cluster compiled, then failed at its first

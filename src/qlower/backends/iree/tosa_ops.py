@@ -132,7 +132,8 @@ def _conv_check(node: Node, spatial: int = 2) -> str | None:
         return why
     args = full_args(node)
     why = static_dims(node, args[0].meta["val"], tuple(range(1, 2 + spatial)),
-                      "channels, height and width of a conv input" if spatial == 2 else "channels and length of a conv1d input")
+                      "channels, height and width of a conv input" if spatial == 2
+                      else "channels and length of a conv1d input")
     if why is not None:
         return why
     groups, cin = args[8], args[0].meta["val"].shape[1]
@@ -558,7 +559,7 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
         for j, nm in enumerate(names):
             lines.append(f"  {nm} = tensor.extract_slice {src}[0, 0, {j * dw}, 0] [{size_n}, {hp}, {ow}, {c}] "
                          f"[1, 1, {sw}, 1] : tensor<{src_t}xi8> to tensor<{sl_t}xi8>")
-        lines.append(f"  %b1 = tensor.concat dim(3) " + ", ".join(names) + " : ("
+        lines.append("  %b1 = tensor.concat dim(3) " + ", ".join(names) + " : ("
                      + ", ".join([f"tensor<{sl_t}xi8>"] * kw) + f") -> tensor<{b1_t}xi8>")
         sl2_t = _shape_text([n, oh, ow, kw * c])
         names = [f"%h{i}" for i in range(kh)]
@@ -566,7 +567,7 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
             lines.append(f"  {nm} = tensor.extract_slice %b1[0, {i * dh}, 0, 0] [{size_n}, {oh}, {ow}, {kw * c}] "
                          f"[1, {sh}, 1, 1] : tensor<{b1_t}xi8> to tensor<{sl2_t}xi8>")
         cat_t = _shape_text([n, oh, ow, k])
-        lines += [f"  %cat = tensor.concat dim(3) " + ", ".join(names) + " : ("
+        lines += ["  %cat = tensor.concat dim(3) " + ", ".join(names) + " : ("
                   + ", ".join([f"tensor<{sl2_t}xi8>"] * kh) + f") -> tensor<{cat_t}xi8>",
                   f"  %a2 = tensor.collapse_shape %cat [[0, 1, 2], [3]] : tensor<{cat_t}xi8> into "
                   f"tensor<{_shape_text([m, k])}xi8>"]
@@ -575,7 +576,8 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
                   f"tensor<{_shape_text([m, k])}xi8>"]
     mt = _shape_text([m, cout])
     lines += [f"  %e = tensor.empty({dyn_m}) : tensor<{mt}xi32>",
-              f"  %init = linalg.broadcast ins(%bias : tensor<{cout}xi32>) outs(%e : tensor<{mt}xi32>) dimensions = [0]"]
+              f"  %init = linalg.broadcast ins(%bias : tensor<{cout}xi32>) outs(%e : tensor<{mt}xi32>) "
+              "dimensions = [0]"]
     if wzp == 0:
         lines.append(f"  %r = linalg.matmul ins(%a2, %w : tensor<{_shape_text([m, k])}xi8>, tensor<{k}x{cout}xi8>) "
                      f"outs(%init : tensor<{mt}xi32>) -> tensor<{mt}xi32>")
@@ -800,7 +802,8 @@ def _emit_integer_norm(em: TosaEmitter, q_n: Node, scale, zp, weight, bias, eps,
         w = em.constant(weight).detach().to(torch.float32).numpy().reshape(affine_shape)
         y = b.tosa.mul(b.ttype(shape, f32), y, b.const(w), b.const(np.zeros([1], dtype=np.int8)))
         finite = float(np.finfo(np.float32).max)
-        y = b.arith.minimumf(b.arith.maximumf(y, b.splat(shape, f32, -finite, like=y)), b.splat(shape, f32, finite, like=y))
+        y = b.arith.minimumf(b.arith.maximumf(y, b.splat(shape, f32, -finite, like=y)),
+                             b.splat(shape, f32, finite, like=y))
     if bias is not None:
         bb = em.constant(bias).detach().to(torch.float32).numpy().reshape(affine_shape)
         y = b.tosa.add(b.ttype(shape, f32), y, b.const(bb))
@@ -1053,7 +1056,8 @@ def emit_transpose(em: TosaEmitter, node: Node) -> Val:
 def _static_range(x, dim, start, end, step) -> range | None:
     """The indices a slice of `x` along `dim` keeps, or None when that dim or a bound is symbolic."""
     size = x.shape[dim % x.dim()]
-    if not all(isinstance(v, int) for v in (size, step)) or not all(v is None or isinstance(v, int) for v in (start, end)):
+    if (not all(isinstance(v, int) for v in (size, step))
+            or not all(v is None or isinstance(v, int) for v in (start, end))):
         return None
     return range(size)[slice(start, end, step)]
 
@@ -1123,7 +1127,7 @@ def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -
               f"  ^bb0(%o: {element}):"]
     lines += [f"    %i{d} = linalg.index {d} : index" for d in range(rank)]
     lines += [f"    %step = arith.constant {kept.step} : index", f"    %start = arith.constant {kept.start} : index",
-              f"    %scaled = arith.muli %i{dim}, %step : index", f"    %j = arith.addi %scaled, %start : index"]
+              f"    %scaled = arith.muli %i{dim}, %step : index", "    %j = arith.addi %scaled, %start : index"]
     index = ", ".join("%j" if d == dim else f"%i{d}" for d in range(rank))
     lines += [f"    %v = tensor.extract %x[{index}] : {xt}", f"    linalg.yield %v : {element}",
               f"  }} -> {ot}", f"  return %r : {ot}", "}"]

@@ -31,9 +31,11 @@ def runtime_config(driver: str):
         try:
             _CONFIGS[driver] = rt.Config(driver)
         except Exception as exc:  # noqa: BLE001  (iree.runtime raises plain RuntimeError/ValueError)
-            raise BackendError(f"IREE runtime driver {driver!r} has no device on this machine: {str(exc).strip()[:200]}",
+            raise BackendError(f"IREE runtime driver {driver!r} has no device on this machine: "
+                               f"{str(exc).strip()[:200]}",
                                hint="compile for the host CPU here and export the module for the device: "
-                                    "`qlower export --format vmfb --iree-target cuda:sm_80` (docs/iree.md, GPU targets)") from exc
+                                    "`qlower export --format vmfb --iree-target cuda:sm_80` "
+                                    "(docs/iree.md, GPU targets)") from exc
     return _CONFIGS[driver]
 
 

@@ -42,7 +42,8 @@ from ...onnx.translate import fx_nodes_of
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
 
 _SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
-_COMPILED = LRUCache()   # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
+# bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
+_COMPILED = LRUCache()
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ class OpenVinoBackend:
                     counts[precision] = counts.get(precision, 0) + n
         notes = [f"OpenVINO runs {sum(counts.values())} conv/linear/matmul layer(s): " +
                  ", ".join(f"{n} in {p}" for p, n in sorted(counts.items()))] if counts else []
-        quantizes = sum(c.ops.get("qlower::quantize", 0) for c in infos if c.backend == self.name and c.status == "compiled")
+        quantizes = sum(c.ops.get("qlower::quantize", 0) for c in infos
+                        if c.backend == self.name and c.status == "compiled")
         if self.options.native and quantizes:
             notes.append(f"engine-native numerics (not canonical): {NATIVE_DEVIATION}")
         return notes

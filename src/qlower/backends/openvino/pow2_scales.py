@@ -28,7 +28,8 @@ def snap_to_power_of_two(observed: GraphModule) -> int:
         if node.op != "call_module" or not node.args:
             continue
         observer = observed.get_submodule(node.target)
-        if not (hasattr(observer, "calculate_qparams") and getattr(observer, "dtype", None) in (torch.uint8, torch.int8)):
+        if not (hasattr(observer, "calculate_qparams")
+                and getattr(observer, "dtype", None) in (torch.uint8, torch.int8)):
             continue
         if getattr(node.args[0], "op", None) == "get_attr":
             continue   # a weight

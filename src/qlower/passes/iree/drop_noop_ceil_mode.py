@@ -28,5 +28,6 @@ class DropNoopCeilMode(Pass):
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = drop_noop_ceil_mode(gm)
         if changed:
-            ctx.rewrites["iree: ceil_mode=False on pools where it changes nothing (torch-mlir mis-sizes them)"] += changed
+            ctx.rewrites["iree: ceil_mode=False on pools where it changes nothing "
+                         "(torch-mlir mis-sizes them)"] += changed
         return bool(changed)

@@ -33,7 +33,8 @@ def _same_batch_rank3(node: Node) -> bool:
     if node.op != "call_function" or node.target is not _aten.matmul.default:
         return False
     vals = [a.meta.get("val") if isinstance(a, Node) else None for a in node.args[:2]]
-    return all(isinstance(v, torch.Tensor) and v.dim() == 3 for v in vals) and str(vals[0].shape[0]) == str(vals[1].shape[0])
+    return (all(isinstance(v, torch.Tensor) and v.dim() == 3 for v in vals)
+            and str(vals[0].shape[0]) == str(vals[1].shape[0]))
 
 
 class MatmulToBmm(Pass):
@@ -46,6 +47,7 @@ class MatmulToBmm(Pass):
                 node.target = _aten.bmm.default
                 changed += 1
         if changed:
-            ctx.rewrites["rank-3 matmul written as bmm (torch-mlir cannot decompose it with a dynamic batch)"] += changed
+            ctx.rewrites["rank-3 matmul written as bmm "
+                         "(torch-mlir cannot decompose it with a dynamic batch)"] += changed
             gm.recompile()
         return bool(changed)

@@ -28,7 +28,8 @@ from ...fx import call
 from ..base import Pass, PassContext
 
 _REDUCTIONS = (torch.ops.aten.mean.dim, torch.ops.aten.sum.dim_IntList)
-_WHOLE = {torch.ops.aten.mean.default: torch.ops.aten.mean.dim, torch.ops.aten.sum.default: torch.ops.aten.sum.dim_IntList}
+_WHOLE = {torch.ops.aten.mean.default: torch.ops.aten.mean.dim,
+          torch.ops.aten.sum.default: torch.ops.aten.sum.dim_IntList}
 
 
 def _reduced_dims(node: Node) -> list[int] | None:
@@ -60,7 +61,8 @@ class MergeReductionDims(Pass):
                 continue
             x = node.args[0]
             shape = list(x.meta["val"].shape)
-            keepdim = node.target in _REDUCTIONS and bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim"))
+            keepdim = node.target in _REDUCTIONS and bool(node.args[2] if len(node.args) > 2
+                                                          else node.kwargs.get("keepdim"))
             kept = [d for d in range(len(shape)) if d not in dims]
             with gm.graph.inserting_before(node):
                 moved = x if kept + dims == list(range(len(shape))) else \

@@ -88,6 +88,7 @@ class OuterProductsAsMul(Pass):
             gm.graph.erase_node(node)
             changed += 1
         if changed:
-            ctx.rewrites["outer product (reduction size 1) written as a broadcast mul (IREE's data tiling misread it)"] += changed
+            ctx.rewrites["outer product (reduction size 1) written as a broadcast mul "
+                         "(IREE's data tiling misread it)"] += changed
             gm.recompile()
         return bool(changed)

@@ -62,6 +62,7 @@ class SeparateFloatProducts(Pass):
                 node.replace_input_with(operand, barrier)
                 changed += 1
         if changed:
-            ctx.rewrites["iree: float products read by a sum kept apart (clamp_min -inf: no FMA contraction)"] += changed
+            ctx.rewrites["iree: float products read by a sum kept apart "
+                         "(clamp_min -inf: no FMA contraction)"] += changed
             gm.recompile()
         return bool(changed)

@@ -76,7 +76,8 @@ def _renormed(gm: GraphModule, node: Node, weight: Node) -> Node:
     c = lambda target, *args, **kwargs: call(gm, target, args, kwargs, like=node)
     rows = weight.meta["val"].shape[0]
     hit = c(A.full.default, [rows], False, dtype=torch.bool)
-    used = c(A.index_put.default, hit, [c(A.reshape.default, indices, [-1])], c(A.full.default, [], True, dtype=torch.bool))
+    used = c(A.index_put.default, hit, [c(A.reshape.default, indices, [-1])],
+             c(A.full.default, [], True, dtype=torch.bool))
     norms = c(A._to_copy.default, c(A.linalg_vector_norm.default, weight, float(norm_type), [1]), dtype=torch.float64)
     scale = c(A.reciprocal.default, c(A.div.Scalar, c(A.add.Scalar, norms, 1e-7), float(max_norm)))
     over = c(A.logical_and.default, used, c(A.gt.Scalar, norms, float(max_norm)))
