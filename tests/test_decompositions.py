@@ -295,7 +295,8 @@ def test_avg_pool_with_a_divisor_and_symbolic_sizes_stays_in_pytorch():
     groups, the ceil_mode overhang); with a dynamic height the node is refused, not mistranslated."""
     pool = Fn(lambda x: torch.nn.functional.avg_pool2d(torch.relu(x), 2, divisor_override=3) * 2)
     x = torch.randn(1, 2, 6, 6)
-    cm = qlower.compile(pool, (x,), backend="onnxruntime", dynamic_shapes=(({2: torch.export.Dim("h", min=4, max=64)},),))
+    cm = qlower.compile(pool, (x,), backend="onnxruntime",
+                        dynamic_shapes=(({2: torch.export.Dim("h", min=4, max=64)},),))
     assert [c.reason for c in cm.report().fallbacks] == \
         ["aten::avg_pool2d: avg_pool2d with divisor_override and symbolic sizes is not translated correctly"]
     for h in (6, 9):
@@ -338,7 +339,8 @@ def test_cross_entropy_with_class_probabilities(reduction):
                     decomposed=False, summed=True)
     # class indices with label smoothing: torchlib dropped the smoothing (the same loss for 0.1
     # and 0.9, a silent wrong answer); written out here, with weights and an ignored index
-    _check(lambda x, t, w: [torch.nn.functional.cross_entropy(x, t, w, ignore_index=1, reduction=reduction, label_smoothing=e)
+    _check(lambda x, t, w: [torch.nn.functional.cross_entropy(x, t, w, ignore_index=1, reduction=reduction,
+                                                              label_smoothing=e)
                             for e in (0.1, 0.9)] +
            [torch.nn.functional.cross_entropy(x[0, :, 0], t[0, 0], reduction=reduction, label_smoothing=0.3)],
            x, labels, weight, summed=True)
@@ -383,7 +385,8 @@ def test_adaptive_pools_with_symbolic_sizes_stay_in_pytorch():
     """Near miss: the windows are computed from static sizes."""
     pool = Fn(lambda x: torch.nn.functional.adaptive_avg_pool3d(x, 2) * 2)
     x = torch.randn(1, 2, 6, 6, 6)
-    cm = qlower.compile(pool, (x,), backend="onnxruntime", dynamic_shapes=(({2: torch.export.Dim("d", min=4, max=64)},),))
+    cm = qlower.compile(pool, (x,), backend="onnxruntime",
+                        dynamic_shapes=(({2: torch.export.Dim("d", min=4, max=64)},),))
     assert [list(c.ops) for c in cm.report().fallbacks] == [["adaptive_avg_pool3d"]]
     x = torch.randn(1, 2, 9, 6, 6)
     torch.testing.assert_close(cm(x), pool(x))
@@ -496,7 +499,8 @@ def test_data_dependent_sizes_run_in_onnxruntime_at_every_count():
 def _segments(x, lengths, offsets):
     return [torch.segment_reduce(x, reduce, lengths=lengths, initial=initial)
             for reduce in ("sum", "mean", "prod", "max", "min") for initial in (None, 1.5)] + \
-        [torch.segment_reduce(x[:, 0], "mean", offsets=offsets), torch.segment_reduce(x, "max", offsets=offsets, initial=0)]
+        [torch.segment_reduce(x[:, 0], "mean", offsets=offsets),
+         torch.segment_reduce(x, "max", offsets=offsets, initial=0)]
 
 
 def test_segment_reduce_by_lengths_and_offsets():
@@ -506,7 +510,8 @@ def test_segment_reduce_by_lengths_and_offsets():
     offsets = torch.tensor([0, 0, 2, 3, 6])
     cm = _check(_segments, x, lengths, offsets, summed=True)
     lengths, offsets = torch.tensor([3, 0, 0, 3]), torch.tensor([0, 1, 1, 5, 6])
-    torch.testing.assert_close(cm(x, lengths, offsets), _segments(x, lengths, offsets), rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(cm(x, lengths, offsets), _segments(x, lengths, offsets), rtol=1e-5, atol=1e-6,
+                               equal_nan=True)
 
 
 def test_chunked_linear_cross_entropy():
@@ -528,7 +533,8 @@ def test_chunked_linear_cross_entropy():
     assert graph.fallbacks == []
 
 
-@pytest.mark.parametrize("shape,size,stride,offset", [((3, 3), (2, 2), (1, 2), 1), ((16,), (2, 1, 1, 2), (1, 2, 4, 8), 0),
+@pytest.mark.parametrize("shape,size,stride,offset", [((3, 3), (2, 2), (1, 2), 1),
+                                                      ((16,), (2, 1, 1, 2), (1, 2, 4, 8), 0),
                                                       ((2, 3, 4), (3, 2), (4, 7), 2)])
 def test_as_strided_scatter(shape, size, stride, offset):
     """src written through a strided view of a contiguous input (transposed strides, an offset)."""

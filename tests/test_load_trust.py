@@ -550,7 +550,8 @@ def test_symbol_indices_in_range_constraints_are_bounded(tmp_path):
 
 @pytest.mark.parametrize("expr", [
     "Symbol('s77', positive=True, integer=True)",
-    "FloorDiv(Add(Symbol('s77', positive=True, integer=True), Integer(1)), Integer(2))", "Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
+    "FloorDiv(Add(Symbol('s77', positive=True, integer=True), Integer(1)), Integer(2))",
+    "Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
     "LessThan(Symbol('u0', integer=True), Integer(8000))", "s0*2 + FloorDiv(s77, 4)", "Max(1, s3) - 1.5e3",
     "Mul(Integer(8), Symbol('s17', positive=True, integer=True), Symbol('s77', positive=True, integer=True))",
     "Float('0.5', precision=53)", "Rational(1, 2)", "-oo", "Integer(-1)"])

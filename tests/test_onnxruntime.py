@@ -70,7 +70,7 @@ class WithFFT(torch.nn.Module):
         self.b = torch.nn.Linear(16, 8)
 
     def forward(self, x):
-        y = opaque(self.a(x))   # a custom op no translator knows (ATen ops run: FFTs since the 21st session, Hermite since the 22nd)
+        y = opaque(self.a(x))   # a custom op no translator knows
         return self.b(torch.cat([y, y], -1)[..., :16])
 
 
@@ -388,7 +388,8 @@ def test_op_decomposed_into_untranslatable_parts_is_refused_up_front():
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     report = cm.report()
     refused = sorted(c.reason for c in report.clusters if c.backend == "pytorch")
-    assert refused == ["aten::linalg_eigvalsh: torch.onnx decomposes it into aten._linalg_eigh.default, which it cannot translate",
+    assert refused == ["aten::linalg_eigvalsh: torch.onnx decomposes it into aten._linalg_eigh.default, "
+                       "which it cannot translate",
                        "aten::linalg_matrix_norm.str_ord: torch.onnx decomposes it into aten._linalg_svd.default, "
                        "which it cannot translate"], \
         refused
@@ -637,7 +638,8 @@ _EMPTY_CASES = {
     "sum": lambda x: x.sum(-1), "sum_dim0": lambda x: x.sum(0), "prod": lambda x: x.prod(-1),
     "amax_keep": lambda x: x.abs().sum((-2, -1), keepdim=True), "logsumexp": lambda x: torch.logsumexp(x, -1),
     "norm": lambda x: torch.linalg.vector_norm(x, dim=-1), "all": lambda x: (x > 0).all(-1),
-    "count_nonzero": lambda x: torch.count_nonzero(x, -1), "mean": lambda x: x.mean(-1), "mean01": lambda x: x.mean((0, 1)),
+    "count_nonzero": lambda x: torch.count_nonzero(x, -1), "mean": lambda x: x.mean(-1),
+    "mean01": lambda x: x.mean((0, 1)),
     "any": lambda x: (x > 0).any(-1), "matmul": lambda x: x @ x.transpose(-1, -2),
     "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
 }

@@ -183,7 +183,8 @@ def test_linear_accumulator_bit_exact(dtype, k, case):
     stays on OpenVINO, exact. Was: refused, PyTorch ran it (BERT-base's FFN down-projections)."""
     g = torch.Generator().manual_seed(k)
     lo, hi = rng(dtype)
-    w, x, x_zp = random_q((16, k), S8, g), random_q((3, 4, k), dtype, g), int(torch.randint(lo, hi + 1, (), generator=g))
+    w, x = random_q((16, k), S8, g), random_q((3, 4, k), dtype, g)
+    x_zp = int(torch.randint(lo, hi + 1, (), generator=g))
     if case == "extreme":
         x, w, x_zp = torch.full_like(x, hi), torch.full_like(w, -128), lo
     elif case == "large":
@@ -284,7 +285,8 @@ def test_max_pool_and_mean_bit_exact(dtype):
     assert_equal(ref, got)
     for keepdim, hw in ((True, 7), (False, 8), (True, 14)):   # n = 49 (odd), 64 (2^6): exact; 196: refused
         x = random_q((2, 64, hw, hw), dtype, g)
-        x[0, 0] = torch.tensor([lo, hi], dtype=dtype).repeat(hw * hw // 2 + 1)[:hw * hw].reshape(hw, hw)  # a tie if n even
+        # a tie if n even
+        x[0, 0] = torch.tensor([lo, hi], dtype=dtype).repeat(hw * hw // 2 + 1)[:hw * hw].reshape(hw, hw)
         ref, got, exe = compile_both(Mean(int(torch.randint(lo, hi + 1, (), generator=g)), keepdim, lo, hi), x)
         if hw == 14:
             assert [c.backend for c in exe.clusters] == ["pytorch"] and "fp32(1/196)" in exe.clusters[0].reason
@@ -318,7 +320,8 @@ def test_dequantize_bit_exact_on_every_value(dtype, seed):
     legalize.exact_dequantize's int32 subtraction is what runs, and must be exact."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = rng(dtype)
-    scale, zp = float(torch.exp(torch.empty(()).uniform_(-9, 0, generator=g))), int(torch.randint(lo, hi + 1, (), generator=g))
+    scale = float(torch.exp(torch.empty(()).uniform_(-9, 0, generator=g)))
+    zp = int(torch.randint(lo, hi + 1, (), generator=g))
     ref, got, exe = compile_both(DQ(scale, zp, dtype), torch.arange(lo, hi + 1).to(dtype))
     assert_all_on_openvino(exe)
     assert_equal(ref, got)
@@ -652,7 +655,8 @@ def test_sizes_across_a_refused_op_stay_inside_the_clusters(monkeypatch, backend
     cm = qlower.compile(model, (torch.randn(2, 5, 4),), backend=backend, dynamic_shapes=({0: batch, 1: seq},))
     report = cm.report()
     assert len(report.compiled) == 2, str(report)
-    assert [c.backend for c in report.fallbacks] == ["pytorch"] and "cumsum" in str(report.fallbacks[0].ops), str(report)
+    assert [c.backend for c in report.fallbacks] == ["pytorch"], str(report)
+    assert "cumsum" in str(report.fallbacks[0].ops), str(report)
     x = torch.randn(3, 7, 4)
     torch.testing.assert_close(cm(x), model(x))
 

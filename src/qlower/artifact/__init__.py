@@ -161,7 +161,8 @@ def _check_names(records: dict[str, bytes], path: Path) -> None:
     from torch.export.pt2_archive.constants import ARCHIVE_VERSION_VALUE
     if records["archive_version"].decode(errors="replace") != ARCHIVE_VERSION_VALUE:
         raise ArtifactError(f"{path}: archive version {records['archive_version'][:20]!r} is not "
-                            f"{ARCHIVE_VERSION_VALUE!r}", hint="written by another torch version; re-save it with this one")
+                            f"{ARCHIVE_VERSION_VALUE!r}",
+                            hint="written by another torch version; re-save it with this one")
 
 
 def _manifest(records: dict[str, bytes], path: Path) -> dict | None:
@@ -173,7 +174,8 @@ def _manifest(records: dict[str, bytes], path: Path) -> dict | None:
         if not isinstance(fmt, int) or not isinstance(parts, dict):
             raise TypeError("format must be an int and parts a mapping")
     except (ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{path}: part '{MANIFEST}' is malformed: {exc}", hint="the file was tampered with") from exc
+        raise ArtifactError(f"{path}: part '{MANIFEST}' is malformed: {exc}",
+                            hint="the file was tampered with") from exc
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in parts.items()):
         raise ArtifactError(f"{path}: part '{MANIFEST}' is malformed: parts must map names to sha256 strings",
                             hint="the file was tampered with")

@@ -61,7 +61,8 @@ def _overload_problem(op: torch._ops.OpOverload) -> str | None:
         return f"namespace '{namespace}' is not loaded (only {', '.join(_NAMESPACES)})"
     name = op._schema.name.split("::", 1)[1]
     if namespace == "aten" and _REFUSED.fullmatch(name):
-        return "it is in a refused family (files, printing, unchecked layouts or views, autograd, device or memory state)"
+        return ("it is in a refused family (files, printing, unchecked layouts or views, autograd, device or "
+                "memory state)")
     if any(arg.name in _FILE_ARGUMENTS for arg in op._schema.arguments):
         return "it takes a file name"
     if namespace != "aten" and op._schema.is_mutable:

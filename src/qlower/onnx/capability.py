@@ -221,7 +221,8 @@ def translatable(node: Node) -> str | None:
         # ONNX Runtime's random ops draw from their own generator, seeded per session (two
         # processes gave different randn_like after the same torch.manual_seed), and its Bernoulli
         # kernel draws 1 with probability 1 - p (measured, ORT 1.31, at opset 21)
-        return "a random op: its values come from PyTorch's generator (torch.manual_seed), which ONNX Runtime cannot follow"
+        return ("a random op: its values come from PyTorch's generator (torch.manual_seed), which ONNX Runtime "
+                "cannot follow")
     gap = GAPS.get(target_schema_name(target))
     if gap is not None and gap(node) is not None:
         return gap(node)

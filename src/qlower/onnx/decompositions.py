@@ -315,7 +315,8 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     for d, (extent, step) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
         shape[d] = extent
-        position = A.add.Tensor(position, A.reshape.default(A.mul.Scalar(A.arange.default(extent, dtype=torch.int64), step), shape))
+        steps = A.mul.Scalar(A.arange.default(extent, dtype=torch.int64), step)
+        position = A.add.Tensor(position, A.reshape.default(steps, shape))
     flat = A.reshape.default(x, [-1])
     index = A.reshape.default(A.expand.default(position, list(size)), [-1])
     written = A.scatter.src(flat, 0, index, A.reshape.default(src, [-1]))

@@ -264,7 +264,8 @@ def _parse_meta(text: str | None, path):
     meta = load_json(text, part, path)
     try:
         if not isinstance(meta, dict) or set(meta) - _META_FIELDS:
-            raise ValueError(f"unknown fields {sorted(set(meta) - _META_FIELDS)[:3] if isinstance(meta, dict) else meta}")
+            unknown = sorted(set(meta) - _META_FIELDS)[:3] if isinstance(meta, dict) else meta
+            raise ValueError(f"unknown fields {unknown}")
         report = CompileReport.from_dict(meta["report"])
         if not isinstance(report.backend, str) or report.backend not in backend_names():
             raise ValueError(f"report.backend {str(report.backend)[:40]!r} is not one of {backend_names()}")

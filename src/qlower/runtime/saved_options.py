@@ -59,7 +59,8 @@ def _iree_fields() -> dict[str, Callable]:
             "im2col_convs": _bool,
             "conv_im2col": _bool,
             "driver": _one_of("", "local-sync", "local-task", "cuda", "hip", "vulkan"),
-            "target_gpu": _pattern(_NAME, "a GPU architecture name ([A-Za-z0-9_.+-], at most 64 characters)", empty=True),
+            "target_gpu": _pattern(_NAME, "a GPU architecture name ([A-Za-z0-9_.+-], at most 64 characters)",
+                                   empty=True),
             "ukernels": _one_of("auto", "default", "all", "none", "mmt4d"),
             "min_cluster_size": _int(0, 1 << 20)}
 

@@ -145,7 +145,8 @@ def _rejected_nodes(exc: BaseException, model_bytes: bytes | None, sub: GraphMod
         m = _TRANSLATING.search(str(chain))
         if m is not None:
             why = f"torch.onnx fails to translate it: {_innermost(exc)[:160]}"
-            return {n.name: why for n in sub.graph.nodes if n.op == "call_function" and target_text(n.target) == m.group(1)}
+            return {n.name: why for n in sub.graph.nodes
+                    if n.op == "call_function" and target_text(n.target) == m.group(1)}
         chain = chain.__cause__
     return {}
 

@@ -29,7 +29,8 @@ from ...partition import Capability, holds_empty_tensor
 from .int64_bounds import bounded_op, produces_int64
 from ...onnx.capability import onnxruntime_capability
 from ...onnx.lowering.integer import u8_first_operand
-from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs, pool_geometry, window_exceeds_input)
+from ...pool_geometry import (POOLS, ceil_mode, ceil_mode_drops_a_window, ceil_mode_window_overhangs, pool_geometry,
+                              window_exceeds_input)
 
 NUMERICS = ("canonical", "openvino")
 NATIVE_DEVIATION = ("the Q/DQ program runs on OpenVINO's int8 kernels with OpenVINO's own requantization "
@@ -164,7 +165,8 @@ def _divisor_of_overhanging_window(node: Node) -> str | None:
             "(PyTorch by the part inside the padded input)")
 
 
-_GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}   # schema -> [.., K, N]-ish operand
+# schema -> [.., K, N]-ish operand
+_GEMM_WEIGHT = {"aten::linear": 1, "aten::mm": 1, "aten::addmm": 2, "aten::matmul": 1}
 
 
 def _not_one_by_one(node: Node) -> str | None:
@@ -245,7 +247,8 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
                  "qlower::quantize_dynamic", "qlower::dequantize_dynamic", "qlower::linear_dynamic",
                  "qlower::layer_norm_integer", "qlower::rms_norm_integer", "qlower::softmax_integer"):
         cap.register(name, _divides_at_run_time)
-    refine([name for name in cap.ops if not name.startswith("qlower::")], _int64_values_stay_int32)   # qlower ops make no int64
+    # qlower ops make no int64
+    refine([name for name in cap.ops if not name.startswith("qlower::")], _int64_values_stay_int32)
     refine(list(cap.ops), _no_empty_tensor)
     refine(list(cap.ops), _measured_wrong_in_openvino)
     refine(list(cap.ops), _no_data_dependent_size)
