@@ -495,7 +495,7 @@ def test_int8_linear_on_a_1d_input_compiles_and_runs():
 
 def test_model_computing_nan_on_finite_calibration_is_a_typed_error_naming_the_node():
     """Found by the fuzz run: on a width-1 input, a dilated max-pool window lying entirely in the
-    padding gives -inf and the group_norm after it NaN; the observer's NaN range used to fail
+    padding gives -inf and the group_norm after it NaN; the observer's NaN range, unchecked, fails
     inside convert as a raw AssertionError ("min nan should be less than max nan"). Near miss:
     without dilation every window touches the input and the model quantizes."""
     class Net(torch.nn.Module):
@@ -551,10 +551,10 @@ class _EmptyNet(torch.nn.Module):
 @pytest.mark.parametrize("case", sorted(_EMPTY_BATCH))
 def test_empty_tensors_give_eagers_result_on_every_backend(case, backend, fold):
     """An empty batch (or an empty reduced dim) through common ops: eager's shape, dtype and
-    values, and no cluster the capability accepted fails in its engine. Found in the eighteenth
-    session: ONNX Runtime returned empty inputs to negative-axis reductions unchanged and gave
+    values, and no cluster the capability accepted fails in its engine. Engines get them
+    wrong: ONNX Runtime returns empty inputs to negative-axis reductions unchanged and gives
     uninitialized memory for K = 0 MatMul; IREE a variance of 0 over nothing; OpenVINO and IREE
-    failed to compile several ops on empty tensors. `folded`: FoldEmptyTensors computes them at
+    fail to compile several ops on empty tensors. `folded`: FoldEmptyTensors computes them at
     compile time; `engine`: without it, what the backends do when an empty tensor reaches them."""
     if backend == "iree":
         pytest.importorskip("iree.compiler")

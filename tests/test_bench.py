@@ -38,7 +38,7 @@ def test_paired_ratios_pair_samples_of_the_same_round():
 
 def test_ratios_compare_like_precision_only():
     """qlower's fp32 stack beating an int8 peer must not hide that qlower's int8 stack is slower
-    than that peer (the ratio lines reported such a case as a lead before)."""
+    than that peer (the ratio lines must not report such a case as a lead)."""
     from qlower.bench import StackResult, best_peer_ratios, paired_ratios, ratio_lines
     int8 = StackResult("m", "qlower-onnxruntime", True, median_ms=3.0, samples=[3.0, 3.0, 3.0])
     fp32 = StackResult("m", "qlower-onnxruntime-fp32", True, median_ms=1.0, samples=[1.0, 1.0, 1.0])

@@ -448,8 +448,8 @@ def test_a_faster_engine_on_a_less_accurate_program_is_not_chosen(selector, inte
 def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net, monkeypatch):
     """The decision is keyed by what every program is built from (captured graph, weights,
     calibration), so a recompile builds the winner's program alone, even when the winner is not
-    the first candidate and runs a program of its own (before: the first candidate's program was
-    built just to compute the key, a second quantization)."""
+    the first candidate and runs a program of its own (computing the key does not build
+    the first candidate's program, a second quantization)."""
     calls = []
     real = api._quantize
     monkeypatch.setattr(api, "_quantize", lambda *a, **kw: calls.append(kw.get("adjust_observers")) or real(*a, **kw))

@@ -664,9 +664,9 @@ def _quantum_flip_gain(ref_cm, x: torch.Tensor) -> float:
     averages onto exact .5 ties, one engine rounds a tie the other way, and a later multiply by
     100 (a table) turns that one quantum into 100 output quanta. Each island moves whole and, for
     consumers that normalize a row (a LayerNorm does not see a whole-row shift at all), by one
-    element per row: the twenty-eighth session's fuzz run had one element of a causal attention of
-    tiny values a quantum off on ONNX Runtime (a tie), which a LayerNorm over rows of almost-zero
-    variance turned into 122 output quanta, and the whole-tensor shift measured a gain of 0."""
+    element per row: one element of a causal attention of tiny values a quantum off on ONNX
+    Runtime (a tie) becomes 122 output quanta after a LayerNorm over rows of almost-zero
+    variance, where the whole-tensor shift measures a gain of 0."""
     gm = ref_cm.graph_module
     with torch.no_grad():
         base = gm(x)
@@ -901,12 +901,12 @@ def _check(prog: Program, backends=("onnxruntime",)):
 
 
 def test_regression_one_quantum_flip_amplified_by_a_layer_norm_is_the_flip_gain():
-    """Found by the twenty-eighth session's onnxruntime fuzz run (on 4236308; also on 8da2db3):
+    """From the onnxruntime fuzz run:
     causal self-attention of tiny values -> ln_block, int8. ONNX Runtime's float attention (a
     float island: one-quantum flips allowed) put one element one quantum off the reference's
     (a tie), and the LayerNorm over a row of almost-zero variance turned it into 122 output
-    quanta (0.058). The oracle's flip gain shifted whole islands only, which a LayerNorm does not
-    see; it moves one element per row too now (`_quantum_flip_gain`). Not a numerics bug:
+    quanta (0.058). A flip gain that shifts whole islands only misses this, as a LayerNorm does not
+    see such a shift; `_quantum_flip_gain` moves one element per row too. Not a numerics bug:
     qlower's ONNX model keeps the Q/DQ pair, and ONNX Runtime gives the same answer with every
     graph optimization off."""
     _check(Program(in_shape=(1, 4, 6, 4), ops=(Op("maxpool", (0,), (1, 2, 0, 2, False)),
@@ -925,8 +925,8 @@ def test_regression_matmul_constant_uint8_operand():
 def test_regression_int8_activations_conv_without_vnni(monkeypatch):
     """int8 activations into a conv, 8-bit weights, on a CPU without VNNI: the translation
     re-encoded the weights as u8 (w + 128), and ONNX Runtime's ConvInteger of s8 activations by
-    u8 weights saturates in the AVX2 kernels (found by the twenty-fifth session's fuzz run on an
-    AVX2-only AMD EPYC, seed 17649: 4 of 144 outputs off by up to 15 quanta; the same operands
+    u8 weights saturates in the AVX2 kernels (fuzz seed 17649 on an
+    AVX2-only AMD EPYC: 4 of 144 outputs off by up to 15 quanta; the same operands
     in isolation: 42-55 of 80 wrong). int8 activations now meet s8 weights on every CPU (s8 x s8
     is exact in MatMulInteger, ConvInteger and QLinearConv there). The formulation is asserted
     with the VNNI check forced off, so a VNNI machine (where both forms are exact) catches the
@@ -1108,7 +1108,7 @@ def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
 def test_regression_openvino_pointwise_conv_padded_by_two():
     """fp32 1x1 conv, one channel in and out, padding 2: on an AVX2-only AMD EPYC OpenVINO wrote
     unread memory into the last padded column (13 of 242 outputs off by up to 0.46 here, 6e19
-    in other draws), found by the twenty-fifth session's openvino fuzz run (seed 2). The conv is
+    in other draws; openvino fuzz seed 2). The conv is
     refused now (asserted, so a CPU where OpenVINO happens to be right catches a regression too);
     the values are eager's."""
     prog = Program(in_shape=(2, 1, 7, 7), ops=(Op("conv", (0,), (1, 1, 1, 2, 1, 1, False)), Op("mul", (1, 1))),
@@ -1123,8 +1123,8 @@ def test_regression_openvino_pointwise_conv_padded_by_two():
 def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
     """fp32 causal attention over a max-pool output holding -inf (a window in the padding):
     eager's softmax rows are NaN, OpenVINO's fused attention (what the ONNX Attention op becomes)
-    returned 0 -- a finite answer where PyTorch gives NaN, found by the tenth session's openvino
-    fuzz run. The -inf reaches the attention's cluster from the max-pool running in PyTorch, so
+    returns 0 -- a finite answer where PyTorch gives NaN (from the openvino
+    fuzz run). The -inf reaches the attention's cluster from the max-pool running in PyTorch, so
     what fixes this program is the per-call NaN/inf check (the call runs in PyTorch); a NaN born
     inside the cluster is the decomposed attention's job (tests/test_openvino.py,
     test_nan_born_inside_a_cluster_stays_nan_as_in_eager)."""
@@ -1141,9 +1141,9 @@ def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
 def test_regression_openvino_layer_norm_of_constant_rows_within_its_conditioning():
     """int8 program whose only op is a LayerNorm (tiny weights) of constant rows: OpenVINO's row
     mean is one ulp off eager's, amplified by 1 / sqrt(eps) to 1.9e-5 on outputs near 1e-5. The
-    fp32 check allowed it (the program's one-ulp sensitivity, 3.0e-5); the int8 check for float
-    islands had no such allowance and reported a failure (tenth session's openvino fuzz run).
-    Both checks now take the same conditioning into account; a wrong LayerNorm still fails."""
+    fp32 check allows it (the program's one-ulp sensitivity, 3.0e-5), and the int8 check for
+    float islands (from the openvino fuzz run) takes the same conditioning into account; a wrong
+    LayerNorm still fails."""
     prog = Program(in_shape=(2, 1, 7), ops=(Op("linear", (0,), (2, True)), Op("layer_norm", (0,), ()),
                                            Op("add", (0, 2), ()), Op("relu", (0,), ()), Op("layer_norm", (0,), ())),
                    weights="tiny", inputs="const", seed=2, act="uint8")
@@ -1178,9 +1178,9 @@ def _eager_in_float32_and_float64(prog: Program, x: torch.Tensor) -> tuple[torch
 def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     """int8, dynamic batch: a LayerNorm row holding 2.8e24 -- PyTorch's fp32 layer_norm overflows
     computing the variance and returns NaN (the reference backend runs PyTorch's kernel), while
-    OpenVINO returns the right finite value (fp64 eager is finite there). Reported as "NaN in one
-    output only" by the tenth session's fuzz run; an fp32 overflow in PyTorch is not a qlower bug.
-    Since the thirtieth session `int8` quantizes this float LayerNorm input (integer_layer_norm,
+    OpenVINO returns the right finite value (fp64 eager is finite there). The fuzz oracle's "NaN in one
+    output only" here is an fp32 overflow in PyTorch, not a qlower bug.
+    `int8` quantizes this float LayerNorm input (integer_layer_norm,
     which OpenVINO runs in PyTorch): its eps term fp32(eps·n²/s²) underflows to 0 (s ~ 1e22
     here), so a row of equal codes is 0/0 = NaN on both sides, where eager fp32 is NaN too."""
     prog = Program(in_shape=(2, 1, 5), ops=(Op("linear", (0,), (4, False)), Op("matmul_w", (1,), (2,)),
@@ -1266,7 +1266,7 @@ def test_regression_openvino_pool_window_larger_than_input():
     """avg_pool2d(kernel 3, stride 2, ceil_mode=True) on a 2-high input: PyTorch pools the
     oversized window into one output, OpenVINO's shape inference rejected the model ("Check
     'cmp::le(kernel, dim.get_length())' failed") after the capability had accepted it; found by
-    a 20,000-example openvino fuzz run (seventh session). The capability now refuses pools whose
+    a 20,000-example openvino fuzz run. The capability refuses pools whose
     window exceeds the padded input (backends/pool_geometry.py); they run in PyTorch."""
     _check(Program(in_shape=(2, 1, 2, 4), ops=(Op("avgpool", (0,), (3, 2, 0, True, True, None)),), dynamic=True),
            ("openvino",))
@@ -1278,7 +1278,7 @@ def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
     """fp32 avg_pool2d(kernel 3, stride 3, padding 1, ceil_mode, count_include_pad) on a 6-high
     input: the last window covers row 5, the padding row 6 and row 7 beyond it; PyTorch divides
     by the 2 rows inside input + padding, OpenVINO by all 3 (max diff 0.25 after the clamp).
-    Found by the openvino fuzz run on an Intel Xeon (eighth session); the capability now refuses
+    Found by the openvino fuzz run on an Intel Xeon; the capability refuses
     such pools (they run in PyTorch)."""
     _check(Program(in_shape=(2, 4, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)),
                                                Op("avgpool", (1,), (3, 3, 1, True, True, None)),
@@ -1300,7 +1300,7 @@ def test_regression_iree_conv_single_window_short_of_the_input_end():
     """fp32 conv2d(kernel 3, stride 3) on a 4-high input (one window, rows 0-2 of 4): iree-compile
     rejected torch-mlir's lowering ("'linalg.generic' op inferred input/output operand #1 has
     shape's dimension #1 to be 4, but found 3") after the capability had accepted it; found by
-    the IREE fuzz run on an Intel Xeon (eighth session). Refused up front now, like the pools."""
+    the IREE fuzz run on an Intel Xeon. Refused up front, like the pools."""
     _check(Program(in_shape=(2, 6, 4, 6), ops=(Op("rms", (0,), ()), Op("mul_s", (1,), (0.5,)),
                                                Op("conv", (2,), (1, 3, 3, 0, 1, 1, True))),
                    inputs="const", seed=1110, per_channel=False, weight_bits=7), ("iree",))
@@ -1311,7 +1311,7 @@ def test_regression_iree_conv_single_window_short_of_the_input_end():
 def test_regression_iree_data_tiling_pack_rank_failure_is_retried():
     """A 1x2 input through a width-1 linear: iree-compile failed with data tiling ("tiling factors
     must be less than or equal to the input rank for pack or output rank for unpack"), which the
-    retry-without-data-tiling did not recognise; found by the IREE fuzz run (eighth session)."""
+    retry-without-data-tiling did not recognise; found by the IREE fuzz run."""
     _check(Program(in_shape=(1, 2), ops=(Op("mul_c", (0,), ()), Op("masked_softmax", (1,), (2, None)),
                                          Op("linear", (2,), (1, False)), Op("mul", (3, 3), ()),
                                          Op("matmul_w", (4,), (2,))), seed=1), ("iree",))
@@ -1321,7 +1321,7 @@ def test_regression_max_pool_window_entirely_in_the_padding_on_onnxruntime():
     """max_pool2d(kernel 2, stride 3, padding 1, dilation 2, ceil_mode) on a width-1 input: the
     window covers columns -1 and 1, padding only. PyTorch gives -inf, ONNX Runtime's MaxPool
     -3.4e38, and the masked softmax after it 1 instead of 0 (fp32, 12 of 12 elements); found
-    by the onnxruntime fuzz run on an Intel Xeon (eighth session). Such pools run in PyTorch."""
+    by the onnxruntime fuzz run on an Intel Xeon. Such pools run in PyTorch."""
     _check(Program(in_shape=(2, 2, 6, 3), ops=(Op("slice", (0,), (3, 2, 3, 2)), Op("maxpool", (1,), (2, 3, 1, 2, True)),
                                                Op("masked_softmax", (2,), (1, 3))),
                    dynamic=True, inputs="positive", seed=69))
@@ -1331,8 +1331,8 @@ def test_regression_max_pool_window_entirely_in_the_padding_on_onnxruntime():
 def test_regression_iree_one_element_strided_slice_before_a_matmul():
     """x[:, 0:1:2] @ W on a 1x1x10 input: iree-compile 3.13 rejected the fp32 cluster ("expected
     result type to be 'memref<1x1x1x1x10xf32, strided<[10, 20, 10, 10, 1]>...' (mismatch of
-    result layout)") after the capability had accepted it; found by the IREE fuzz run (tenth
-    session). backends/iree/unit_step_slices.py writes such one-element slices with step 1."""
+    result layout)") after the capability had accepted it; found by the IREE fuzz run.
+    backends/iree/unit_step_slices.py writes such one-element slices with step 1."""
     _check(Program(in_shape=(1, 1, 10), ops=(Op("mul_s", (0,), (100.0,)), Op("slice", (1,), (1, 0, 1, 2)),
                                              Op("matmul_w", (2,), (2,)), Op("rms", (3,), ())),
                    weights="zero", seed=366, per_channel=True, weight_bits=7), ("iree",))
@@ -1343,7 +1343,7 @@ def test_regression_iree_one_element_strided_slice_before_a_matmul():
                                  (Op("linear", (0,), (8, False)), Op("matmul_a", (1, 0)))])
 def test_regression_iree_batched_matmul_with_batch_and_sequence_dynamic(ops):
     """x @ xᵀ-style products with batch and sequence dynamic (the grammar's sequence-dynamic
-    programs, tenth session): with IREE 3.13's data tiling the int8 one differed from the
+    programs): with IREE 3.13's data tiling the int8 one differed from the
     reference in 16 of 32 elements and the fp32 one from eager by up to 6.4, silently; both now
     compile without data tiling (backends/iree/data_tiling.py dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 4, 8), ops=ops, dynamic=True, dynamic_seq=True, seed=3), ("iree",))
@@ -1353,8 +1353,8 @@ def test_regression_iree_batched_matmul_with_batch_and_sequence_dynamic(ops):
 def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
     """x @ xᵀ on uint8 activations with only the batch dynamic: with IREE 3.13's data tiling 4
     of 18 int8 outputs differed from the reference, at the compiled batch too — silently. Found
-    at once when the IREE fuzz run first drew dynamic shapes (thirteenth session); such matmuls
-    compile without data tiling now (data_tiling.dispatch_path_hazard)."""
+    by the IREE fuzz run with dynamic shapes; such matmuls
+    compile without data tiling (data_tiling.dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 3, 4), ops=(Op("matmul_a", (0, 0), ()),), dynamic=True, inputs="huge", seed=1,
                    per_channel=True), ("iree",))
 
@@ -1362,10 +1362,10 @@ def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
     """x[:, 0:1:2] -> linear -> RMSNorm on a 1x2 input, fp32: IREE's global-optimization
-    data-tiling path (the product-heavy clusters' since the fourteenth session) fails to compile
+    data-tiling path (which product-heavy clusters prefer) fails to compile
     it ("expected rank to be smaller or equal to the other rank"), which the retry did not
     recognise — the capability had accepted a cluster the engine rejected. Found by the IREE
-    fuzz run on that session's code within 500 examples; now retried on the dispatch-creation
+    fuzz run within 500 examples; retried on the dispatch-creation
     path, which compiles it."""
     _check(Program(in_shape=(1, 2), ops=(Op("slice", (0,), (1, 0, 1, 2)), Op("linear", (1,), (6, False)),
                                          Op("rms", (2,), ())), weights="const", inputs="tiny", seed=209, act="int8",
@@ -1377,9 +1377,8 @@ def test_regression_iree_global_data_tiling_path_self_product():
     """masked softmax -> permutes -> softmax -> RMSNorm -> x @ xᵀ, int8, static [1, 4, 10]:
     IREE's global-optimization data-tiling path gave outputs 4 quantization steps off the
     reference, silently (the dispatch-creation path and no data tiling: exact). Found by the
-    IREE fuzz run on the fourteenth session's final code within 552 examples, after that
-    session had made the global path the default for product-heavy clusters. Cause (fifteenth
-    session): IREE miscompiles an int8 product of a value by its own transpose with both zero
+    IREE fuzz run within 552 examples, with the global path the default for product-heavy
+    clusters. Cause: IREE miscompiles an int8 product of a value by its own transpose with both zero
     points non-zero on that path; such clusters take the dispatch-creation path
     (data_tiling.global_path_hazard)."""
     _check(Program(in_shape=(1, 4, 10), ops=(Op("masked_softmax", (0,), (2, None)), Op("permute", (1,), (2, 1)),
@@ -1393,9 +1392,9 @@ def test_regression_iree_global_data_tiling_path_self_product():
 def test_regression_iree_global_data_tiling_path_crash_is_retried():
     """fp32 x * 100 -> slices -> linear -> layer_norm -> x[:, 1:4], static [1, 5]: iree-compile
     crashed (SIGSEGV in dispatch creation's BubbleUpExtract) on the global-optimization
-    data-tiling path, which product clusters prefer again since the fifteenth session; the crash
+    data-tiling path, which product clusters prefer; the crash
     was not a known data-tiling failure, so the cluster fell back. Found by the IREE fuzz run
-    within 432 examples of that code; a crash is now retried on the dispatch-creation path."""
+    within 432 examples; a crash is retried on the dispatch-creation path."""
     _check(Program(in_shape=(1, 5), ops=(Op("mul_s", (0,), (100.0,)), Op("slice", (1,), (1, 2, 5, 1)),
                                          Op("slice", (2,), (1, 1, 2, 2)), Op("linear", (3,), (8, True)),
                                          Op("layer_norm", (4,), ()), Op("slice", (4,), (1, 1, 4, 1))),
@@ -1406,9 +1405,9 @@ def test_regression_iree_global_data_tiling_path_crash_is_retried():
 def test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager():
     """(x yᵀ) y products of huge inputs: eager float32 overflows to NaN (inf - inf in its
     kernels) where the exact (float64) values are finite (5e37 .. 1.6e39), IREE to +-inf at some
-    of those places — on both data-tiling paths. The fuzz oracle had compared IREE's inf with
-    eager's NaN as a mismatch; where eager overflowed and float64 did not, any non-finite result
-    now counts as eager's."""
+    of those places — on both data-tiling paths. Where eager overflowed and float64 did not, the
+    fuzz oracle counts any non-finite result as eager's, not IREE's inf against eager's NaN as a
+    mismatch."""
     _check(Program(in_shape=(2, 4, 10), ops=(Op("flatten", (0,), ()), Op("matmul_b", (0, 0), ()),
                                              Op("matmul_b", (2, 2), ()), Op("matmul_a", (2, 3), ()),
                                              Op("linear", (4,), (2, True))),
@@ -1422,8 +1421,8 @@ def test_regression_fp32_masked_key_holding_inf_in_causal_attention():
     first query's score against that key is +inf, masked. Eager's fused kernel (and ONNX Runtime,
     which adds the mask) computes +inf + (-inf) = NaN and returns 92 NaN outputs; OpenVINO and
     IREE leave the masked key out, as the attention math does, and return 71 — the other 21
-    finite and equal to the math's. Found by the twenty-second session's OpenVINO fuzz run; the
-    oracle now accepts the math's value where eager's is not finite."""
+    finite and equal to the math's. Found by the OpenVINO fuzz run; the
+    oracle accepts the math's value where eager's is not finite."""
     _check(Program(in_shape=(2, 6, 8, 5), ops=(Op("permute", (0,), (1, 3, 2)), Op("attention", (1, 1), (True, 2.0))),
                    weights="normal", inputs="normal", seed=1, act="uint8", per_channel=False),
            tuple(b for b, ok in (("onnxruntime", True), ("openvino", _openvino_available()),
@@ -1434,9 +1433,8 @@ def test_regression_fp32_masked_key_holding_inf_in_causal_attention():
 def test_regression_iree_static_batched_int8_matmul_chain():
     """uint8 (x xᵀ) x, x [2, 6, 9], static: IREE 3.13's dispatch-creation data tiling gave 46 of
     108 outputs wrong (max 1.8), silently — the global path and no data tiling exact; the
-    self-product sent the cluster to the dispatch path. Found by the IREE fuzz run on the
-    fifteenth session's final code (the dispatch path was the default before too). Every
-    batched int8 matmul is a dispatch-path hazard now; with the self-product's global-path
+    self-product sent the cluster to the dispatch path. Found by the IREE fuzz run. Every
+    batched int8 matmul is a dispatch-path hazard; with the self-product's global-path
     hazard this cluster compiles without data tiling."""
     _check(Program(in_shape=(2, 6, 9), ops=(Op("flatten", (0,), ()), Op("matmul_b", (0, 0), ())),
                    weights="normal", inputs="normal", seed=0, act="uint8", per_channel=False), ("iree",))
@@ -1448,8 +1446,7 @@ def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
     dilation 2, padding 1), B dynamic, fp32: PadSingleWindowConvs wrote out its padding with
     aten.constant_pad_nd, whose fake kernel specialized B to the example's 2 — the IREE module
     was static, and at batch 3 the model returned a batch-2 output, silently. Found by the IREE
-    fuzz run on the fifteenth session's final code (the pass is the fourteenth's); the padded
-    value now comes from torch._refs.constant_pad_nd."""
+    fuzz run; the padded value comes from torch._refs.constant_pad_nd."""
     _check(Program(in_shape=(2, 5, 4, 9), ops=(Op("mul_s", (0,), (0.0,)), Op("conv", (0,), (10, 3, 3, 1, 2, 5, False)),
                                                Op("mul", (2, 2), ()), Op("add_s", (3,), (0.0,))),
                    dynamic=True, weights="zero", inputs="positive", seed=18510, act="int8", per_channel=False,
@@ -1463,9 +1460,8 @@ def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
     slice up into the first norm's dispatch, where the dequantized input also feeds the
     reduction, and put that [B, 4] intermediate on the stack at its unbounded size
     ("exceeded stack allocation limit ... Got 144115188075856064 bytes"): the cluster fell back
-    on every data-tiling path and without data tiling. Found by the IREE fuzz run on the
-    fifteenth session's code within 162 examples (the emitter's, older than that session).
-    Slices with a dynamic dim are a gathering copy now (tosa_ops._gathered_slice)."""
+    on every data-tiling path and without data tiling. Found by the IREE fuzz run within 162
+    examples. Slices with a dynamic dim are a gathering copy (tosa_ops._gathered_slice)."""
     _check(Program(in_shape=(2, 4), ops=(Op("rms", (0,), ()), Op("slice", (1,), (1, 0, 1, 2)), Op("rms", (2,), ()),
                                          Op("cat", (0, 1), (1,)), Op("relu", (3,), ()), Op("matmul_w", (5,), (3,))),
                    dynamic=True, weights="zero", inputs="huge", seed=748, act="uint8", per_channel=False),
@@ -1477,17 +1473,16 @@ def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE
-    fuzz run on the thirteenth session's final code, its first hours with dynamic shapes; such
-    clusters compile without data tiling now (data_tiling.dispatch_path_hazard)."""
+    fuzz run with dynamic shapes; such clusters compile without data tiling (data_tiling.dispatch_path_hazard)."""
     _check(Program(in_shape=(2, 2, 5), ops=(Op("matmul_w", (0,), (5,)), Op("matmul_w", (1,), (1,)),
                                             Op("linear", (1,), (1, False))), dynamic=True, seed=2), ("iree",))
 
 
 @pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
 def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
-    """x[:, 0:2:2] (one element, end 2): the first unit_step_slices kept the end and wrote
-    x[:, 0:2] — two elements, a silent wrong fp32 answer on IREE (1 of 2 outputs off by 1.61),
-    found by the IREE fuzz run within 100 examples of that version (tenth session)."""
+    """x[:, 0:2:2] (one element, end 2): unit_step_slices writes it with step 1 and a new end;
+    keeping the end gives x[:, 0:2] — two elements, a silent wrong fp32 answer on IREE (1 of 2
+    outputs off by 1.61, found by the IREE fuzz run within 100 examples)."""
     _check(Program(in_shape=(2, 2), ops=(Op("mul_c", (0,), ()), Op("slice", (1,), (1, 0, 2, 2)),
                                          Op("add", (2, 2), ()), Op("add", (0, 1), ()), Op("reshape", (4,), (1, 2)),
                                          Op("add_c", (2,), ())),
@@ -1500,9 +1495,9 @@ def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
 def test_regression_iree_clamp_to_a_single_value_after_a_requantize(dynamic):
     """A ReLU of a uint8 value whose zero point is 255 is clamp(q, 255, 255) after the conv's
     requantize; IREE 3.13 computed tosa.clamp with min == max after a tosa.rescale wrongly (all
-    14 outputs off by one quantum of 0.0623 downstream), silently; found by the IREE fuzz run
-    (tenth session). Such a clamp is now emitted as the constant it is; with a dynamic batch that
-    would be a linalg.fill, which IREE sums wrongly (twenty-first session), so it runs in PyTorch."""
+    14 outputs off by one quantum of 0.0623 downstream), silently; found by the IREE fuzz run. Such
+    a clamp is emitted as the constant it is; with a dynamic batch that would be a linalg.fill,
+    which IREE sums wrongly, so it runs in PyTorch."""
     _check(Program(in_shape=(2, 4, 4, 9), ops=(Op("gap", (0,), (False,)), Op("conv", (0,), (1, 2, 1, 2, 1, 1, True)),
                                                Op("relu", (2,)), Op("attention", (3, 2), (False, None)),
                                                Op("relu", (2,)), Op("matmul_w", (5,), (1,))),
@@ -1522,7 +1517,7 @@ def test_regression_iree_nan_call_runs_the_decomposed_norm_as_its_kernel():
     legalization decomposed it. The rows holding NaN/inf reach that norm as constant rows (NaN
     quantized to a code), where the decomposition's mean is an ulp off and 1/sqrt(eps) turns it
     into different int8 codes: 9 of 18 outputs off by up to 14 quanta (2.55e5) against the
-    reference backend (fuzz, eleventh session, 607th example). The PyTorch graph now calls the
+    reference backend (fuzz, 607th example). The PyTorch graph calls the
     block op again (`clusters.pytorch_graph`)."""
     _check(_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM, ("iree",))
 
@@ -1539,7 +1534,7 @@ def test_regression_iree_global_average_pool_after_a_broadcast_weight():
     """RMSNorm (its weight a broadcast product) then a global average pool: iree-compile 3.13
     crashed on the mean over two dims (segmentation fault with data tiling, "'vector.contract'
     op invalid accumulator/result vector shape" without), the capability had accepted the
-    cluster (fuzz, twelfth session). Fixed by MergeReductionDims (iree legalization)."""
+    cluster (fuzz). MergeReductionDims (iree legalization) fixes it."""
     _check(Program(in_shape=(2, 5, 6, 5), ops=(Op("softmax", (0,), (1,)), Op("conv", (0,), (10, 3, 2, 2, 1, 5, False)),
                                                Op("rms", (0,), ()), Op("gap", (3,), (False,)),
                                                Op("reshape", (4,), (5, 1))),
@@ -1551,7 +1546,7 @@ def test_regression_onnxscript_optimizer_failure_does_not_fail_the_cluster():
     """int8 linear -> x + x -> relu -> clamp -> clamp -> LayerNorm over one feature: onnxscript
     0.7.2's Clip-Clip fusion read the dtype of a value shape inference had left unknown (after a
     com.microsoft op) and raised, so the capability-accepted cluster fell back (onnxruntime fuzz
-    run, twelfth session). The translator now retries without the optimizer's rewrite rules."""
+    run). The translator retries without the optimizer's rewrite rules."""
     _check(Program(in_shape=(2, 10), ops=(Op("matmul_w", (0,), (1,)), Op("add", (1, 1), ()), Op("relu", (1,), ()),
                                           Op("clamp", (2,), (0.25, None)), Op("clamp", (4,), (0.25, 0.5)),
                                           Op("ln_block", (5,), ())),
@@ -1578,8 +1573,8 @@ def _empty_batch_programs(n: int) -> list:
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime", "iree", "openvino"])
 def test_grammar_programs_on_an_empty_batch(backend):
     """Every op of the grammar on an empty batch, fp32: eager's shape and values, no raw
-    exception, no cluster the capability accepted failing in its engine. Found (eighteenth
-    session, 123 programs): ONNX Runtime's Attention rejected batch 0 at run time, and the
+    exception, no cluster the capability accepted failing in its engine. Found (123
+    programs): ONNX Runtime's Attention rejected batch 0 at run time, and the
     group_norm block op's decomposition (`reshape(n, groups, -1)`, ambiguous on no elements)
     raised a raw RuntimeError from OpenVINO's compile."""
     if backend == "iree" and not _iree_available():
@@ -1606,8 +1601,8 @@ def test_grammar_programs_on_an_empty_batch(backend):
 def test_regression_fp32_eager_overflow_engine_exact():
     """x xᵀ products of huge inputs, layer_norm over a dim of size 1: eager float32 overflows
     (inf - inf = NaN) where float64 and ONNX Runtime give the exact value (the bias, times 100).
-    The oracle had counted the engine's exact answer against eager's NaN as a mismatch (found by
-    the onnxruntime fuzz run, twentieth session)."""
+    The oracle does not count the engine's exact answer against eager's NaN as a mismatch (an
+    onnxruntime fuzz program)."""
     _check(Program(in_shape=(2, 4, 1), ops=(Op("matmul_b", (0, 0), ()), Op("matmul_b", (1, 1), ()),
                                             Op("layer_norm", (2,), ()), Op("mul_s", (3,), (100.0,))),
                    dynamic=True, weights="const", inputs="huge", seed=9700, act="int8", per_channel=False,
@@ -1619,8 +1614,8 @@ def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter()
     """An integer LayerNorm after a requantize of scale 5174: its variance epsilon in integer
     units is 3.4e-12, which onnxscript's `x + 0` rewrite rule matched (tolerance 1e-8) and
     removed, so a constant row divided 0 by 0 (NaN, requantized into garbage: 245 quanta off the
-    reference, or a NaN in one output). Found by the onnxruntime fuzz run, twentieth session;
-    the rewriter runs without its inexact no-op rules now."""
+    reference, or a NaN in one output). Found by the onnxruntime fuzz run;
+    the rewriter runs without its inexact no-op rules."""
     _check(Program(in_shape=(2, 2, 8, 7), ops=(Op("group_norm", (0,), (1, True)),
                                                Op("conv", (1,), (4, 1, 3, 0, 1, 2, True)),
                                                Op("ln_block", (1,), ()), Op("layer_norm", (2,), ()),
@@ -1637,9 +1632,9 @@ def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter()
 @pytest.mark.skipif(not _openvino_available(),
                     reason="the openvino extra is not installed (pip install -e .[openvino])")
 def test_regression_openvino_constant_multiply_into_a_padded_conv():
-    """mul_c (a constant along the last dim) into a padded depthwise conv: OpenVINO folded the
-    multiply into the conv and answered 2.4e4 where eager gives 0.07 (logged by the nineteenth
-    session's openvino fuzz run, misreported then as 0 failures; refused since the twentieth)."""
+    """mul_c (a constant along the last dim) into a padded depthwise conv: OpenVINO folds the
+    multiply into the conv and answers 2.4e4 where eager gives 0.07, so the pattern is refused
+    (from the openvino fuzz run)."""
     _check(Program(in_shape=(2, 5, 8, 8), ops=(Op("gap", (0,), (True,)), Op("conv", (1,), (1, 1, 3, 0, 1, 1, True)),
                                                Op("avgpool", (1,), (2, 1, 1, False, True, 3)), Op("mul_c", (3,), ()),
                                                Op("conv", (4,), (5, 2, 1, 2, 1, 5, False))),
@@ -1656,8 +1651,8 @@ def test_regression_float_island_tie_amplified_by_a_later_multiply():
     """int8: causal attention of values one or two quanta large averages onto exact .5 ties,
     which ONNX Runtime's float attention and the reference's round differently (one quantum, as
     the contract allows for a float island); a multiply by 100 after it (a table) turns that
-    quantum into 100 output quanta, 21 % of the output, and the oracle reported a failure (the
-    twentieth session's onnxruntime fuzz run). The allowance is what one flipped island quantum
+    quantum into 100 output quanta, 21 % of the output (an onnxruntime fuzz
+    program). The allowance is what one flipped island quantum
     costs at the output in the reference (`_quantum_flip_gain`); an integer-only program has no
     island, and an engine further off than a few such flips still fails."""
     _check(_TIE_INTO_A_GAIN_OF_100, ("onnxruntime",))
@@ -1679,8 +1674,8 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
     """x (x c)ᵀ of huge inputs (rows near 1e22) into a LayerNorm: the variance (~1e44) is beyond
     float32, eager returns NaN, float64 normalizes, and ONNX Runtime returns its own finite
     overflowed value (1/sqrt(inf) = 0 leaves the bias): float32 has no answer there, so the
-    oracle does not compare those elements (logged by the seventeenth session's onnxruntime fuzz
-    run, left open until the twenty-first)."""
+    oracle does not compare those elements (an onnxruntime fuzz
+    program)."""
     prog = Program(in_shape=(2, 1, 4), ops=(Op("matmul_b", (0, 0), ()), Op("mul_c", (0,), ()),
                                             Op("matmul_b", (0, 1), ()),
                                            Op("layer_norm", (3,), ()), Op("matmul_w", (4,), (6,))),
@@ -1712,7 +1707,7 @@ def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):
     """x * 0 -> conv (weights quantized to 0) -> x * -2 (a table: every code maps to one value)
     -> matmul: IREE 3.13 computed the tosa.matmul after a tosa.table whose entries are all equal
     wrongly (every output 20 quanta off the reference; with one entry changed it was right).
-    Found by the IREE fuzz run (twenty-first session); such a table is now emitted as its splat."""
+    Found by the IREE fuzz run; such a table is emitted as its splat."""
     _check(Program(in_shape=(2, 6, 4, 6), ops=(Op("mul_s", (0,), (0.0,)), Op("conv", (1,), (3, 1, 1, 0, 1, 1, False)),
                                                Op("mul_s", (2,), (-2.0,)), Op("matmul_w", (3,), (3,))),
                    dynamic=dynamic, weights="tiny", seed=0, act="uint8", per_channel=False, weight_bits=8),

@@ -1016,11 +1016,11 @@ class _SdpaBlock(torch.nn.Module):
 
 @pytest.mark.slow
 def test_int8_attention_is_decomposed_and_compiles_on_iree():
-    """SDPA among integer ops was imported as tm_tensor.attention, which IREE 3.13 does not
-    legalize there: the whole int8 cluster fell back. Now a legalization pass writes it as
+    """SDPA among integer ops is imported as tm_tensor.attention, which IREE 3.13 does not
+    legalize there (the whole int8 cluster would fall back), so a legalization pass writes it as
     matmul / softmax / matmul for quantized programs (a cluster IREE then fails to data-tile is
     compiled once more without data tiling); the float program keeps the fused op. (`int8`
-    decomposes SDPA before quantizing since the thirtieth session; with quantize_attention off,
+    decomposes SDPA before quantizing; with quantize_attention off,
     as in the transformer presets and KV-cache steps, it reaches the backend whole.)"""
     torch.manual_seed(0)
     model, x = _SdpaBlock().eval(), torch.randn(2, 8, 32)
@@ -1097,8 +1097,8 @@ def test_int8_batched_matmul_with_dynamic_dims_bit_exact_at_every_size(case, pat
     IREE at every size but the example's (max error 8.7: IREE 3.13's dispatch-creation data
     tiling miscompiles it; a dynamic batch alone too: uint8 [B,8,16] @ [B,16,8] wrong at B = 2
     and 3, found by the IREE fuzz run); with several dynamic dims it was refused (TOSA reshapes
-    infer one -1). Such a matmul compiled without data tiling until the fourteenth session; it
-    takes the global-optimization data-tiling path now (asked for the dispatch path: said in
+    infer one -1). Such a matmul
+    takes the global-optimization data-tiling path (asked for the dispatch path: said in
     the report), which computes it exactly, and reshapes to several dynamic dims compute their
     sizes at run time."""
     from qlower.backends.iree.options import IreeOptions
@@ -1156,8 +1156,8 @@ class _FlattenTokens(torch.nn.Module):
 def test_float_view_merging_two_dynamic_dims_in_an_int8_cluster_bit_exact():
     """Imported alone, torch-mlir lowered the float `view(-1, 16)` of [?, ?, 16] as a cast to
     [?, 1, 16]: a silent wrong answer at every other size (here), run failures on GPT-2 / OPT
-    int8 with batch and sequence dynamic (an evaluator-style sweep, thirteenth session). The
-    TOSA emitter now reshapes float tensors itself (tensor.reshape, sizes from the arguments)."""
+    int8 with batch and sequence dynamic (an evaluator-style sweep). The
+    TOSA emitter reshapes float tensors itself (tensor.reshape, sizes from the arguments)."""
     got = _one_int8_cluster_bit_exact_at_other_sizes(_FlattenTokens())
     cluster = next(m for m in got._executable.module.modules() if getattr(m, "mlir", None))
     assert "tensor<?x1x16xf32>" not in cluster.mlir
@@ -1473,7 +1473,7 @@ class _SplitRotate(torch.nn.Module):
 def test_slices_and_splits_of_int8_tensors_run_in_the_int8_cluster(dynamic):
     """split / chunk / slice of a quantized tensor were refused ("reads or produces a quantized
     integer tensor outside qlower's integer ops"): 8 PyTorch fallbacks on LLaMA int8, 16 slices +
-    2 chunks on GPT-NeoX (sweep, thirteenth session). They are data movement on stored values:
+    2 chunks on GPT-NeoX (architecture sweep). They are data movement on stored values:
     tensor.extract_slice in the TOSA module, bit-exact with the reference."""
     torch.manual_seed(0)
     model = _SplitRotate().eval()
@@ -1505,7 +1505,7 @@ class _PairIndex(torch.nn.Module):
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_pairwise_advanced_indexing_with_a_dynamic_batch_is_refused_up_front(dynamic):
     """`h[arange(B), i]` with B dynamic: torch-mlir failed to legalize index.Tensor_hacked_twin
-    and CLIP's whole cluster fell back at compile time (sweep, thirteenth session). Refused up
+    and CLIP's whole cluster fell back at compile time (architecture sweep). Refused up
     front with the reason; near miss: static, it compiles."""
     h, i = torch.randn(2, 5, 4), torch.tensor([1, 3])
     batch = torch.export.Dim("batch", min=2, max=8)
@@ -1534,7 +1534,7 @@ class _CumsumPositions(torch.nn.Module):
 def test_cumsum_in_an_int8_cluster_compiles_bit_exact(dynamic):
     """cumsum imported alone is torch-mlir's `tm_tensor.scan`, which IREE's TOSA input pipeline
     failed to legalize ("'tensor.dim' op unexpected during shape cleanup" with dynamic dims):
-    OPT and MPNet int8 lost their whole embedding cluster to PyTorch (sweep, thirteenth session).
+    OPT and MPNet int8 lost their whole embedding cluster to PyTorch (architecture sweep).
     Converted to LinalgExt it compiles: one cluster, bit-exact with the reference."""
     torch.manual_seed(0)
     model = _CumsumPositions().eval()
@@ -1722,8 +1722,8 @@ class _PackedSequences(torch.nn.Module):
 
 
 def test_diff_runs_on_iree_decomposed():
-    """`diff` is left a `torch.operator` by torch-mlir (refused up front since the ninth
-    session: SmolLM2's position ids kept a fallback); traced, the CompositeImplicit op becomes
+    """`diff` is left a `torch.operator` by torch-mlir (refused up front, it costs
+    SmolLM2's position ids a fallback); traced, the CompositeImplicit op becomes
     slices, a `cat` of `prepend` and a subtraction: one cluster, equal to eager."""
     positions, x = torch.tensor([[0, 1, 2, 0, 1, 5], [3, 4, 5, 6, 7, 8]]), torch.randn(2, 6)
     cm = qlower.compile(_PackedSequences(), (positions, x), backend="iree")
@@ -1794,8 +1794,8 @@ def test_float_cluster_carries_the_declared_ranges_of_its_dynamic_dims():
 @pytest.mark.parametrize("fn", [lambda x: x.var(-1), lambda x: x.std(-1, correction=0),
                                 lambda x: torch.var_mean(x, -1)[0]])
 def test_variance_of_an_empty_input_stays_in_pytorch_and_is_nan(fn):
-    """IREE gives 0 for the variance of nothing, eager NaN (a silent wrong answer until the
-    eighteenth session). FoldEmptyTensors computes it at compile time; without that pass the
+    """IREE gives 0 for the variance of nothing, eager NaN (a silent wrong answer if
+    compiled). FoldEmptyTensors computes it at compile time; without that pass the
     node is refused. Near miss: a non-empty input compiles."""
     from conftest import pipeline_without_empty_folding
 
@@ -1844,9 +1844,9 @@ _WRONG_ON_IREE = {   # (function, input, op): each compiled and answered wrongly
 
 @pytest.mark.parametrize("case", sorted(_WRONG_ON_IREE))
 def test_ops_measured_wrong_on_iree_run_in_pytorch(case):
-    """Found sweeping PyTorch's OpInfo samples on iree (nineteenth session): logcumsumexp gave inf
-    everywhere, grid_sample values off by up to 2.6e33, max_unpool kept another of two writes to
-    one place. Refused now, with the reason; eager's answer."""
+    """Wrong on iree in PyTorch's OpInfo samples: logcumsumexp gives inf
+    everywhere, grid_sample values off by up to 2.6e33, max_unpool keeps another of two writes to
+    one place. Refused, with the reason; eager's answer."""
     from conftest import Fn
     fn, x, op = _WRONG_ON_IREE[case]
     cm = qlower.compile(Fn(fn), (x,), backend="iree")
@@ -1866,7 +1866,7 @@ class _ErfcBetweenLinears(torch.nn.Module):
 
 def test_an_op_iree_compile_names_leaves_its_cluster(caplog):
     """iree-compile fails on erfc ("failed to legalize operation 'torch.operator' ... name =
-    "torch.aten.special_erfc""): the whole 5-node cluster used to run in PyTorch. The error names
+    "torch.aten.special_erfc""): without the retry the whole 5-node cluster runs in PyTorch. The error names
     the op; its node is refused and the graph compiled again: two IREE clusters around it, no
     warning about the retried round, eager's values."""
     torch.manual_seed(0)

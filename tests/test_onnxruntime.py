@@ -452,7 +452,7 @@ def test_alpha_of_add_sub_rsub_is_kept():
 
 class ConvPoolRelu(torch.nn.Module):
     """The classic conv -> max_pool -> relu -> clamp ordering: the relu and clamp act on uint8
-    values (once emitted as a float-bounded Clip on uint8: session failure, silent fallback)."""
+    values (a float-bounded Clip on uint8 would fail the session: silent fallback)."""
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 8, 3)
@@ -586,9 +586,9 @@ def test_float32_conv_is_not_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int16])
 def test_float16_float64_int16_run_in_onnx_runtime_and_keep_their_dtype(dtype):
-    """These dtypes compile since the sixteenth session (OpInfo's `double`, `half`, `short`,
-    `*_like`, `new_*`, softmax with a dtype). float16 `abs` as the graph output came back float32:
-    torch.onnx lost the cast back of its float32 compute (translate._outputs_in_declared_dtypes)."""
+    """These dtypes compile (OpInfo's `double`, `half`, `short`,
+    `*_like`, `new_*`, softmax with a dtype). float16 `abs` as the graph output stays float16:
+    torch.onnx loses the cast back of its float32 compute, restored by translate._outputs_in_declared_dtypes."""
     class M(torch.nn.Module):
         def forward(self, x):
             return (x * 3 + x.to(torch.float32).to(dtype)).abs()
@@ -615,7 +615,7 @@ def test_a_cluster_run_in_pytorch_takes_sparse_inputs_as_they_are():
 def test_a_float64_region_without_kernels_leaves_the_float32_ops_compiled():
     """A float32 model with a float64 region whose op ONNX Runtime lacks a kernel for inside a
     function body (Gelu -> Erf, a node ONNX Runtime does not name): the region's float64 nodes
-    run in PyTorch, the float32 ones stay compiled (the session had failed as a whole)."""
+    run in PyTorch, the float32 ones stay compiled (not the whole session failing)."""
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -701,7 +701,7 @@ class _EmptyCatInTheMiddle(torch.nn.Module):
 
 def test_a_node_the_engine_rejects_runs_alone_in_pytorch():
     """ONNX Runtime's shape inference rejects Einsum with a broadcast ellipsis ("Ellipsis
-    represents incompatible dimensions"): the whole 5-node cluster of linears used to fall back.
+    represents incompatible dimensions"): without the retry the whole 5-node cluster of linears falls back.
     The error names the ONNX node; the ATen op it came from is refused and the graph clustered
     again, so only the einsum runs in PyTorch."""
     model, x = _EinsumInTheMiddle().eval(), torch.randn(2, 4, 4)
@@ -714,7 +714,7 @@ def test_a_node_the_engine_rejects_runs_alone_in_pytorch():
 
 def test_a_node_torch_onnx_fails_to_translate_runs_alone_in_pytorch():
     """torchlib's aten_cat asserts on a cat of empty tensors only: the translation error names
-    the FX node, which alone runs in PyTorch (the cluster around it used to fall back whole).
+    the FX node, which alone runs in PyTorch (rather than the whole cluster around it).
     FoldEmptyTensors computes such a cat at compile time; it is left out here so the engine
     path (any translation error that names its node) stays tested."""
     model, args = _EmptyCatInTheMiddle(), (torch.randn(3, 4), torch.randn(0), torch.randn(0))
@@ -734,8 +734,8 @@ class _ReadsARefusedTuple(torch.nn.Module):
 
 def test_the_pieces_of_a_refused_multi_output_op_are_picked_in_pytorch():
     """The getitems of a refused op's tuple (linalg_qr's (Q, R), OpInfo's pca_lowrank; here
-    linalg_eigh's) used to join the next cluster, which then took the whole tuple as an input and
-    could not be re-captured: that cluster fell back. Picks now stay with their producer."""
+    linalg_eigh's) stay with their producer: in the next cluster they make it take the whole
+    tuple as an input, which cannot be re-captured, so that cluster falls back."""
     model, x = _ReadsARefusedTuple(), torch.randn(4, 4)
     cm = qlower.compile(model, (x,), backend="onnxruntime")
     report = cm.report()
@@ -843,7 +843,7 @@ def test_bfloat16_crosses_the_boundary_as_float32():
 def test_list_elements_are_plain_outputs_not_sequence_ops():
     """`split` then its elements (attention's q/k/v): torchlib's getitem is a function holding a
     SequenceAt; inlined before the optimizer, the folder turns SequenceAt(SequenceConstruct(...))
-    into the Split's outputs (HF GPT-2: 6 SequenceAt ran in the session before). Near miss kept:
+    into the Split's outputs (HF GPT-2: 6 SequenceAt would otherwise run in the session). Near miss kept:
     a block op stays a qlower-domain function (tests/test_blockops.py)."""
     def fn(x):
         q, k, v = (x * 2).split(4, dim=-1)

@@ -588,8 +588,8 @@ def test_engine_native_preset_quantizes_attention_matmuls():
 @pytest.mark.slow
 def test_kv_cache_step_whose_size_inputs_openvino_drops_runs_in_openvino():
     """OpenVINO's ONNX frontend drops graph inputs nothing reads (a KV-cache decode step passes
-    sizes its cluster no longer needs): arguments are fed by name, not position (before: every
-    call failed with a numpy reshape error and the cluster fell back to PyTorch at run time)."""
+    sizes its cluster no longer needs): arguments are fed by name, not position (fed by position,
+    every call fails with a numpy reshape error and the cluster falls back to PyTorch at run time)."""
     from qlower import zoo
     entry = zoo.get("hf-llama-kv")
     model, x = entry.model(), entry.inputs(1)
@@ -637,11 +637,11 @@ def test_symmetric_activation_matmul_gives_int8_zero_point_free_attention_operan
 
 @pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
 def test_sizes_across_a_refused_op_stay_inside_the_clusters(monkeypatch, backend):
-    """Batch and sequence dynamic, an op between two clusters refused: the first cluster used to
-    compute sizes the second read. That raised a raw AttributeError on OpenVINO (zoo transformer
-    int8, tenth session), then ran the first cluster in PyTorch, and a cluster taking a size
-    could not be re-captured at all (the T5 encoder: "'SymInt' object has no attribute
-    'shape'"). Now each size is computed where it is read (cluster_sizes.py): both clusters
+    """Batch and sequence dynamic, an op between two clusters refused: a size the first cluster
+    computes and the second reads raises a raw AttributeError on OpenVINO (zoo transformer
+    int8) or runs the first cluster in PyTorch, and a cluster taking a size
+    cannot be re-captured at all (the T5 encoder: "'SymInt' object has no attribute
+    'shape'"). So each size is computed where it is read (cluster_sizes.py): both clusters
     compile, and the outputs are right at another size."""
     monkeypatch.setenv("QLOWER_OP_DENYLIST", "aten::cumsum")
 
@@ -795,12 +795,12 @@ def test_float_to_int64_cast_is_refused_on_openvino():
 
 
 _C, _W = torch.randn(2, 2) * 100, torch.randn(5, 5, 2, 2)
-_WRONG_IN_OPENVINO = {   # (function, input, reason fragment): each compiled and answered wrongly before
+_WRONG_IN_OPENVINO = {   # (function, input, reason fragment): each answers wrongly if compiled
     "sort": (lambda x: torch.sort(x), torch.randn(100), "TopK breaks ties"),
     "irfft": (lambda x: torch.fft.irfft(x), torch.randn(5, 10, 4), "DFT"),
     "upsample_aa": (lambda x: torch.nn.functional.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True),
                     torch.randn(1, 2, 8, 8), "antialiased"),
-    # (since the twenty-first session every random draw stays in PyTorch, 0-d or not)
+    # (every random draw stays in PyTorch, 0-d or not)
     "randn_like_0d": (lambda x: torch.randn_like(x[0, 0]) * 0 + x[0, 0], torch.randn(2, 3), "PyTorch's generator"),
     "mul_into_padded_conv": (lambda x: torch.nn.functional.conv2d(x * _C, _W, padding=1), torch.randn(2, 5, 2, 2),
                              "spatially varying constant"),
@@ -808,7 +808,7 @@ _WRONG_IN_OPENVINO = {   # (function, input, reason fragment): each compiled and
 
 
 def test_constant_multiplies_openvino_fuses_rightly_stay_in_openvino():
-    """Near misses of mul_into_padded_conv (twentieth session, from an OpenVINO fuzz failure off
+    """Near misses of mul_into_padded_conv (from an OpenVINO fuzz failure off
     by 2.4e4): a per-channel constant, no padding, x * x — one cluster, eager's values."""
     from conftest import Fn
     per_channel = torch.randn(5, 1, 1) * 100
@@ -823,13 +823,13 @@ def test_constant_multiplies_openvino_fuses_rightly_stay_in_openvino():
 
 @pytest.mark.parametrize("case", sorted(_WRONG_IN_OPENVINO))
 def test_ops_measured_wrong_in_openvino_run_in_pytorch(case):
-    """Found by sweeping PyTorch's OpInfo samples on openvino (nineteenth session): a sort via
+    """Wrong on openvino in PyTorch's OpInfo samples: a sort via
     TopK (ties in no fixed order), inverse real FFTs (last dim lost), antialiased upsampling,
-    0-d random draws (came back 1-d); by its fuzz run (logged in the nineteenth session, found
-    in the twentieth): a spatially varying constant multiply into a padded convolution. Refused
-    now, with the reason; eager's answer — to the bit where PyTorch runs all of it, to float
+    0-d random draws (come back 1-d); in its fuzz run:
+    a spatially varying constant multiply into a padded convolution. Refused
+    up front, with the reason; eager's answer — to the bit where PyTorch runs all of it, to float
     tolerance where OpenVINO runs the rest (mul_into_padded_conv's conv: OpenVINO's AVX2 conv
-    sums in another order, 1e-4 off at values ~15 on a Zen 1, twenty-sixth session's CI)."""
+    sums in another order, 1e-4 off at values ~15 on a Zen 1, in CI)."""
     from conftest import Fn
     fn, x, reason = _WRONG_IN_OPENVINO[case]
     torch.manual_seed(0)
@@ -858,11 +858,11 @@ class _GridSampleBetweenLinears(torch.nn.Module):
 
 def test_a_node_the_cpu_plugin_rejects_runs_alone_in_pytorch(caplog, monkeypatch):
     """The plugin's ONNX frontend rejects this GridSample ("While validating ONNX node
-    '<Node(GridSample): node_grid_sampler>'"): the whole cluster used to run in PyTorch. The
+    '<Node(GridSample): node_grid_sampler>'"): without the retry the whole cluster runs in PyTorch. The
     error names the node; the ATen op behind it is refused and the graph clustered again: two
     OpenVINO clusters around it, no warning about the retried round, eager's values. (The
-    rejection was torchlib's opset-16 mode name under opset 23; since the twenty-first session
-    `opset_changes` renames it and OpenVINO runs GridSample right, so the test keeps the old
+    rejection is torchlib's opset-16 mode name under opset 23; `opset_changes`
+    renames it and OpenVINO runs GridSample right, so the test keeps the opset-16
     name to get the plugin's real rejection.)"""
     import logging
     from qlower.onnx import opset_changes

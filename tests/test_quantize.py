@@ -259,8 +259,8 @@ def test_quantize_attention_on_a_kv_cache_program_decomposes_it_on_the_module(ba
     """torch 2.13 cannot re-trace a KV-cache decode step (it writes buffers) with the SDPA
     decomposition, so the decomposition is spliced into its FX module instead: `int8` makes the
     decode step's attention integer (4 integer matmuls, 2 masked integer softmaxes, no SDPA)
-    and the engine equals the reference step by step, cache kept. Before (thirtieth session):
-    attention stayed float in every decoder's int8 program, so IREE's float softmax could flip
+    and the engine equals the reference step by step, cache kept. Without it,
+    attention stays float in every decoder's int8 program, so IREE's float softmax can flip
     codes."""
     import copy
     pytest.importorskip("transformers")
