@@ -22,6 +22,7 @@ from .core.types import CompileReport
 from .report.verify import ranked_layers
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
+from .quantize import _state_restored
 
 
 @forgets_discarded_graphs
@@ -167,7 +168,6 @@ def _float_outputs(model, example_inputs):
     different quantized programs with them, and an engine's with the reference backend's); for
     a program quantized before compile, its own Q/DQ simulation in float, the nearest to a float
     model there is. The model's buffers are restored afterwards."""
-    from .quantize import _state_restored
     module = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     with torch.no_grad(), _state_restored(module, [n for n, _ in module.named_buffers()]):
         return module(*example_inputs)

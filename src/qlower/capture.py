@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 from .errors import ArtifactError, CaptureError, InputError
+from .artifact import read_pt2
+from .artifact import write_pt2
 
 _SOURCE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _OP_NAME = re.compile(r"\b((?:aten|qlower|prims|quantized_decomposed)::?\.?[\w.]+|torch\.ops\.[\w.]+)")
@@ -214,7 +216,6 @@ def _check_operand_dtypes(ep: torch.export.ExportedProgram) -> None:
 def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:
     """Write a program as a .pt2 that torch.export.load reads too, atomically and with a sha256
     manifest (the sample inputs, a pickle, are left out)."""
-    from .artifact import write_pt2
     return write_pt2(ep, path)
 
 
@@ -222,7 +223,6 @@ def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
     """A torch.export program from a .pt2 file, without unpickling or running anything in it
     (runtime/artifact.py): files of other tools load when they hold plain tensors, else a typed
     ArtifactError names the refused part. A manifest, when present, is verified."""
-    from .artifact import read_pt2
     path = Path(path)
     if not path.exists():
         raise ArtifactError(f"no such .pt2 file: {path}", hint="check the path")

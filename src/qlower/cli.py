@@ -8,6 +8,19 @@ from typing import Optional
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from . import zoo
+from .api import compile as qcompile
+from .api import export as qexport
+from .backends import EXPORT_FORMATS
+from .backends import get_backend
+from .bench import machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
+from .bench.device_check import prepare
+from .capture import load_pt2
+from .demo import run_demo
+from .errors import InputError, QlowerError
+from .fx import schema_of
+from .report.verify import verify as run_verify
+from .runtime import load
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="qlower: quantization-aware compiler for PyTorch models.")
@@ -26,8 +39,6 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
                                      "iree | reference"),
          runs: int = typer.Option(10, help="timed runs per stack (median reported)")):
     """Quantize, compile and run the built-in models; print accuracy and latency."""
-    from .demo import run_demo
-    from .errors import QlowerError
     names = [m.strip() for m in models.split(",") if m.strip()]
     try:
         rows = run_demo(names, backend=backend, runs=runs)
@@ -57,14 +68,11 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
           partition_nodes: int = typer.Option(0, help="instead: time clustering a synthetic graph of N ops")):
     """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy).
     The terminal shows progress and the table; what libraries print or warn goes to OUT/bench.log."""
-    from . import zoo
     if partition_nodes:
         from .bench import partition_scaling
         seconds, clusters = partition_scaling(partition_nodes)
         console.print(f"clustered {partition_nodes} ops into {clusters} clusters in {seconds * 1e3:.1f} ms")
         return
-    from .bench import machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
-    from .errors import QlowerError
     try:
         chosen = suites.get("quick" if quick else suite)
         batches = tuple(int(b) for b in batch.split(",")) if batch else None
@@ -106,8 +114,6 @@ def device_check(out: Path = typer.Argument(..., help="the bundle's folder"),
     """Compile zoo models here for an IREE device (a GPU) into a bundle that a machine with only
     numpy + iree-base-runtime checks (int8 bit-exact, fp32 within tolerance) and times:
     `python OUT/run.py OUT` there."""
-    from .bench.device_check import prepare
-    from .errors import QlowerError
     try:
         manifest = prepare(out, iree_target, [m.strip() for m in models.split(",") if m.strip()], batch,
                            progress=lambda m: err.print(m, markup=False))
@@ -129,11 +135,6 @@ def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
     """Export a saved program as one ONNX file, one IREE module (.mlir as emitted, or compiled
     .vmfb for iree-run-module, for this CPU or --iree-target's device) or .pt2; says which nodes
     prevent it otherwise."""
-    from .api import compile as qcompile
-    from .api import export as qexport
-    from .capture import load_pt2
-    from .errors import QlowerError
-    from .backends import EXPORT_FORMATS
     backend = EXPORT_FORMATS.get(format, "reference")
     try:
         ep = load_pt2(path)
@@ -154,8 +155,6 @@ def torch_zeros_like(val):
 @app.command()
 def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)")):
     """Print the graph of a .pt2 file and, for a qlower artifact, its compile report."""
-    from .errors import QlowerError
-    from .runtime import load
     try:
         cm = load(path)
         console.print(str(cm.report()), markup=False)
@@ -172,10 +171,6 @@ def inspect(path: Path = typer.Argument(..., help="a .pt2 file (torch.export pro
 def schema(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program or qlower artifact)"),
            backend: str = typer.Option("onnxruntime", help="whose capability to check")):
     """Print each call node's full op schema and whether (and why not) the backend supports it."""
-    from .backends import get_backend
-    from .capture import load_pt2
-    from .errors import QlowerError
-    from .fx import schema_of
     try:
         ep = load_pt2(path)
         cap = get_backend(backend).capability
@@ -196,8 +191,6 @@ def schema(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
 def ops(backend: str = typer.Option("onnxruntime", help="onnxruntime | openvino | iree | reference")):
     """List the op schemas a backend accepts and the condition on each
     (QLOWER_OP_ALLOWLIST / QLOWER_OP_DENYLIST adjust it)."""
-    from .backends import get_backend
-    from .errors import QlowerError
     try:
         cap = get_backend(backend).capability
     except QlowerError as exc:
@@ -235,8 +228,6 @@ def verify(model: str = typer.Argument(..., help="a zoo model name (qlower.zoo) 
 
     import logging
 
-    from .errors import QlowerError
-    from .report.verify import verify as run_verify
     logging.getLogger("torch.utils._pytree").addFilter(lambda r: "is an Enum subclass" not in r.getMessage())
     progress = _progress_line()
     try:
@@ -282,9 +273,6 @@ def _verify_inputs(model: str, inputs: int, calibration: int, batch: int, data, 
     """(model or program, display name, evaluation inputs, calibration, note) for `qlower verify`."""
     import torch
 
-    from . import zoo
-    from .capture import load_pt2
-    from .errors import InputError, QlowerError
 
     def load(path: Path) -> list:
         try:

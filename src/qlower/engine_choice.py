@@ -44,6 +44,11 @@ from .backends.registry import backend_names, make_backend, options_backend
 from .core.cache import LRUCache
 from .core.settings import Settings, settings
 from .core.version import __version__
+from .backends.reference import ReferenceBackend
+from .core import cache
+from .core.cpu import fingerprint
+from .core.metrics import energy_ratio_db, sqnr_db
+from .quantize import is_quantized
 
 AUTO_ENV = "QLOWER_AUTO_BACKENDS"
 # Engines backend="auto" measures, in preference order (which one wins a tie).
@@ -183,7 +188,6 @@ class EngineSelector:
         `source_digest()`: what every program is built from (captured graph, weights,
         calibration); with it a remembered decision builds only the winner's program, without
         it the first candidate's program is built to key the decision."""
-        from .backends.reference import ReferenceBackend
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
         if len(measured) < 2:
@@ -327,7 +331,6 @@ class EngineSelector:
         float model (its reference outputs, on the example inputs) goes into its trials, and a
         candidate whose program is more than `accuracy_margin_db` below the best is refused
         ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
-        from .core.metrics import sqnr_db
         for oracle in oracles.values():
             oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
         best = max(oracles.values(), key=lambda o: o.trial.sqnr_db)
@@ -360,7 +363,6 @@ class EngineSelector:
     def _key(self, source: str, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
         """The decision's cache key: the digest of what the programs are built from, the
         candidates with their options and programs, input shapes/dtypes, profile, CPU and thread count."""
-        from .core.cpu import fingerprint
         h = hashlib.sha256(source.encode())
         for b in backends:
             h.update(f"|{b.name}:{getattr(b, 'options', None)!r}:{program_key(b)!r}".encode())
@@ -390,7 +392,6 @@ def _engine_versions() -> str:
 def _load_decision(key: str) -> "_Decision | None":
     """A decision stored by an earlier process (digest-checked like every cache entry; a corrupt
     or unreadable one is deleted and measured again)."""
-    from .core import cache
     data, _ = cache.load_entry(key, _DECISION_SUFFIX)
     if data is None:
         return None
@@ -402,14 +403,12 @@ def _load_decision(key: str) -> "_Decision | None":
 
 
 def _store_decision(key: str, decision: "_Decision") -> None:
-    from .core import cache
     cache.store_entry(key, json.dumps({"winner": decision.winner, "explanation": decision.explanation,
                                        "trials": [asdict(t) for t in decision.trials]}).encode(), _DECISION_SUFFIX)
 
 
 # ---------------------------------------------------------------------------- helpers
 def is_quantized_program(program: Program) -> bool:
-    from .quantize import is_quantized
     return is_quantized(program.ep)
 
 
@@ -584,7 +583,6 @@ def _within_quantization_error(got, ref, want, s: AutoSettings) -> tuple[bool, s
     its SQNR vs the float model (`want`) is within `accuracy_margin_db` of the reference's and no
     element is further from the reference than `max_error_factor` times the reference's largest
     error vs float; integer outputs and NaN/inf places stay exact."""
-    from .core.metrics import energy_ratio_db, sqnr_db
     tree_leaves = torch.utils._pytree.tree_leaves
     deviation_db, loss_db, worst_factor = math.inf, 0.0, 0.0
     for g, r, w in zip(tree_leaves(got), tree_leaves(ref), tree_leaves(want)):

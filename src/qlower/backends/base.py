@@ -13,6 +13,10 @@ from torch.fx import GraphModule
 from ..fx import schema_name
 from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
 from ..core.types import ClusterInfo
+from ..errors import BackendError
+from ..fx import copy_graph_module
+from ..passes import PassContext, PassManager
+from ..passes.decompose_block_ops import DecomposeBlockOps
 
 
 @dataclass
@@ -64,7 +68,6 @@ def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
     """`backend`'s executable for `gm` (after the pass pipeline; left unchanged): a copy,
     legalized by the backend's passes, compiled. The legalization's rewrites and refusals lead
     the executable's report notes."""
-    from ..fx import copy_graph_module
     own = copy_graph_module(gm)
     notes = legalize(backend, own)
     executable = backend.compile(own)
@@ -75,7 +78,6 @@ def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
 def legalize(backend: Backend, gm: GraphModule) -> list[str]:
     """Run `backend.legalize_passes()` on gm in place; one report line per rewrite kind and
     per refusal."""
-    from ..passes import PassContext, PassManager
     passes = getattr(backend, "legalize_passes", lambda: [])()
     if not passes:
         return []
@@ -88,7 +90,6 @@ def whole_model_cluster_info(cm, backend: str, artifact: str) -> ClusterInfo:
     directly, with the model's inputs and outputs), for exporting it as one `artifact` ("ONNX
     graph", "IREE module"); otherwise a BackendError naming what prevents it: another backend,
     nodes left in PyTorch (with their reasons), several clusters, PyTorch code around one."""
-    from ..errors import BackendError
     report = cm.report()
     if report.backend != backend:
         raise BackendError(f"{artifact} export needs a model compiled for {backend}, not {report.backend!r}",
@@ -111,5 +112,4 @@ def op_counts(gm: GraphModule) -> dict[str, int]:
 
 def decompose_unsupported_block_ops(capability: "Capability"):
     """The legalization pass that decomposes the block ops `capability` does not accept."""
-    from ..passes.decompose_block_ops import DecomposeBlockOps
     return DecomposeBlockOps(capability.supports, why=f"{capability.backend} lacks it")

@@ -18,6 +18,7 @@ from ..passes.decompose_block_ops import DECOMPOSED_FROM, recompose_block_ops
 from ..passes.functionalize_state import WRITE_BACK
 from ..core.types import ClusterInfo
 from .cluster_sizes import derive_sizes_of_clusters, one_user_per_size, sizes_with_their_users
+from ..fx import torch_deprecation_silenced
 
 
 def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int):
@@ -247,7 +248,6 @@ def graph_copy(gm: GraphModule) -> GraphModule:
     """A GraphModule with its own copy of gm's graph, sharing gm's tensors and submodules
     (clustering rewrites the graph it is given)."""
     import copy
-    from ..fx import torch_deprecation_silenced
     with torch_deprecation_silenced():
         return GraphModule(gm, copy.deepcopy(gm.graph))
 

@@ -25,6 +25,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ..backends.base import compile_graph
+from ..backends.iree import IreeBackend
+from ..backends.iree.compiler import compile_command, compile_mlir
+from ..backends.iree.data_tiling import data_tiling_for
+from ..backends.iree.export import whole_model_cluster
+from ..backends.iree.options import IreeOptions
+from ..backends.iree.runner import IreeCluster
+from ..errors import QlowerError
+from ..numerics_vectors import EDGE_SCALES, QuantizeDequantize, quantize_edges, tie_vector
+from ..timing import median_latency_ms
+from ..zoo import get
+from .machine import ISA_FLAGS, cpuinfo
 
 MODES = ("int8-fixed", "int8-float", "fp32")
 DEFAULT_MODELS = ("cnn", "transformer", "transformer-blockops", "mobilenet", "vit", "bert")
@@ -94,7 +106,6 @@ def _tuple(out) -> tuple:
 def _zoo_case(entry, mode: str, batch: int) -> _Case:
     """A zoo model as one IREE module (QlowerError if it is not one)."""
     import qlower
-    from ..backends.iree.export import whole_model_cluster
     model, example, x = entry.model(), entry.inputs(batch), entry.inputs(batch, seed=7)
     if mode == "fp32":
         cm, oracle = qlower.compile(model, example, backend="iree"), model
@@ -132,7 +143,6 @@ def _numerics_modules():
     """(name, module, inputs): requantize on every rounding and multiplier/shift edge under both
     profiles, quantize/dequantize on every float edge (NaN, +-inf, ties) — tests/test_iree.py's
     bit-exactness cases."""
-    from ..numerics_vectors import EDGE_SCALES, QuantizeDequantize, quantize_edges, tie_vector
     for profile in ("fixed", "float"):
         for dtype, zp in ((torch.uint8, 0), (torch.uint8, 131), (torch.int8, -3)):
             yield (f"requantize-{profile}-{str(dtype)[6:]}-zp{zp}", _Requantize(EDGE_SCALES, zp, dtype, profile),
@@ -143,9 +153,6 @@ def _numerics_modules():
 
 
 def _numerics_cases():
-    from ..backends.base import compile_graph
-    from ..backends.iree import IreeBackend
-    from ..backends.iree.runner import IreeCluster
     for name, module, x in _numerics_modules():
         gm = torch.export.export(module, x).module()
         exe = compile_graph(IreeBackend(), gm)
@@ -167,9 +174,6 @@ def _dynamic_cases(skipped: dict):
     CPU data tiling miscompiles it; docs/iree.md, "Dynamic shapes"), int8 linears on [B, S, K],
     and the zoo transformer int8 (float islands: within 2x the CPU module's distance)."""
     import qlower
-    from ..backends.iree.export import whole_model_cluster
-    from ..errors import QlowerError
-    from ..zoo import get
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=128)
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -202,13 +206,11 @@ def _dynamic_cases(skipped: dict):
 
 def _write_case(case: _Case, out: Path, base, entries: list) -> float:
     """The case's inputs, outputs and modules (per data-tiling choice) into the bundle."""
-    from ..backends.iree.compiler import compile_command, compile_mlir
     key = case.key
     inputs = [_npy(_to_array(t), out / f"{key}.in{i}.npy") for i, t in enumerate(case.inputs)]
     expected = [_npy(_to_array(t), out / f"{key}.out{i}.npy") for i, t in enumerate(case.want)]
     cpu_output = [_npy(_to_array(t), out / f"{key}.cpu{i}.npy") for i, t in enumerate(case.got_cpu)]
     cpu_ms = _cpu_latency_ms(case.cluster, [_to_array(t) for t in case.inputs])
-    from ..backends.iree.data_tiling import data_tiling_for
     input_type = {"tosa": "tosa", "torch": "torch"}[case.cluster.kind]
     # as the backend compiles it: never with data tiling where IREE 3.13 miscompiles the cluster
     resolved, note = data_tiling_for(base.resolved_for(case.cluster.info.ops), case.cluster.fallback)
@@ -224,7 +226,6 @@ def _write_case(case: _Case, out: Path, base, entries: list) -> float:
 
 
 def _cpu_latency_ms(cluster, arrays: list[np.ndarray]) -> float:
-    from ..timing import median_latency_ms
     return median_latency_ms(lambda: cluster.function(*arrays), warmup=5, runs=30)[0]
 
 
@@ -238,10 +239,6 @@ def prepare(out: str | Path, target: str, models=DEFAULT_MODELS, batch: int = 8,
     """Write the bundle for `target` ("cuda:sm_80", ...) into `out`; returns its manifest.
     `numerics`: also the requantize / quantize edge-case modules; `dynamic`: the modules with
     batch and sequence dynamic, at several sizes."""
-    from ..backends.iree.options import IreeOptions
-    from ..errors import QlowerError
-    from ..zoo import get
-    from .machine import ISA_FLAGS, cpuinfo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base = IreeOptions.for_target(target)

@@ -25,6 +25,9 @@ import torch
 
 from .. import zoo
 from .stacks import build_stack
+from .. import report
+from ..partition import Capability, cluster_graph
+from .logcapture import LogCapture
 
 
 @dataclass
@@ -123,7 +126,6 @@ def run_plan(plan: list[tuple[str, int]], stacks: list[str], rounds: int = 5, bl
     calibrate the int8 stacks; `canonical_inputs` inputs check qlower stacks against the
     reference backend (0: not checked). `on_pair(results so far)` runs after each pair (the CLI
     rewrites its output files, so an interrupted long run keeps what it measured)."""
-    from .logcapture import LogCapture
     torch.manual_seed(0)
     capture = LogCapture(log_file).open()
     results: list[StackResult] = []
@@ -201,7 +203,6 @@ def _bench_model(name, batch, stacks, rounds, block, warmup, pause_s, log, block
 
 
 def _metric(name: str, reference, out) -> float:
-    from .. import report
     return getattr(report, name)(reference, out)
 
 
@@ -232,7 +233,6 @@ def partition_scaling(nodes: int, every: int = 7) -> tuple[float, int]:
     a second at 5,000 nodes."""
     from torch.fx import Graph
 
-    from ..partition import Capability, cluster_graph
     aten = torch.ops.aten
     g = Graph()
     prev = skip = g.placeholder("x")

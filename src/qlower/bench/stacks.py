@@ -14,6 +14,9 @@ import torch
 from ..backends.registry import backend_names
 from ..api import compile as qcompile
 from ..quantize import QuantConfig
+from ..api import quantize as qquantize
+from ..backends.onnxruntime import OrtOptions
+from ..passes import LowerQDQ, default_pipeline
 
 STACKS = ("eager-fp32", "compile-fp32", "pt2e-inductor-int8", "ort-fp32", "ort-int8-qdq", "ort-int8-dynamic",
           "openvino-fp32", "openvino-nncf-int8",
@@ -244,9 +247,6 @@ def _qlower_stack(stack: str, entry, model, inputs, calibration) -> Callable:
     """A qlower stack, with `.canonical()`: builds the reference backend on the same quantized
     program (called after the stack's prepare time and memory are taken), and `.note` (the
     fallbacks, if any)."""
-    from ..api import quantize as qquantize
-    from ..backends.onnxruntime import OrtOptions
-    from ..passes import LowerQDQ, default_pipeline
     backend, variant = parse_qlower(stack)
     if variant == "fp32":   # the float model lowered by qlower (through torch.onnx for onnxruntime)
         cm = qcompile(model, inputs, backend=backend)

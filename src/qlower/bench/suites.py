@@ -5,6 +5,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .stacks import DEFAULT_STACKS, QUICK_STACKS
+from .. import zoo
+from ..errors import QlowerError
+from ..zoo.realsuite import REAL_SUITE
 
 # the peers of the realistic suite: every engine's own fp32 and int8 pipeline, and qlower's int8
 # on each backend (a backend that cannot compile a model is an error row)
@@ -33,12 +36,10 @@ class Suite:
 
 
 def _default_plan() -> list[tuple[str, int]]:
-    from .. import zoo
     return [(name, 1) for name in zoo.default_bench_models() if not name.startswith("hf-real-")]
 
 
 def _real_plan() -> list[tuple[str, int]]:
-    from ..zoo.realsuite import REAL_SUITE
     return [(name, b) for name, batches in REAL_SUITE for b in batches]
 
 
@@ -57,7 +58,6 @@ SUITES: dict[str, Suite] = {
 
 
 def get(name: str) -> Suite:
-    from ..errors import QlowerError
     if name not in SUITES:
         raise QlowerError(f"unknown bench suite {name!r}", hint=f"choose from {', '.join(SUITES)}")
     return SUITES[name]

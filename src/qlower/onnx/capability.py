@@ -17,6 +17,7 @@ from ..partition import Capability, holds_empty_tensor
 from ..pool_geometry import pool_geometry, window_entirely_in_padding
 from .lowering import PREDICATES, translation_table
 from .decompositions import DECOMPOSITIONS, applies_to, decomposes
+from . import translate
 
 def _divisor_override(node: Node) -> str | None:
     """with divisor_override and a symbolic channel or spatial size"""
@@ -191,7 +192,6 @@ _SUPPORTED_DTYPES = FULL_KERNEL_DTYPES | PARTLY_COVERED_DTYPES   # complex: PyTo
 
 def _translator():
     """translate.py, imported on first use (it builds torchlib's registry)."""
-    from . import translate
     return translate
 
 

@@ -32,6 +32,11 @@ from .lowering.onnx_ops import OPSET, bound_constants
 from .opset_changes import upgrade_opset_18_nodes
 from .rewrite_rules import exact_rewrite_rules
 from .direct_forms import rename_to_direct_forms
+from .decompositions import DECOMPOSITIONS
+from .decompositions import applies_to
+from .decompositions import decomposes
+from .lowering import functions
+from .lowering.onnx_ops import QLOWER_DOMAIN
 
 
 class TranslateError(Exception):
@@ -203,7 +208,6 @@ def _translated_as_is() -> frozenset:
     """The ATen overloads torchlib (or qlower's table) translates directly, but those
     decompositions.py decomposes first (a torchlib translation measured wrong)."""
     from torch.onnx._internal.exporter import _decomp
-    from .decompositions import DECOMPOSITIONS, applies_to
     always = {target for target, fn in DECOMPOSITIONS.items() if applies_to(fn) is None}
     return frozenset(_decomp.get_onnx_implemented_overloads(_registry())) - frozenset(always)
 
@@ -214,7 +218,6 @@ def exporter_decompositions() -> dict:
     with decompositions.py's entries for ops that table leaves untranslatable. Built once per
     process (~0.15 s; torch.onnx rebuilds it on every export)."""
     from torch.onnx._internal.exporter import _decomp
-    from .decompositions import DECOMPOSITIONS
     table = _decomp.create_onnx_friendly_decomposition_table(set(_translated_as_is()))
     for target, ours in DECOMPOSITIONS.items():
         chained = getattr(ours, "otherwise_torch", False) and target in table
@@ -244,7 +247,6 @@ def _needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
     qlower implements, or Python's `operator` (getitem, SymInt arithmetic). Anything else
     (in-place ops, CompositeImplicitAutograd ops such as aten.to.dtype or batch_norm that
     decompose on re-trace, higher-order ops) takes torch.onnx's full decomposition."""
-    from .decompositions import decomposes
     direct = _translated_as_is()
     for node in ep.graph.nodes:
         if node.op != "call_function" or node.target in ASSERTIONS:
@@ -374,8 +376,6 @@ def _add_called_functions(model) -> None:
     adds the function a translation calls, not the ones that calls in turn."""
     import onnx_ir as ir
     import onnxscript
-    from .lowering import functions
-    from .lowering.onnx_ops import QLOWER_DOMAIN
     bodies = {obj.name: obj for obj in vars(functions).values() if isinstance(obj, onnxscript.OnnxFunction)}
     pending = list(model.functions.values())
     while pending:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from torch.fx import Graph, Node
 
 from .capability import STRUCTURAL, Capability
+from ..fx import mutation_hazards
+from ..fx import schema_name
 
 
 @dataclass
@@ -26,7 +28,6 @@ class Clustering:
 
 
 def cluster_graph(graph: Graph, capability: Capability, min_size: int = 1) -> Clustering:
-    from ..fx import mutation_hazards
     hazards = mutation_hazards(graph)   # in-place writes order their readers like data edges
     stage: dict[Node, int] = {}
     supported: dict[Node, bool] = {}
@@ -61,5 +62,4 @@ def _graph_assertion(node: Node) -> bool:
 
 
 def _compute_op(node: Node) -> bool:
-    from ..fx import schema_name
     return schema_name(node) not in STRUCTURAL

@@ -31,6 +31,7 @@ from .. import numerics
 from ..fx import add_constant, call, constant_value, is_dequantize, is_quantize
 from ..meta import QPARAMS_KEY, QParams
 from .base import Pass, PassContext
+from .dq_through_shape import dequantize_node
 
 aten = torch.ops.aten
 qlower = torch.ops.qlower
@@ -132,7 +133,6 @@ class LowerQDQ(Pass):
         """x @ DQ(B) (or addmm(bias, x, DQ(B))) with B a constant 2-D integer tensor quantized
         per-tensor or per output column is linear(x, DQ(B.T)[, bias]) with the channel on axis 0:
         one lowering path for all three."""
-        from .dq_through_shape import dequantize_node
         is_addmm = node.target is aten.addmm.default
         if is_addmm and (node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1):
             return node

@@ -23,6 +23,8 @@ import logging
 import math
 
 import torch
+from ..passes import PassContext
+from ..passes.decompose_block_ops import DecomposeBlockOps
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -69,8 +71,6 @@ def decompose_attention_in_module(gm: torch.fx.GraphModule) -> None:
     cannot re-trace as a program): the op traced on its node's values (DecomposeBlockOps with
     this one entry). An attention whose decomposition would read a symbolic size stays float,
     with the reason logged."""
-    from ..passes import PassContext
-    from ..passes.decompose_block_ops import DecomposeBlockOps
     ctx = PassContext()
     DecomposeBlockOps(lambda node: False, why="quantize_attention", table={SDPA: _sdpa_math}).run(gm, ctx)
     for refusal in ctx.refusals:

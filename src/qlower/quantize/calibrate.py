@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..capture import check_example_inputs
 from ..errors import QlowerError, QuantizeError
 from ..fx import schema_name, source_of
+from ..input_spec import input_specs_of
 
 _HINT = "calibration must yield input tuples like the example inputs, e.g. [(x1,), (x2,)]"
 
@@ -130,7 +131,6 @@ def _batches(calibration) -> list:
 
 def _specs(observed: torch.nn.Module) -> list:
     """The observed graph's inputs (dtype, static dims); dynamic ranges are export's to check."""
-    from ..input_spec import input_specs_of
     if not isinstance(observed, torch.fx.GraphModule):
         return []
     return [dataclasses.replace(s, bounds=()) for s in input_specs_of(observed)]

@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from ..capture import capture
+from ..quantize import QlowerQuantizer, QuantConfig, calibrate, rewrite_float
+from ..quantize.per_token import insert_run_time_qdq
 
 LAYER_OPS = ("conv1d", "conv2d", "linear", "matmul", "bmm", "addmm", "mm")
 
@@ -31,9 +34,6 @@ def sensitivity(model: torch.nn.Module, example_inputs: tuple, calibration, conf
                                            generate_numeric_debug_handle, prepare_for_propagation_comparison)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from ..capture import capture
-    from ..quantize import QlowerQuantizer, QuantConfig, calibrate, rewrite_float
-    from ..quantize.per_token import insert_run_time_qdq
 
     config = QuantConfig.from_name(config) if isinstance(config, str) else (config or QuantConfig())
     inputs = inputs or example_inputs

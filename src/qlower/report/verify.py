@@ -36,6 +36,14 @@ from torch.fx import GraphModule, Node
 from ..quantize.config import QuantConfig, config_code
 from .html import render
 from ..core.metrics import cosine, energy_ratio_db, format_db, format_number, max_abs, sqnr_db
+from ..capture import capture, check_example_inputs, check_module
+from ..errors import InputError
+from ..quantize import QlowerQuantizer, calibrate, rewrite_float
+from ..quantize import SmoothQuant, is_quantized
+from ..quantize import quantize as qlower_quantize
+from ..quantize.calibrate import prepare_calibration
+from ..quantize.quantizer import FUSABLE_ACTIVATIONS
+from ..quantize.smoothquant import find_groups
 
 aten = torch.ops.aten
 # op -> index of the activation input whose statistics are reported
@@ -237,12 +245,6 @@ def verify(model, inputs, calibration=None, config: QuantConfig | str | None = "
         note says so). config: preset name or QuantConfig. suggest: how many of the worst layers'
         modules to try in float (0: none). smoothquant: also measure SmoothQuant on/off.
         min_gain_db: a suggestion is recommended when its measured gain is at least this."""
-    from ..quantize import quantize as qlower_quantize
-    from ..capture import capture, check_example_inputs, check_module
-    from ..errors import InputError
-    from ..quantize import SmoothQuant, is_quantized
-    from ..quantize.calibrate import prepare_calibration
-    from ..quantize.smoothquant import find_groups
 
     start = time.perf_counter()
     say = progress or (lambda message: None)
@@ -343,7 +345,6 @@ def _per_layer(ep: torch.export.ExportedProgram, calibration: list, config, inpu
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
-    from ..quantize import QlowerQuantizer, calibrate, rewrite_float
 
     gm = ep.module()
     groups = len(find_groups(gm))
@@ -396,7 +397,6 @@ def _is_qdq(node, prefix: str) -> bool:
 def _output_chain(qnode: Node, ref_names: set[str]) -> list[Node]:
     """[fused activation,] quantize, dequantize: how the quantized graph rounds the layer's output
     (empty where it stays float). The activation must exist in the float graph too."""
-    from ..quantize.quantizer import FUSABLE_ACTIVATIONS
     chain, node = [], qnode
     users = list(node.users)
     if len(users) == 1 and users[0].target in FUSABLE_ACTIVATIONS and users[0].name in ref_names:

@@ -22,6 +22,10 @@ from ..core.types import CompileReport
 from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
 from . import saved_options
+from ..artifact.limits import load_json
+from ..backends import backend_names, get_backend
+from ..backends import options_backend
+from ..backends.base import compile_graph
 
 _META_NAME = "qlower.json"
 NAN_POLICIES = ("warn", "raise", "ignore")
@@ -228,8 +232,6 @@ def load(path: str | Path, *, backend_options=None) -> CompiledModule:
     allow-list of fields (runtime/saved_options.py); compiler flags and paths are never taken
     from a file: pass `backend_options` (the saved backend's options class, e.g.
     IreeOptions(extra_flags=(...))) to compile with your own options instead of the file's."""
-    from ..backends import get_backend, options_backend
-    from ..backends.base import compile_graph
     ep, extras, _ = read_pt2(path, require_manifest=True)
     report, specs, shapes, options, nan_policy, withheld = _parse_meta(extras.get(_META_NAME), path)
     _check_specs_against_graph(specs, ep, path)
@@ -256,8 +258,6 @@ def _parse_meta(text: str | None, path):
     """(report, input specs, example shapes, backend options, nan_policy, withheld option names)
     from qlower.json; any malformed field is an ArtifactError naming the part (the manifest
     verified, so whoever wrote the file made it so)."""
-    from ..backends import backend_names, get_backend
-    from ..artifact.limits import load_json
     part = "extra/qlower.json"
     if text is None:
         raise ArtifactError(f"{path}: part '{part}' is missing", hint="the file is not a qlower artifact")

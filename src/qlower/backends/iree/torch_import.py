@@ -14,6 +14,8 @@ from torch.fx import GraphModule, Node
 from ...fx import constant_value, schema_name
 from ...shapes import finite_bound
 from .values import EmittedModule
+from ..cluster_sizes import computable_from
+from .tosa_ops import emits_float_shape_op
 
 
 def import_float_cluster(sub: GraphModule):
@@ -169,8 +171,6 @@ def not_importable_alone(node: Node, available: frozenset = frozenset()) -> str 
     "failed to legalize 'tm_tensor.attention'", "'tensor.dim' op unexpected during shape
     cleanup". `_TO_LINALG` converts them to IREE's LinalgExt, as IREE's own torch input
     pipeline does, and they compile and match.)"""
-    from ..cluster_sizes import computable_from
-    from .tosa_ops import emits_float_shape_op
     if emits_float_shape_op(node, available):   # not imported: the TOSA emitter reshapes it
         return None
     if _broadcast_batch_matmul(node):

@@ -23,6 +23,7 @@ from ...fx import constant_value, schema_name
 from . import tosa_ops, torch_import
 from .lowerings import DYN, TOSA_LOWERINGS, dims, kind_of
 from .values import U8_OFFSET, EmittedModule, Val, offset_of  # noqa: F401  (re-exported)
+from .options import IreeOptions
 
 # `main`'s outputs, then the sum of each float32 input in `input_sums`: what the runner calls, so
 # the NaN/inf check of a quantized model's inputs happens inside the engine, where the module
@@ -243,7 +244,6 @@ class TosaEmitter:
     """Emits a cluster GraphModule (constants bound as get_attr) as func.func @main."""
 
     def __init__(self, sub: GraphModule, options=None):
-        from .options import IreeOptions
         self.sub = sub
         self.options = options or IreeOptions()
         self.env: dict[Node, Val] = {}

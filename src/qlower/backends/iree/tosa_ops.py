@@ -25,6 +25,8 @@ from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
 from ..cluster_sizes import computable_from
 from .values import Val, offset_of
+from ...fx import constant_value
+from .lowerings import kind_of
 
 if TYPE_CHECKING:
     from .tosa_emit import TosaEmitter
@@ -35,7 +37,6 @@ _RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside in
 
 # ------------------------------------------------------------------------------- checks
 def _const(node: Node, arg) -> torch.Tensor | None:
-    from ...fx import constant_value
     return constant_value(node.graph.owning_module, arg)
 
 
@@ -1222,7 +1223,6 @@ def emit_cat(em: TosaEmitter, node: Node) -> Val:
 
 def _getitem_check(node: Node) -> str | None:
     """picks an output of a lowered op (TOSA or importer)"""
-    from .lowerings import kind_of
     producer = node.args[0]
     if not isinstance(producer, Node) or kind_of(producer) is None:
         return "getitem of an op that is not lowered"

@@ -37,6 +37,7 @@ from ...passes.onnxruntime.fuse_per_token import FusePerTokenLinear
 from ...passes.onnxruntime.fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
 from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
+from .export import export_onnx
 
 log = logging.getLogger("qlower.onnxruntime")
 CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
@@ -439,7 +440,6 @@ class OnnxRuntimeBackend:
 
     @staticmethod
     def export(cm, path, format: str):
-        from .export import export_onnx
         return export_onnx(cm, path)
 
     def legalize_passes(self) -> list:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...errors import BackendError
 from ..base import whole_model_cluster_info
+from ...artifact import atomic_write
 
 
 def export_onnx(cm, path: Path) -> Path:
@@ -18,6 +19,5 @@ def export_onnx(cm, path: Path) -> Path:
     if info.onnx is None:
         raise BackendError("the model's cluster kept no ONNX model (it computes constants only)",
                            hint="export it as .pt2")
-    from ...artifact import atomic_write
     atomic_write(path, lambda tmp: tmp.write_bytes(info.onnx))   # typed error, never half a file
     return path

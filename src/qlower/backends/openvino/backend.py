@@ -40,6 +40,11 @@ from .pow2_scales import snap_to_power_of_two
 from ...passes.openvino.split_accumulation import SplitAccumulation
 from ...onnx.translate import fx_nodes_of
 from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
+from ...onnx.lowering.onnx_ops import standard_onnx_only
+from ...onnx.translate import translate_cluster
+from ...passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear,
+                       LowerQDQ)
+from .runner import core
 
 _SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
 # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)
@@ -80,8 +85,6 @@ def translate(sub: GraphModule, constants: dict[str, torch.Tensor], exact: bool 
     engine-native profile skips the rewrite: its DequantizeLinear -> Cast/Sub/Cast/Mul hides the
     Q/DQ pattern from OpenVINO's low-precision transformations (measured on the MiniLM-size
     encoder in Q/DQ form: 6.3 ms with the rewrite, 2.1 ms without, 2 threads)."""
-    from ...onnx.lowering.onnx_ops import standard_onnx_only
-    from ...onnx.translate import translate_cluster
     import onnx.inliner
     with standard_onnx_only():
         model = translate_cluster(sub, constants)
@@ -131,8 +134,6 @@ class OpenVinoBackend:
         int8 lowering (no qlower integer ops); canonical numerics run the default pipeline."""
         if not self.options.native:
             return passes
-        from ...passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear,
-                               LowerPerTokenLinear, LowerQDQ)
         return [p for p in passes if not isinstance(p, (LowerPerTokenLinear, LowerDynamicLinear, LowerQDQ,
                                                         IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax))]
 
@@ -170,7 +171,6 @@ class OpenVinoBackend:
         error names the ONNX node (or op type) it could not take is compiled again without the
         ATen op behind it (`rejected_nodes`): that op alone runs in PyTorch
         (`clusters.compile_isolating_rejected`, shared with onnxruntime)."""
-        from .runner import core
         core()   # BackendError with the install hint when openvino is missing
         notes = []
         fused, clustering, infos = compile_isolating_rejected(gm, self.capability, self.options.min_cluster_size,

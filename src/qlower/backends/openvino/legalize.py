@@ -31,6 +31,7 @@ import math
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from ... import numerics
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -90,7 +91,6 @@ _TORCH = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
 def _table(op: str, qa, qb, qy) -> np.ndarray:
     """y[i * 256 + j] = qlower's canonical add/mul of a = i + lo_a, b = j + lo_b."""
     import torch
-    from ... import numerics
     dt = {k: getattr(torch, v) for k, v in _TORCH.items()}
     a_lo, b_lo = numerics.dtype_range(dt[qa[2]])[0], numerics.dtype_range(dt[qb[2]])[0]
     a = (torch.arange(256) + a_lo).to(dt[qa[2]])[:, None].expand(256, 256)

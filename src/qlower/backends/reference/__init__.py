@@ -7,13 +7,13 @@ from torch.fx import GraphModule
 
 from ..base import Executable, op_counts
 from ...core.types import ClusterInfo
+from ...partition import Capability
 
 
 class ReferenceBackend:
     name = "reference"
 
     def __init__(self):
-        from ...partition import Capability
         self.capability = Capability(self.name)
         self.capability.register("*")  # every op: PyTorch runs whatever the graph holds
 

@@ -26,6 +26,7 @@ from ...partition import holds_empty_tensor
 from . import functions as fn
 from .table import lowers
 from .onnx_ops import const, first_output, i64, op
+from .onnx_ops import value_of
 
 q = torch.ops.qlower
 _INT64_MAX = np.iinfo(np.int64).max
@@ -147,7 +148,6 @@ def _gates(t: np.ndarray, order: list[int]) -> np.ndarray:
 
 
 def _rnn(x, states: list, reset, weights, num_layers: int, batch_first: bool, is_lstm: bool):
-    from .onnx_ops import value_of
     values = [value_of(w) for w in weights]
     order, hidden = (_LSTM_GATES if is_lstm else _GRU_GATES), states[0].shape[-1]
     if reset is not None:
