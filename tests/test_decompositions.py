@@ -1,4 +1,4 @@
-"""backends/onnxruntime/decompositions.py: each decomposition runs in ONNX Runtime (no fallback)
+"""onnx/decompositions.py: each decomposition runs in ONNX Runtime (no fallback)
 and equals eager on the values where the ops are special (NaN, ±inf, ±0, ties, empty)."""
 from __future__ import annotations
 

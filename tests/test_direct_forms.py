@@ -1,5 +1,5 @@
 """direct_forms.rename_to_direct_forms: `to` and the bitwise operator aliases renamed before
-translation, so such clusters are not re-traced whole (backends/onnxruntime/direct_forms.py)."""
+translation, so such clusters are not re-traced whole (onnx/direct_forms.py)."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""backend="auto": engine choice by measurement (backends/select.py).
+"""backend="auto": engine choice by measurement (engine_choice.py).
 
 Fake engines are registered next to the real ones: they run the graph like the reference backend
 and then replay its output (fast), sleep (slow / sluggish), change one element (wrong) or raise

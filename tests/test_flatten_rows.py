@@ -1,4 +1,4 @@
-"""FlattenRows (backends/onnxruntime/flatten_rows.py): the Reshape pairs around 2-D QGemms
+"""FlattenRows (onnx/flatten_rows.py): the Reshape pairs around 2-D QGemms
 cancel across row-wise ops; values on every output stay identical."""
 import numpy as np
 import onnx

@@ -918,7 +918,7 @@ def test_regression_matmul_constant_uint8_operand():
     """x @ W with a constant W: the quantizer treats W as an activation (uint8, asymmetric),
     lower_qdq turns it into qlower.linear with uint8 weights; the ONNX translation re-encoded
     them as if they were int8 (w + 128, zp + 128, wrapping mod 256): 45 of 54 outputs wrong.
-    Fixed in backends/onnxruntime/lowering/integer.py (_weights keeps u8 weights as they are)."""
+    Fixed in onnx/lowering/integer.py (_weights keeps u8 weights as they are)."""
     _check(Program(in_shape=(2, 6), ops=(Op("matmul_w", (0,), (2,)), Op("relu", (1,))), per_channel=False, seed=1))
 
 
@@ -950,7 +950,7 @@ def test_regression_int8_activations_conv_without_vnni(monkeypatch):
 def test_regression_masked_softmax_without_mask():
     """MaskedSoftmax called with neither mask nor lengths: the ONNX function's Add got an empty
     operand and ONNX Runtime rejected the cluster (INVALID_GRAPH), which then fell back.
-    Fixed in backends/onnxruntime/lowering/blockops.py (a 0.0 mask)."""
+    Fixed in onnx/lowering/blockops.py (a 0.0 mask)."""
     _check(Program(in_shape=(2, 4, 10), ops=(Op("masked_softmax", (0,), (0, None)),)))
 
 
@@ -1332,7 +1332,7 @@ def test_regression_iree_one_element_strided_slice_before_a_matmul():
     """x[:, 0:1:2] @ W on a 1x1x10 input: iree-compile 3.13 rejected the fp32 cluster ("expected
     result type to be 'memref<1x1x1x1x10xf32, strided<[10, 20, 10, 10, 1]>...' (mismatch of
     result layout)") after the capability had accepted it; found by the IREE fuzz run.
-    backends/iree/unit_step_slices.py writes such one-element slices with step 1."""
+    passes/iree/unit_step_single_element_slices.py writes such one-element slices with step 1."""
     _check(Program(in_shape=(1, 1, 10), ops=(Op("mul_s", (0,), (100.0,)), Op("slice", (1,), (1, 0, 1, 2)),
                                              Op("matmul_w", (2,), (2,)), Op("rms", (3,), ())),
                    weights="zero", seed=366, per_channel=True, weight_bits=7), ("iree",))
@@ -1691,7 +1691,7 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
 def test_regression_iree_outer_product_of_a_column_slice():
     """fp32 x[:, 11:12:2] @ w (a [2, 1] column of a [2, 12] input by a [1, 5] weight: an outer
     product): IREE's global-optimization data tiling read the second row's element from column
-    0 (5 of 10 outputs off by up to 0.18, silently). Fixed in backends/iree/outer_products.py:
+    0 (5 of 10 outputs off by up to 0.18, silently). Fixed in passes/iree/outer_products_as_mul.py:
     a product with a reduction size of 1 is a broadcast multiply on IREE."""
     _check(Program(in_shape=(2, 12), ops=(Op("clamp", (0,), (0.25, 1.0)), Op("slice", (0,), (1, 11, 12, 2)),
                                           Op("slice", (2,), (1, 0, 1, 1)), Op("relu", (3,)),

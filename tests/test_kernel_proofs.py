@@ -1,4 +1,4 @@
-"""Exhaustive kernel proofs (backends/onnxruntime/kernel_proofs.py) and the formulations the
+"""Exhaustive kernel proofs (onnx/kernel_proofs.py) and the formulations the
 emitter picks from them: a fused ONNX Runtime kernel is used only where it equals the canonical
 numerics on the whole input domain."""
 import numpy as np

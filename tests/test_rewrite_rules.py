@@ -1,4 +1,4 @@
-"""The onnxscript rewrite rules qlower runs (backends/onnxruntime/rewrite_rules.py): tried only at
+"""The onnxscript rewrite rules qlower runs (onnx/rewrite_rules.py): tried only at
 nodes their pattern can start from, with the same rewritten model as the unfiltered rule set."""
 import numpy as np
 import onnx

@@ -221,7 +221,7 @@ def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:
 
 def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
     """A torch.export program from a .pt2 file, without unpickling or running anything in it
-    (runtime/artifact.py): files of other tools load when they hold plain tensors, else a typed
+    (artifact/__init__.py): files of other tools load when they hold plain tensors, else a typed
     ArtifactError names the refused part. A manifest, when present, is verified."""
     path = Path(path)
     if not path.exists():

@@ -303,7 +303,7 @@ def _deserialize(data: bytes, records: dict[str, bytes], path: Path) -> torch.ex
 
 def _check_program(ep: torch.export.ExportedProgram, path: Path) -> None:
     """Nothing the program runs or generates source from is left to the file: node targets are
-    allow-listed operators (runtime/allowlist.py) writing only into tensors the program owns,
+    allow-listed operators (artifact/allowlist.py) writing only into tensors the program owns,
     attribute and argument names cannot be code, weights are what the graph says they are,
     guards code is dropped (qlower checks inputs itself; ep.module() would exec it)."""
     _check_targets(ep, path)

@@ -1,4 +1,4 @@
-"""Which operators a loaded program may call (runtime/artifact.py checks every node of every
+"""Which operators a loaded program may call (artifact/__init__.py checks every node of every
 graph of the program; docs/trust.md, "What a loaded file may contain").
 
 torch.export leaves in a program any ATen operator the model called (its training IR keeps

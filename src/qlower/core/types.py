@@ -24,7 +24,7 @@ class ClusterInfo:
 
 @dataclass
 class EngineTrial:
-    """One engine measured by backend="auto" (backends/select.py)."""
+    """One engine measured by backend="auto" (engine_choice.py)."""
     backend: str
     # chosen | slower (correct, not the fastest) | not-faster (correct, not faster than the
     # reference backend) | mismatch (outputs differ from the reference backend) | failed (compile or

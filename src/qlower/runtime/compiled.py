@@ -178,7 +178,7 @@ class CompiledModule:
 
     def save(self, path: str | Path) -> Path:
         """Write one .pt2 file: the lowered program with its current state, qlower's metadata and
-        a sha256 manifest (see runtime/artifact.py), atomically. The caller's model is never
+        a sha256 manifest (see artifact/__init__.py), atomically. The caller's model is never
         written to: the running state replaces the saved program's copy of each buffer."""
         if self._lock is not None:
             with self._lock:
@@ -228,7 +228,7 @@ _MAX_DIM = (1 << 31) - 1
 def load(path: str | Path, *, backend_options=None) -> CompiledModule:
     """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend.
     The file is checked before anything in it is deserialized and nothing in it is unpickled
-    or executed (runtime/artifact.py, docs/trust.md). Its backend options are limited to an
+    or executed (artifact/__init__.py, docs/trust.md). Its backend options are limited to an
     allow-list of fields (runtime/saved_options.py); compiler flags and paths are never taken
     from a file: pass `backend_options` (the saved backend's options class, e.g.
     IreeOptions(extra_flags=(...))) to compile with your own options instead of the file's."""

@@ -1,4 +1,4 @@
-"""FuseDequantize (backends/onnxruntime/fuse_dequantize.py): a linear with a float output as ONE
+"""FuseDequantize (passes/onnxruntime/fuse_dequantize.py): a linear with a float output as ONE
 ONNX Runtime kernel (QGemm with a bias, MatMulIntegerToFloat without), on BOTH kinds of CPU
 whatever this machine is (VNNI forced on and off: s8 or u8 weights), compared element by
 element with the reference backend."""

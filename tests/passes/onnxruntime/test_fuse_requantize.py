@@ -1,4 +1,4 @@
-"""FuseRequantize (backends/onnxruntime/fuse_requantize.py) and the integer formulations it
+"""FuseRequantize (passes/onnxruntime/fuse_requantize.py) and the integer formulations it
 chooses between, on BOTH kinds of CPU whatever this machine is: VNNI is forced on and off, so
 the fused s8 kernels (QLinearConv/QGemm) and the u8-weight ConvInteger/MatMulInteger path are
 each compared element by element with the reference backend."""
