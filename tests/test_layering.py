@@ -63,7 +63,7 @@ def _cycles(graph) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    graph = grimp.build_graph("qlower", cache_dir=None, exclude_type_checking_imports=True)
+    graph = grimp.build_graph("qlower", cache_dir=None, exclude_type_checking_imports=False)
     assert _cycles(graph) == []
 
 

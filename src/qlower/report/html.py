@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import TYPE_CHECKING
 
 from ..core.metrics import format_db, format_number
 from ..quantize.config import config_code
-
-if TYPE_CHECKING:
-    from .verify import LayerReport, VerifyReport
 
 GOOD, FAIR, POOR = "#2e7d32", "#f9a825", "#c62828"
 
@@ -34,7 +30,7 @@ td.wide{white-space:normal;min-width:220px;max-width:420px}td.wide code{font-siz
 """
 
 
-def render(report: "VerifyReport") -> str:
+def render(report) -> str:
     e2e = report.end_to_end
     unique = {layer.node: report._unique(layer) for layer in report.layers}
     parts = [
@@ -79,7 +75,7 @@ def render(report: "VerifyReport") -> str:
     return "\n".join(parts)
 
 
-def charts(report: "VerifyReport") -> dict[str, str]:
+def charts(report) -> dict[str, str]:
     """The report's two charts as standalone SVG documents (for docs, slides, issue trackers):
     {"layer-sqnr": ..., "activation-ranges": ...}."""
     unique = {layer.node: report._unique(layer) for layer in report.layers}
@@ -94,7 +90,7 @@ def _standalone(svg: str) -> str:
                           'style="background:#fff" ', 1) + "\n")
 
 
-def _suggestions(report: "VerifyReport") -> list[str]:
+def _suggestions(report) -> list[str]:
     out = ["<h2>Suggestions (each measured)</h2>",
            '<p class="sub">Each change was applied: the program was quantized again with it and run on the '
            f"same inputs. Before/after are end-to-end output SQNR; recommended from a measured gain of "
@@ -117,7 +113,7 @@ def _suggestions(report: "VerifyReport") -> list[str]:
     return out
 
 
-def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
+def _layer_table(report, unique: dict) -> list[str]:
     top = max([layer.sqnr_db for layer in report.layers if math.isfinite(layer.sqnr_db)] + [1.0])
     out = ["<h2>Layers, worst first</h2>",
            '<div class="wrap"><table id="layers"><tr><th>#</th><th class="l">layer</th><th class="l">op</th>'
@@ -143,7 +139,7 @@ def _layer_table(report: "VerifyReport", unique: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------- charts
-def _sqnr_chart(layers: list["LayerReport"], unique: dict) -> str:
+def _sqnr_chart(layers: list, unique: dict) -> str:
     ordered = sorted(layers, key=lambda layer: layer.index)
     if not ordered:
         return "<p>No conv/linear/matmul layers.</p>"
@@ -183,7 +179,7 @@ def _sqnr_chart(layers: list["LayerReport"], unique: dict) -> str:
     return "".join(svg)
 
 
-def _range_chart(layers: list["LayerReport"], unique: dict) -> str:
+def _range_chart(layers: list, unique: dict) -> str:
     ordered = sorted(layers, key=lambda layer: layer.index)
     if not ordered:
         return ""
@@ -265,7 +261,7 @@ def _color(db: float) -> str:
     return GOOD if db >= 30 else FAIR if db >= 20 else POOR
 
 
-def _config(report: "VerifyReport") -> str:
+def _config(report) -> str:
     return config_code(report.config)
 
 

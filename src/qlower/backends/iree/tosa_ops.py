@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
@@ -24,12 +22,10 @@ from ... import numerics
 from ...fx import full_args, schema_name
 from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
 from ..cluster_sizes import computable_from
-from .values import Val, offset_of
+from .values import Emitter, Val, offset_of
 from ...fx import constant_value
 from .lowerings import kind_of
 
-if TYPE_CHECKING:
-    from .tosa_emit import TosaEmitter
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)
 _RESCALE_LIMIT = 1.0 - 257.0 / 2**31  # scale below which v + zp stays inside int32 (see _requant_check)
@@ -197,12 +193,12 @@ def _binary_check(node: Node) -> str | None:
 
 
 # ----------------------------------------------------------------- float <-> int helpers
-def _f32(em: TosaEmitter, v: Val) -> Val:
+def _f32(em: Emitter, v: Val) -> Val:
     """Real value minus zero point handled by the caller: int stored -> f32 (sitofp)."""
     return Val(em.b.arith.sitofp(em.b.ttype(v.shape, torch.float32), v.value), torch.float32, v.shape)
 
 
-def _dequantize(em: TosaEmitter, q: Val, scale: float, zp: int) -> Val:
+def _dequantize(em: Emitter, q: Val, scale: float, zp: int) -> Val:
     """x = fp32(int32(q) - zp) * s (numerics.dequantize)."""
     b = em.b
     q32 = b.ext_i32(q)
@@ -212,7 +208,7 @@ def _dequantize(em: TosaEmitter, q: Val, scale: float, zp: int) -> Val:
                q.shape)
 
 
-def _round_clamp_to_int(em: TosaEmitter, r, shape, zp: int, qmin: int, qmax: int, dtype) -> Val:
+def _round_clamp_to_int(em: Emitter, r, shape, zp: int, qmin: int, qmax: int, dtype) -> Val:
     """clamp(RNE(r), qmin - zp, qmax - zp), NaN -> qmin - zp, then + zp, stored as i8.
     maxnumf returns its non-NaN operand, so NaN becomes the lower bound with no cmpf/select
     (iree-compile rejected that arith.select on dynamic shapes: "condition is signless i1 or
@@ -234,34 +230,34 @@ def _round_clamp_to_int(em: TosaEmitter, r, shape, zp: int, qmin: int, qmax: int
     return Val(b.arith.trunci(b.ttype(shape, torch.int8), q32), dtype, shape, off)
 
 
-def _quantize(em: TosaEmitter, x: Val, scale: float, zp: int, qmin: int, qmax: int, dtype) -> Val:
+def _quantize(em: Emitter, x: Val, scale: float, zp: int, qmin: int, qmax: int, dtype) -> Val:
     """q = clamp(RNE(fp32(x) / fp32(s)) + zp, qmin, qmax), NaN -> qmin (numerics.quantize)."""
     b = em.b
     d = b.arith.divf(x.value, b.splat(x.shape, torch.float32, np.float32(scale), like=x.value))  # IEEE division
     return _round_clamp_to_int(em, d, x.shape, zp, qmin, qmax, dtype)
 
 
-def _scalar(em: TosaEmitter, arg):
+def _scalar(em: Emitter, arg):
     t = em.constant(arg) if isinstance(arg, Node) else arg
     return t.reshape(-1)[0].item() if isinstance(t, torch.Tensor) else t
 
 
 # ------------------------------------------------------------------------- quant ops
 @tosa_lowering("qlower::quantize", check=_quantize_check, dynamic_dims=True)
-def emit_quantize(em: TosaEmitter, node: Node) -> Val:
+def emit_quantize(em: Emitter, node: Node) -> Val:
     x, scale, zp, qmin, qmax, dtype = full_args(node)[:6]
     return _quantize(em, em.value(x), float(_scalar(em, scale)), int(_scalar(em, zp)), qmin, qmax, dtype)
 
 
 @tosa_lowering("qlower::dequantize", check=_dequantize_check, dynamic_dims=True)
-def emit_dequantize(em: TosaEmitter, node: Node) -> Val:
+def emit_dequantize(em: Emitter, node: Node) -> Val:
     q, scale, zp, axis = full_args(node)[:4]
     if q.meta["val"].dtype == torch.int32:
         return _dequantize_accumulator(em, em.value(q), em.constant(scale).to(torch.float32).reshape(-1), axis)
     return _dequantize(em, em.value(q), float(_scalar(em, scale)), int(_scalar(em, zp)))
 
 
-def _dequantize_accumulator(em: TosaEmitter, acc: Val, scale: torch.Tensor, axis) -> Val:
+def _dequantize_accumulator(em: Emitter, acc: Val, scale: torch.Tensor, axis) -> Val:
     """x = fp32(acc) * s, s per tensor or per channel along `axis` (numerics.dequantize with zero
     point 0): sitofp, then one IEEE multiply broadcast along the last dim (the channel moved
     there and back, as for requantize). The int32 accumulator of a conv/linear whose output
@@ -276,7 +272,7 @@ def _dequantize_accumulator(em: TosaEmitter, acc: Val, scale: torch.Tensor, axis
     return y if inverse is None else em.b.transpose(y, inverse)
 
 
-def _binary(em: TosaEmitter, node: Node, op: str) -> Val:
+def _binary(em: Emitter, node: Node, op: str) -> Val:
     """y = Q(DQ(a) op DQ(b)) in fp32, broadcasting like PyTorch (ops/integer.py _binary)."""
     a, sa, za, b_, sb, zb, sy, zy, qmin, qmax, dtype = full_args(node)
     shape = dims(node.meta["val"].shape)
@@ -299,7 +295,7 @@ def _same_symbolic_shape(*nodes: Node) -> bool:
     return all(s == shapes[0] for s in shapes)
 
 
-def _binary_values(em: TosaEmitter, va: Val, vb: Val, qa, qb, sy, zy, qmin, qmax, dtype, op: str, shape,
+def _binary_values(em: Emitter, va: Val, vb: Val, qa, qb, sy, zy, qmin, qmax, dtype, op: str, shape,
                    same_shape: bool = False) -> Val:
     """`same_shape` (both operands and the result, symbolically): the op is elementwise arith on
     tensors, not tosa.add/mul. TOSA broadcasts, so with two dynamic dims IREE lowers tosa.add to
@@ -320,22 +316,22 @@ def _binary_values(em: TosaEmitter, va: Val, vb: Val, qa, qb, sy, zy, qmin, qmax
     return _round_clamp_to_int(em, d, shape, zy, qmin, qmax, dtype)
 
 
-def _broadcast_rank(em: TosaEmitter, v: Val, rank: int) -> Val:
+def _broadcast_rank(em: Emitter, v: Val, rank: int) -> Val:
     return v if len(v.shape) == rank else em.b.reshape(v, [1] * (rank - len(v.shape)) + v.shape)
 
 
 @tosa_lowering("qlower::add", check=_binary_check, dynamic_dims=True)
-def emit_add(em: TosaEmitter, node: Node) -> Val:
+def emit_add(em: Emitter, node: Node) -> Val:
     return _binary(em, node, "add")
 
 
 @tosa_lowering("qlower::mul", check=_binary_check, dynamic_dims=True)
-def emit_mul(em: TosaEmitter, node: Node) -> Val:
+def emit_mul(em: Emitter, node: Node) -> Val:
     return _binary(em, node, "mul")
 
 
 # -------------------------------------------------------------------------- requantize
-def _move_axis_last(em: TosaEmitter, v: Val, axis: int | None) -> tuple[Val, list[int] | None]:
+def _move_axis_last(em: Emitter, v: Val, axis: int | None) -> tuple[Val, list[int] | None]:
     """TOSA's per-channel rescale scales the innermost dimension: transpose `axis` there."""
     if axis is None or axis % len(v.shape) == len(v.shape) - 1:
         return v, None
@@ -345,7 +341,7 @@ def _move_axis_last(em: TosaEmitter, v: Val, axis: int | None) -> tuple[Val, lis
     return em.b.transpose(v, perm), inverse
 
 
-def _clamp_stored(em: TosaEmitter, v: Val, qmin: int, qmax: int) -> Val:
+def _clamp_stored(em: Emitter, v: Val, qmin: int, qmax: int) -> Val:
     """tosa.clamp to [qmin, qmax] (in stored units) when narrower than the storage range."""
     lo_nat, hi_nat = numerics.dtype_range(v.dtype)
     if (qmin, qmax) == (lo_nat, hi_nat):
@@ -357,7 +353,7 @@ def _clamp_stored(em: TosaEmitter, v: Val, qmin: int, qmax: int) -> Val:
     return Val(out, v.dtype, v.shape, v.offset)
 
 
-def _rescale_fixed(em: TosaEmitter, acc: Val, scales: list[float], out_scale: float, zy: int, dtype) -> Val:
+def _rescale_fixed(em: Emitter, acc: Val, scales: list[float], out_scale: float, zy: int, dtype) -> Val:
     """tosa.rescale: scale32, SINGLE_ROUND, per-channel multiplier/shift from numerics."""
     b, ir = em.b, em.b.ir
     mults = [numerics.fixed_multiplier(numerics.fixed_scale(s, out_scale)) for s in scales]
@@ -371,7 +367,7 @@ def _rescale_fixed(em: TosaEmitter, acc: Val, scales: list[float], out_scale: fl
     return Val(out, dtype, acc.shape, off)
 
 
-def _rescale_float(em: TosaEmitter, acc: Val, multipliers: torch.Tensor, zy: int, qmin: int, qmax: int, dtype) -> Val:
+def _rescale_float(em: Emitter, acc: Val, multipliers: torch.Tensor, zy: int, qmin: int, qmax: int, dtype) -> Val:
     """y = clamp(RNE(fp32(acc) * M) + zy): sitofp, mulf (broadcast along the last dim), RNE."""
     b = em.b
     f = _f32(em, acc)
@@ -382,7 +378,7 @@ def _rescale_float(em: TosaEmitter, acc: Val, multipliers: torch.Tensor, zy: int
 
 
 @tosa_lowering("qlower::requantize", check=_requant_check, dynamic_dims=True)
-def emit_requantize(em: TosaEmitter, node: Node) -> Val:
+def emit_requantize(em: Emitter, node: Node) -> Val:
     acc_n, acc_scale_n, out_scale, zy, qmin, qmax, dtype, axis, profile = full_args(node)
     acc_scale = em.constant(acc_scale_n).to(torch.float32).reshape(-1)
     acc, inverse = _move_axis_last(em, em.value(acc_n), axis if acc_scale.numel() > 1 else None)
@@ -394,7 +390,7 @@ def emit_requantize(em: TosaEmitter, node: Node) -> Val:
 
 
 # -------------------------------------------------------------------- accumulating ops
-def _weight(em: TosaEmitter, node: Node, w_arg, zp_arg) -> tuple[np.ndarray, int]:
+def _weight(em: Emitter, node: Node, w_arg, zp_arg) -> tuple[np.ndarray, int]:
     """The constant weight in stored units (int8) and its stored zero point."""
     w = em.constant(w_arg)
     off = offset_of(w.dtype)
@@ -402,12 +398,12 @@ def _weight(em: TosaEmitter, node: Node, w_arg, zp_arg) -> tuple[np.ndarray, int
     return (w.to(torch.int32) - off).to(torch.int8).numpy(), zp
 
 
-def _bias(em: TosaEmitter, bias_arg, channels: int) -> np.ndarray:
+def _bias(em: Emitter, bias_arg, channels: int) -> np.ndarray:
     bias = em.constant(bias_arg) if isinstance(bias_arg, Node) else None
     return np.zeros([channels], np.int32) if bias is None else bias.to(torch.int32).reshape(-1).numpy()
 
 
-def _window(em: TosaEmitter, x: Val, kernel, stride, padding, dilation) -> tuple[Val, object]:
+def _window(em: Emitter, x: Val, kernel, stride, padding, dilation) -> tuple[Val, object]:
     """NHWC input and TOSA pads [top, bottom, left, right] for a sliding window. TOSA requires
     (in - 1 + pads - (k - 1) * d) to be divisible by the stride; the remainder is rows/columns
     no window reads, so it comes off the bottom/right padding, or off the input itself."""
@@ -424,7 +420,7 @@ def _window(em: TosaEmitter, x: Val, kernel, stride, padding, dilation) -> tuple
 
 
 @tosa_lowering("qlower::conv2d", check=_conv_check)
-def emit_conv2d(em: TosaEmitter, node: Node) -> Val:
+def emit_conv2d(em: Emitter, node: Node) -> Val:
     """NCHW -> NHWC, a groups-1 conv as qlower's im2col + i8 matmul (_conv_im2col; with
     IreeOptions(conv_im2col=False) tosa.conv2d), tosa.depthwise_conv2d (i32 acc), or one of
     those per group; NHWC -> NCHW; IREE cancels the transposes between consecutive convs."""
@@ -440,7 +436,7 @@ def _conv1d_check(node: Node) -> str | None:
 
 
 @tosa_lowering("qlower::conv1d", check=_conv1d_check)
-def emit_conv1d(em: TosaEmitter, node: Node) -> Val:
+def emit_conv1d(em: Emitter, node: Node) -> Val:
     """The 2-D conv of height 1: [N, C, L] viewed as [N, C, 1, L], the weight as [O, I, 1, K]
     (a reshape: the same sums, so the same int32 accumulator)."""
     x_n, x_zp, w_n, w_zp, bias_n, stride, padding, dilation, groups = full_args(node)
@@ -453,7 +449,7 @@ def emit_conv1d(em: TosaEmitter, node: Node) -> Val:
     return em.b.reshape(acc, [n, cout, length])
 
 
-def _conv(em: TosaEmitter, x_nchw: Val, x_zp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
+def _conv(em: Emitter, x_nchw: Val, x_zp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
           dilation, groups: int, out_nchw: list[int]) -> Val:
     """The int32 accumulator [N, Cout, OH, OW] of a conv of stored values (weight OIHW int8).
     Grouped (neither 1 nor depthwise): one conv per group on its channel slice, concatenated —
@@ -496,7 +492,7 @@ def _shape_text(shape) -> str:
     return "x".join("?" if d == DYN else str(d) for d in shape)
 
 
-def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
+def _conv_im2col(em: Emitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bias: np.ndarray, stride, padding,
                  dilation, out_nchw) -> Val:
     """A groups-1 int8 conv as its own im2col, in linalg (a private function `main` calls):
     x (NHWC, stored i8) padded with its stored zero point (`tensor.pad`), strided
@@ -594,7 +590,7 @@ def _conv_im2col(em: TosaEmitter, x: Val, xzp: int, w: np.ndarray, wzp: int, bia
     return Val(out, torch.int32, [n, oh, ow, cout])
 
 
-def _matmul3(em: TosaEmitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
+def _matmul3(em: Emitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
     """tosa.matmul of [B, M, K] x [B, K, N] -> [B, M, N] i32 with zero points as operands."""
     b = em.b
     shape = [a.shape[0], a.shape[1], bmat.shape[2]]
@@ -604,7 +600,7 @@ def _matmul3(em: TosaEmitter, a: Val, bmat: Val, a_zp: int, b_zp: int) -> Val:
 
 
 @tosa_lowering("qlower::linear", check=_linear_check, dynamic_dims=True)
-def emit_linear(em: TosaEmitter, node: Node) -> Val:
+def emit_linear(em: Emitter, node: Node) -> Val:
     """x[..., K] @ w[N, K]^T + bias as one [1, M, K] x [1, K, N] tosa.matmul."""
     x_n, x_zp, w_n, w_zp, bias_n = full_args(node)
     b = em.b
@@ -620,7 +616,7 @@ def emit_linear(em: TosaEmitter, node: Node) -> Val:
 
 
 @tosa_lowering("qlower::matmul", check=_matmul_check, dynamic_dims=True)
-def emit_matmul(em: TosaEmitter, node: Node) -> Val:
+def emit_matmul(em: Emitter, node: Node) -> Val:
     """a[..., M, K] @ b[..., K, N]: batch dims flattened into TOSA's one batch dimension (a 2-D
     b is shared by every row of a)."""
     a_n, a_zp, b_n, b_zp = full_args(node)
@@ -641,7 +637,7 @@ def emit_matmul(em: TosaEmitter, node: Node) -> Val:
     return _to_output_shape(em, acc, node)
 
 
-def _to_output_shape(em: TosaEmitter, v: Val, node: Node, sym_in=None) -> Val:
+def _to_output_shape(em: Emitter, v: Val, node: Node, sym_in=None) -> Val:
     """v (symbolic shape `sym_in` where known) reshaped to the node's output shape (sizes
     computed at run time where several dims are dynamic)."""
     shape = node.meta["val"].shape
@@ -659,7 +655,7 @@ def _prod(shape) -> int:
 
 # --------------------------------------------------------------- integer pass-through ops
 @tosa_lowering("qlower::max_pool2d", check=_pool_check)
-def emit_max_pool2d(em: TosaEmitter, node: Node) -> Val:
+def emit_max_pool2d(em: Emitter, node: Node) -> Val:
     """tosa.max_pool2d on NHWC; exact on stored values (the offset is order-preserving)."""
     q_n, kernel, stride, padding = full_args(node)[:4]
     b, ir = em.b, em.b.ir
@@ -695,7 +691,7 @@ def _table_check(node: Node) -> str | None:
 
 
 @tosa_lowering("qlower::table", check=_table_check, dynamic_dims=True)
-def emit_table(em: TosaEmitter, node: Node) -> Val:
+def emit_table(em: Emitter, node: Node) -> Val:
     """tosa.table (i8 -> i8, entry `stored + 128`): the stored code plus 128 is q - dtype_min for
     uint8 (stored q - 128) and int8 (stored q) alike, so the table's entries go in as they are,
     each stored with the output's offset. A table of one value everywhere (x * 0, a clamp to one
@@ -754,7 +750,7 @@ def _integer_norm_check(node: Node, affine: list) -> str | None:
 
 
 @tosa_lowering("qlower::layer_norm_integer", check=_layer_norm_check, dynamic_dims=True)
-def emit_layer_norm_integer(em: TosaEmitter, node: Node) -> Val:
+def emit_layer_norm_integer(em: Emitter, node: Node) -> Val:
     """numerics.layer_norm_integer in TOSA/arith: i32 tosa.reduce_sum of d and d*d, the i64
     variance, sitofp, addf, a correctly rounded sqrt (_correctly_rounded_sqrt), divf, then the affine with
     the product clamped to the finite range before the bias is added — the clamp stands between
@@ -770,13 +766,13 @@ def _rms_norm_check(node: Node) -> str | None:
 
 
 @tosa_lowering("qlower::rms_norm_integer", check=_rms_norm_check, dynamic_dims=True)
-def emit_rms_norm_integer(em: TosaEmitter, node: Node) -> Val:
+def emit_rms_norm_integer(em: Emitter, node: Node) -> Val:
     """numerics.rms_norm_integer: the LayerNorm's emission without S1 (t = N*d, V = N*S2)."""
     q_n, scale, zp, weight, eps = full_args(node)
     return _emit_integer_norm(em, q_n, scale, zp, weight, None, eps, centered=False)
 
 
-def _emit_integer_norm(em: TosaEmitter, q_n: Node, scale, zp, weight, bias, eps, centered: bool) -> Val:
+def _emit_integer_norm(em: Emitter, q_n: Node, scale, zp, weight, bias, eps, centered: bool) -> Val:
     b = em.b
     q = em.value(q_n)
     sym = list(q_n.meta["val"].shape)
@@ -867,7 +863,7 @@ def _softmax_check(node: Node) -> str | None:
 
 
 @tosa_lowering("qlower::softmax_integer", check=_softmax_check, dynamic_dims=True)
-def emit_softmax_integer(em: TosaEmitter, node: Node) -> Val:
+def emit_softmax_integer(em: Emitter, node: Node) -> Val:
     """numerics.softmax_integer: tosa.reduce_max of the stored codes (the offset keeps order),
     k = max - q in i32, the int32 table read as two byte tables through tosa.table (i8 -> i8 is
     TOSA's exact lookup; the entry T[0] = 2^16 is the one with a third byte, added where k = 0),
@@ -945,7 +941,7 @@ def _clamp_bounds(node: Node) -> tuple[int, int]:
 
 
 @tosa_lowering("aten::clamp", "aten::clamp_min", "aten::clamp_max", check=_integer_clamp_check, dynamic_dims=True)
-def emit_integer_clamp(em: TosaEmitter, node: Node) -> Val:
+def emit_integer_clamp(em: Emitter, node: Node) -> Val:
     """tosa.clamp on stored values (the offset keeps order): exactly torch's clamp of the 8-bit
     tensor, bounds rounded inwards to integers and cut to the dtype's range; min > max gives
     max everywhere, as in torch."""
@@ -958,7 +954,7 @@ def emit_integer_clamp(em: TosaEmitter, node: Node) -> Val:
 
 
 @tosa_lowering("qlower::mean", check=_mean_check)
-def emit_mean(em: TosaEmitter, node: Node) -> Val:
+def emit_mean(em: Emitter, node: Node) -> Val:
     """clamp(RNE(sum(q - zp) / N) + zp): int32 tosa.reduce_sum, then the exact half-to-even
     integer division of numerics.mean_integer in arith (floordiv, remainder, odd test)."""
     q_n, zp, reduced, keepdim, qmin, qmax = full_args(node)
@@ -982,7 +978,7 @@ def emit_mean(em: TosaEmitter, node: Node) -> Val:
     return out if keepdim else b.reshape(out, dims(node.meta["val"].shape))
 
 
-def _round_div_even(em: TosaEmitter, total: Val, n: int):
+def _round_div_even(em: Emitter, total: Val, n: int):
     """RNE(total / n) for int32 total and positive n, exactly (numerics.mean_integer)."""
     b, s, i32 = em.b, total.shape, torch.int32
     nn = b.splat(s, i32, n, like=total.value)
@@ -1004,7 +1000,7 @@ _IDENTITIES = ("aten::contiguous", "aten::clone", "aten::alias")
 
 
 @tosa_lowering(*_RESHAPES, check=integer_input, dynamic_dims=True)
-def emit_reshape(em: TosaEmitter, node: Node) -> Val:
+def emit_reshape(em: Emitter, node: Node) -> Val:
     return _to_output_shape(em, em.value(node.all_input_nodes[0]), node, _input_shape(node))
 
 
@@ -1020,7 +1016,7 @@ def emits_float_shape_op(node: Node, available: frozenset) -> bool:
         all(isinstance(d, int) or computable_from(d, available) for d in val.shape)
 
 
-def float_shape_op(em: TosaEmitter, node: Node) -> Val | None:
+def float_shape_op(em: Emitter, node: Node) -> Val | None:
     """A non-int8 tensor's reshape or expand in a TOSA module, emitted by qlower (tosa.reshape /
     tensor.reshape, linalg.broadcast) with sizes computed from the function's argument dims;
     None when `node` is neither or a size is not a product of those dims (the importer takes it
@@ -1040,13 +1036,13 @@ def float_shape_op(em: TosaEmitter, node: Node) -> Val | None:
 
 
 @tosa_lowering("aten::permute", check=integer_input, dynamic_dims=True)
-def emit_permute(em: TosaEmitter, node: Node) -> Val:
+def emit_permute(em: Emitter, node: Node) -> Val:
     x = em.value(node.args[0])
     return em.b.transpose(x, [d % len(x.shape) for d in node.args[1]])
 
 
 @tosa_lowering("aten::transpose.int", check=integer_input, dynamic_dims=True)
-def emit_transpose(em: TosaEmitter, node: Node) -> Val:
+def emit_transpose(em: Emitter, node: Node) -> Val:
     x = em.value(node.args[0])
     perm = list(range(len(x.shape)))
     d0, d1 = node.args[1] % len(perm), node.args[2] % len(perm)
@@ -1076,7 +1072,7 @@ def _slice_check(node: Node) -> str | None:
     return None if len(kept) else "an empty slice"
 
 
-def _extract(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
+def _extract(em: Emitter, x: Val, dim: int, kept: range, out_shape) -> Val:
     """tensor.extract_slice of `x`: `kept` along `dim`, every element of the other dims (their
     dynamic sizes computed from the function's argument dims). One element along `dim` with
     a dynamic dim elsewhere: a gathering copy instead (`_gathered_slice`)."""
@@ -1102,7 +1098,7 @@ def _needs_gather(x: Val, kept: range, out_shape) -> bool:
     return len(kept) == 1 and DYN in dims(out_shape) and x.dtype is not torch.bool   # i1: not measured
 
 
-def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -> Val:
+def _gathered_slice(em: Emitter, x: Val, dim: int, kept: range, out_shape) -> Val:
     """A slice of `x` with a dynamic dim as a `linalg.generic` that reads `x` with tensor.extract
     (a private function `main` calls), not `tensor.extract_slice`: IREE 3.13 moves an
     extract_slice up through the elementwise ops that made `x` into their dispatch, and where one
@@ -1137,7 +1133,7 @@ def _gathered_slice(em: TosaEmitter, x: Val, dim: int, kept: range, out_shape) -
 
 
 @tosa_lowering("aten::slice.Tensor", check=_slice_check, dynamic_dims=True)
-def emit_slice(em: TosaEmitter, node: Node) -> Val:
+def emit_slice(em: Emitter, node: Node) -> Val:
     """A slice of stored integer values (exact: data movement; rotary's halves of an int8 q/k)."""
     x, (_, dim, start, end, step) = node.args[0].meta["val"], full_args(node)
     dim %= x.dim()
@@ -1154,7 +1150,7 @@ def _split_check(node: Node) -> str | None:
 
 
 @tosa_lowering("aten::split.Tensor", "aten::split_with_sizes", "aten::chunk", check=_split_check, dynamic_dims=True)
-def emit_split(em: TosaEmitter, node: Node) -> list[Val]:
+def emit_split(em: Emitter, node: Node) -> list[Val]:
     """The pieces of a split / chunk of stored integer values (GPT-2's q/k/v, NeoX's chunk), one
     slice each; the graph's getitems pick them."""
     dim = full_args(node)[2] % node.args[0].meta["val"].dim()
@@ -1181,7 +1177,7 @@ def _expand_check(node: Node) -> str | None:
 
 
 @tosa_lowering("aten::expand", check=_expand_check, dynamic_dims=True)
-def emit_expand(em: TosaEmitter, node: Node) -> Val:
+def emit_expand(em: Emitter, node: Node) -> Val:
     """tosa.tile of stored integer values (GQA's repeat of an int8 k/v: exact data movement)."""
     x, out = em.value(node.args[0]), node.meta["val"].shape
     multiples = [o if i == 1 and isinstance(o, int) else 1 for i, o in zip(x.shape, out)]
@@ -1193,7 +1189,7 @@ def emit_expand(em: TosaEmitter, node: Node) -> Val:
 
 
 @tosa_lowering(*_IDENTITIES, check=integer_input, dynamic_dims=True)
-def emit_identity(em: TosaEmitter, node: Node) -> Val:
+def emit_identity(em: Emitter, node: Node) -> Val:
     return em.value(node.args[0])
 
 
@@ -1212,7 +1208,7 @@ def _cat_check(node: Node) -> str | None:
 
 
 @tosa_lowering("aten::cat", check=_cat_check)
-def emit_cat(em: TosaEmitter, node: Node) -> Val:
+def emit_cat(em: Emitter, node: Node) -> Val:
     """tosa.concat on stored values: exactly torch.cat of the integer tensors."""
     vals = [em.value(t) for t in node.args[0]]
     dim = full_args(node)[1] % len(vals[0].shape)
@@ -1230,11 +1226,11 @@ def _getitem_check(node: Node) -> str | None:
 
 
 @tosa_lowering("getitem", check=_getitem_check, dynamic_dims=True)
-def emit_getitem(em: TosaEmitter, node: Node) -> Val:
+def emit_getitem(em: Emitter, node: Node) -> Val:
     return em.env[node.args[0]][node.args[1]]
 
 
-def _select(em: TosaEmitter, x: Val, dim: int, index: int, out_shape) -> Val:
+def _select(em: Emitter, x: Val, dim: int, index: int, out_shape) -> Val:
     """x[..., index, ...] along `dim` (tosa.slice of width 1, then the dim reshaped away to
     `out_shape`, the node's symbolic output shape)."""
     start = [0] * len(x.shape)
@@ -1260,14 +1256,14 @@ def _sliced_dim_check(node: Node) -> str | None:
 
 
 @tosa_lowering("aten::unbind.int", check=_sliced_dim_check, dynamic_dims=True)
-def emit_unbind(em: TosaEmitter, node: Node) -> list[Val]:
+def emit_unbind(em: Emitter, node: Node) -> list[Val]:
     x = em.value(node.args[0])
     dim = (node.args[1] if len(node.args) > 1 else 0) % len(x.shape)
     return [_select(em, x, dim, i, out.shape) for i, out in zip(range(x.shape[dim]), node.meta["val"])]
 
 
 @tosa_lowering("aten::select.int", check=_sliced_dim_check, dynamic_dims=True)
-def emit_select(em: TosaEmitter, node: Node) -> Val:
+def emit_select(em: Emitter, node: Node) -> Val:
     x = em.value(node.args[0])
     dim = node.args[1] % len(x.shape)
     return _select(em, x, dim, node.args[2] % x.shape[dim], node.meta["val"].shape)

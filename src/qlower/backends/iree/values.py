@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -36,3 +37,7 @@ class EmittedModule:
     input_sums: tuple[int, ...] = ()
 
 
+class Emitter(Protocol):
+    """What an op lowering of tosa_ops.py receives: the emitter it writes into
+    (tosa_emit.TosaEmitter), named here so the lowerings do not import the emitter that
+    imports them."""
