@@ -70,3 +70,35 @@ def folded(model, x, passes=None):
     gm = graph_module(model, x)
     ctx = PassManager(passes or [AttachQParams(), FoldQuantizedConstants()]).run(gm)
     return gm, ctx
+
+
+# ---- small float models and helpers the per-token and dynamic-quantization tests share
+class Mlp(torch.nn.Module):
+    def __init__(self, bias=True):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 64, bias=bias)
+        self.b = torch.nn.Linear(64, 16, bias=bias)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class Qkv(torch.nn.Module):
+    """Three projections of one activation (attention's q/k/v), then one of another."""
+    def __init__(self, bias=True):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(32, 24, bias=bias) for _ in range(3))
+        self.o = torch.nn.Linear(24, 8, bias=bias)
+
+    def forward(self, x):
+        return self.o(torch.relu(self.q(x) * self.k(x) + self.v(x)))
+
+
+def wide_calibration(shape, n=4, seed=0):
+    """Calibration batches of N(0, 2^2) inputs."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
+
+
+def count_nodes(gm, target):
+    return sum(1 for n in gm.graph.nodes if n.target == target)

@@ -10,6 +10,7 @@ from qlower import numerics
 from qlower.quantize import QuantConfig
 
 from conftest import skip_numerics_unless_exact_here
+from qdq_models import Mlp, wide_calibration as _calibration, count_nodes as _count
 
 PER_TOKEN = QuantConfig(activations="per-token")
 Q = torch.ops.qlower
@@ -70,16 +71,6 @@ def test_accumulator_is_scaled_per_channel_then_per_token():
 
 
 # ------------------------------------------------------------------------------ models
-class Mlp(torch.nn.Module):
-    def __init__(self, bias=True):
-        super().__init__()
-        self.a = torch.nn.Linear(32, 64, bias=bias)
-        self.b = torch.nn.Linear(64, 16, bias=bias)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
 class ConvThenLinear(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -88,15 +79,6 @@ class ConvThenLinear(torch.nn.Module):
 
     def forward(self, x):
         return self.fc(torch.relu(self.conv(x)).flatten(1))
-
-
-def _calibration(shape, n=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
-
-
-def _count(gm, target):
-    return sum(1 for n in gm.graph.nodes if n.target == target)
 
 
 def test_program_quantizes_each_linear_input_per_token_and_leaves_conv_static():

@@ -6,29 +6,10 @@ import torch
 import qlower
 from qlower.passes import LowerDynamicLinear, PassContext
 from qlower.quantize import QuantConfig
+from qdq_models import Qkv, wide_calibration as _calibration, count_nodes as _count
 
 DYNAMIC = QuantConfig(activations="dynamic")
 Q = torch.ops.qlower
-
-
-class Qkv(torch.nn.Module):
-    """Three projections of one activation (attention's q/k/v), then one of another."""
-    def __init__(self, bias=True):
-        super().__init__()
-        self.q, self.k, self.v = (torch.nn.Linear(32, 24, bias=bias) for _ in range(3))
-        self.o = torch.nn.Linear(24, 8, bias=bias)
-
-    def forward(self, x):
-        return self.o(torch.relu(self.q(x) * self.k(x) + self.v(x)))
-
-
-def _calibration(shape, n=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
-
-
-def _count(gm, target):
-    return sum(1 for n in gm.graph.nodes if n.target == target)
 
 
 def _quantized(shape=(2, 7, 32), config=DYNAMIC, bias=True, seed=0):

@@ -6,24 +6,10 @@ import torch
 import qlower
 from qlower.passes import PassContext
 from qlower.quantize import QuantConfig
+from qdq_models import Mlp, wide_calibration as _calibration
 
 PER_TOKEN = QuantConfig(activations="per-token")
 Q = torch.ops.qlower
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self, bias=True):
-        super().__init__()
-        self.a = torch.nn.Linear(32, 64, bias=bias)
-        self.b = torch.nn.Linear(64, 16, bias=bias)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
-def _calibration(shape, n=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(*shape, generator=g) * 2,) for _ in range(n)]
 
 
 def _per_token_lowered(bias=False):
