@@ -276,3 +276,36 @@ def test_quantize_attention_on_a_kv_cache_program_decomposes_it_on_the_module(ba
     assert not got.report().fallbacks
     for token, position in hf.decode_steps(7)[:5]:
         assert torch.equal(got(token, position), ref(token, position))
+
+
+class _Counter(torch.nn.Module):
+    """A forward that advances its own buffer on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        self.n += 1
+        return self.lin(x) * self.n
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_compile_leaves_a_state_writing_models_buffer_alone_and_starts_where_eager_starts(backend, quantize):
+    """PT2E's convert runs the buffer update once: unguarded, it advanced the
+    caller's `self.n` (0 -> 1) and the compiled program started from it, so its first call
+    equalled eager's second."""
+    import copy
+    torch.manual_seed(0)
+    model = _Counter().eval()
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    cal = calib((2, 4), n=8) + [(x,)]
+    cm = qlower.compile(model, (x,), backend=backend, quantize=quantize, calibration=cal if quantize else None)
+    assert model.n.item() == 0
+    for _ in range(3):
+        got, want = cm(x), eager(x)
+        assert ((got - want).abs().max() / want.abs().max()).item() < 0.05
+    assert model.n.item() == 0 and eager.n.item() == 3

@@ -83,8 +83,9 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
         calibrate(observed, calibration)
     if adjust_observers is not None:
         adjust_observers(observed)
-    converted = convert_pt2e(observed, fold_quantize=True)
-    insert_run_time_qdq(converted, config.activations)
+    with _state_restored(observed, state_names):  # convert runs a buffer update (`self.n += 1`) once
+        converted = convert_pt2e(observed, fold_quantize=True)
+        insert_run_time_qdq(converted, config.activations)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 
