@@ -345,3 +345,13 @@ def test_tensor_subclass_weights_are_refused_on_save_and_on_load(tmp_path):
     with pytest.raises(ArtifactError, match="'b' is stored as a pickle") as info:
         qlower.load_pt2(tmp_path / "theirs.pt2")
     assert "tensor subclasses" in info.value.hint
+
+
+def test_save_to_a_246_character_file_name(tmp_path):
+    model, x = _tiny()
+    cm = qlower.compile(model, (x,), backend="reference")
+    path = tmp_path / ("m" * 242 + ".pt2")
+    assert len(path.name) == 246
+    cm.save(path)
+    assert torch.equal(qlower.load(path)(x), cm(x))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]   # no temporary left behind

@@ -113,3 +113,34 @@ def test_lru_is_safe_under_threads():
     for t in threads:
         t.join()
     assert len(lru) == 8 and len(list(lru)) == 8
+
+
+@pytest.mark.parametrize("which", [".onnx", ".onnx.sha256"])
+def test_entry_or_digest_that_is_a_directory_is_removed_and_rebuilt(monkeypatch, which):
+    """Was: every later compile of the model fell back to PyTorch (`Is a directory`)."""
+    model, x = _mlp(0), (torch.randn(2, 8),)
+    qlower.compile(model, x, backend="onnxruntime")
+    (entry,) = cache.cache_dir().glob("*.onnx")
+    damaged = entry.with_name(entry.stem + which)
+    damaged.unlink()
+    (damaged / "inner").mkdir(parents=True)
+    _fresh_memory(monkeypatch)
+    again = qlower.compile(model, x, backend="onnxruntime")
+    assert not again.report().fallbacks
+    assert torch.allclose(again(*x), model(*x), atol=1e-6)
+    assert damaged.is_file() and cache.load_entry(entry.stem)[1] == "hit"   # rebuilt, valid
+
+
+def test_world_writable_cache_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(cache.CACHE_ENV, str(shared))
+    monkeypatch.setattr(cache.os, "getuid", lambda: shared.stat().st_uid + 1)   # owned by someone else
+    with pytest.raises(QlowerError, match="writable by everyone"):
+        cache.load_entry(KEY_A)
+    with pytest.raises(QlowerError, match="writable by everyone"):
+        qlower.compile(_mlp(0), (torch.randn(2, 8),), backend="onnxruntime")
+    shared.chmod(0o700)   # not world-writable: used
+    cache.store_entry(KEY_A, b"x")
+    assert cache.load_entry(KEY_A) == (b"x", "hit")

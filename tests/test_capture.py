@@ -51,3 +51,15 @@ def test_non_module_and_bare_tensor_inputs_are_typed_errors(small_net):
 def test_load_pt2_missing_file_is_typed(tmp_path):
     with pytest.raises(qlower.ArtifactError):
         qlower.load_pt2(tmp_path / "nope.pt2")
+
+
+class _KeywordOnly(torch.nn.Module):
+    def forward(self, *, x):
+        return x + 1
+
+
+def test_keyword_only_forward_is_a_typed_error_with_an_honest_hint():
+    with pytest.raises(CaptureError) as info:
+        qlower.compile(_KeywordOnly(), (torch.randn(2),), backend="reference")
+    assert "positionally" in str(info.value) and "rewrite the unsupported" not in info.value.hint
+    assert "x" in info.value.hint

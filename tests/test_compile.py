@@ -176,3 +176,28 @@ def test_fake_tensor_dispatch_cache_is_kept_bounded(small_net, monkeypatch):
     monkeypatch.setattr(qlower.fx, "FAKE_DISPATCH_CACHE_LIMIT", 0)
     qlower.compile(small_net, (x,), backend="reference")
     assert len(FakeTensorMode.cache) == 0
+
+
+class _Dropped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.drop = torch.nn.Dropout(0.5)
+        self.head = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
+
+    def forward(self, x):
+        return self.head(self.drop(self.fc(x)))
+
+
+def test_compile_keeps_the_callers_train_and_eval_mode():
+    model = _Dropped().train()
+    model.head.eval()   # a mixed state must come back exactly
+    before = {name: m.training for name, m in model.named_modules()}
+    cm = qlower.compile(model, (torch.randn(2, 8),), backend="reference")
+    assert {name: m.training for name, m in model.named_modules()} == before
+    x = torch.randn(2, 8)
+    assert torch.equal(cm(x), model.eval()(x))   # compiled in eval mode: no dropout
+    model.train()
+    with pytest.raises(qlower.QlowerError):
+        qlower.compile(model, (torch.randn(2, 8),), backend="reference", profile="no-such-profile")
+    assert all(m.training for m in model.modules())

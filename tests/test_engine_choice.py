@@ -498,3 +498,20 @@ def test_real_engines_on_a_minilm_size_int8_encoder_are_not_refused_for_float_is
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(cm(*x), model(*x))
     assert float(cos.min()) > 0.999
+
+
+def test_decision_entry_that_is_a_directory_is_measured_again(integer_net, monkeypatch):
+    """Was: a raw IsADirectoryError from compile."""
+    import qlower.backends as backends
+    from qlower.core import cache
+    for name, cls in FAKES.items():
+        monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(), persist=True))
+    compile_int8(integer_net, ("slow", "fast"))
+    (entry,) = cache.cache_dir().glob("*.auto.json")
+    entry.unlink()
+    (entry / "inner").mkdir(parents=True)
+    fresh = EngineSelector(AutoSettings(), persist=True)
+    monkeypatch.setattr(select, "_DEFAULT", fresh)
+    assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast" and fresh.measured == 1
+    assert entry.is_file() and cache.load_entry(entry.name.removesuffix(".auto.json"), ".auto.json")[1] == "hit"

@@ -856,3 +856,23 @@ def test_list_elements_are_plain_outputs_not_sequence_ops():
     assert "Split" in ops and not ops & {"SequenceAt", "SequenceConstruct", "SplitToSequence"}, ops
     assert not model.functions
     torch.testing.assert_close(cm(x), fn(x))
+
+
+class _TensorAndConstant(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x), 3
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_constant_among_the_outputs_is_returned_as_eager_does(quantize):
+    torch.manual_seed(0)
+    model, x = _TensorAndConstant().eval(), torch.randn(2, 4)
+    cm = qlower.compile(model, (x,), quantize=quantize, calibration=[(x,)] if quantize else None,
+                        backend="onnxruntime")
+    got, want = cm(x), model(x)
+    assert type(got) is tuple and got[1] == 3 and type(got[1]) is int
+    torch.testing.assert_close(got[0], want[0], atol=0.1 if quantize else 1e-5, rtol=0)

@@ -10,7 +10,7 @@ from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
 from .engine_choice import Program, auto_backends, default_selector, source_digest
-from .capture import capture, check_example_inputs, check_module, save_pt2
+from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
@@ -68,8 +68,15 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     nan_policy: what a quantized model does with a float input holding NaN/inf (quantization maps
               NaN to a finite integer): "warn" once (default), "raise" NonFiniteInputError, or
               "ignore" (no check, no cost). Float models follow IEEE arithmetic and are not checked.
-    """
+    The caller's model keeps its train/eval mode (it is compiled in eval mode)."""
     check_module(model)
+    with eval_mode(model):
+        return _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile,
+                        backend_options, passes, nan_policy, auto_candidates)
+
+
+def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile, backend_options,
+             passes, nan_policy, auto_candidates) -> CompiledModule:
     example_inputs = check_example_inputs(example_inputs)
     _check_quantize_arg(quantize, "quantize")
     notes: list[str] = []

@@ -1,6 +1,8 @@
 """Capture: `torch.export` with qlower's error reporting, and .pt2 load/save."""
 from __future__ import annotations
 
+import contextlib
+import inspect
 import re
 from pathlib import Path
 
@@ -32,6 +34,23 @@ def check_module(model) -> None:
         raise CaptureError(f"expected a torch.nn.Module or ExportedProgram, got {type(model).__name__}",
                            hint="wrap plain functions in an nn.Module whose forward() calls them")
     _check_materialized(model)
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """`model` (and every submodule) in eval mode inside; afterwards each submodule's `training`
+    flag is what it was, also when the body raises: compiling must not leave a training loop's
+    model without dropout. An ExportedProgram is left alone."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags:
+            module.training = training
 
 
 def _check_materialized(model: torch.nn.Module) -> None:
@@ -176,9 +195,10 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
     if isinstance(model, torch.export.ExportedProgram):
         return model
     example_inputs = check_example_inputs(example_inputs)
-    model.eval()
+    _check_positional_forward(model, example_inputs)
     try:
-        ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
+        with eval_mode(model):
+            ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         hint = _hint_for(exc)
@@ -189,6 +209,25 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
                            schema=op, source=source, hint=hint) from exc
     _check_operand_dtypes(ep)
     return ep
+
+
+def _check_positional_forward(model: torch.nn.Module, example_inputs: tuple) -> None:
+    """example_inputs are passed to forward() positionally: a forward whose parameters are
+    keyword-only (`def forward(self, *, x)`) or that takes fewer of them cannot be called so.
+    Say that, rather than torch.export's "rewrite the unsupported code path"."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):   # no Python signature to check: let torch.export decide
+        return
+    try:
+        signature.bind(*example_inputs)
+    except TypeError as exc:
+        keyword_only = [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        fix = f"{', '.join(keyword_only)} positional parameters" if keyword_only else "their number match forward()"
+        hint = (f"example_inputs are passed to forward() positionally: make {fix}"
+                + ", or wrap the model in a module whose forward(self, ...) calls it with keywords")
+        raise CaptureError(f"{type(model).__name__}.forward{signature} cannot take the {len(example_inputs)} "
+                           f"example input(s) positionally: {exc}", hint=hint) from exc
 
 
 _SAME_DTYPE_OPS = ("linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "convolution",

@@ -12,6 +12,7 @@ from torch.fx import GraphModule
 
 from ..fx import schema_name
 from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
+from ..core import cache
 from ..core.types import ClusterInfo
 from ..errors import BackendError
 from ..fx import copy_graph_module
@@ -67,7 +68,9 @@ class Backend(Protocol):
 def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
     """`backend`'s executable for `gm` (after the pass pipeline; left unchanged): a copy,
     legalized by the backend's passes, compiled. The legalization's rewrites and refusals lead
-    the executable's report notes."""
+    the executable's report notes. An unsafe disk cache directory is refused here, before a
+    cluster's compile could turn the refusal into a silent fallback (`cache.cache_dir`)."""
+    cache.cache_dir()
     own = copy_graph_module(gm)
     notes = legalize(backend, own)
     executable = backend.compile(own)

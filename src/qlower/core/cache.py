@@ -10,7 +10,7 @@ QLOWER_CACHE_DIR=off disables the disk cache.
 Disk entries are verified before use: `<key>.onnx` (the model, a plain ONNX file) comes with
 `<key>.onnx.sha256`, the sha256 of key + model. A truncated, corrupt or swapped entry (another
 key's model, an entry without digest from an older qlower) fails the check, is deleted and
-rebuilt: never trusted, never sticky. This
+rebuilt: never trusted, never sticky (an entry that is a directory too). This
 detects accidents and mix-ups; it does not authenticate (anyone who can write the directory can
 also compute the digest), so the directory is created private (0700) — see docs/trust.md.
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import stat
 import threading
 import uuid
 from collections import OrderedDict
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule
 
+from ..errors import QlowerError
 from . import cpu
 from .settings import settings
 from .version import __version__
@@ -41,8 +44,33 @@ _DIGEST_SUFFIX = ".sha256"
 
 
 def cache_dir() -> Path | None:
-    """The disk cache's directory ($QLOWER_CACHE_DIR), None when it is off."""
-    return settings().cache_dir
+    """The disk cache's directory ($QLOWER_CACHE_DIR), None when it is off. An existing one that
+    others can write (world-writable and owned by another user) is refused: its entries (a vmfb
+    is code) could be anyone's."""
+    d = settings().cache_dir
+    if d is not None:
+        _check_safe(d)
+    return d
+
+
+def _check_safe(d: Path) -> None:
+    try:
+        st = d.stat()
+    except OSError:
+        return   # absent: created private (0700) at the first store
+    if st.st_uid != os.getuid() and st.st_mode & stat.S_IWOTH:
+        raise QlowerError(f"the cache directory {d} is writable by everyone and owned by another user "
+                          f"(uid {st.st_uid}): its entries cannot be trusted",
+                          hint=f"set {CACHE_ENV} to a directory of your own, or {CACHE_ENV}=off")
+
+
+def _remove(path: Path) -> None:
+    """Delete an entry of any file type (a directory where a file belongs, too): damage is
+    never sticky."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def cluster_key(sub: GraphModule, constants: dict[str, torch.Tensor], options) -> str:
@@ -117,8 +145,11 @@ def load_entry(key: str, suffix: str = ".onnx") -> tuple[bytes | None, str]:
         want, model = None, b""
     if want == _digest(key, model):
         return model, "hit"
-    path.unlink(missing_ok=True)
-    digest_path.unlink(missing_ok=True)
+    try:
+        _remove(path)
+        _remove(digest_path)
+    except OSError:
+        pass   # not removable (a read-only directory): rebuilt each time, never trusted
     return None, "corrupt"
 
 
@@ -144,6 +175,8 @@ def store_entry(key: str, model_bytes: bytes, suffix: str = ".onnx") -> None:
 
 def _replace(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    if path.is_dir() and not path.is_symlink():   # an entry of the wrong file type
+        _remove(path)
     try:
         tmp.write_bytes(data)
         tmp.replace(path)  # atomic: concurrent compiles never see half a file

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 from ...fx import node_tensors
 from ...core.settings import settings
@@ -345,6 +345,8 @@ def _direct_runner(fused: GraphModule):
         return None
     call = calls[0]
     results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    if not all(isinstance(r, Node) for r in results):   # a constant output (`return y, 3`): the interpreter
+        return None
     picked = {r for r in results if r.op == "call_function" and r.target is operator.getitem and r.args[0] is call}
     others = [n for n in nodes if n.op not in ("placeholder", "output") and n is not call and n not in picked
               and not (n.op == "call_module" and not n.users)]  # export's input guards
