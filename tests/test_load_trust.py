@@ -724,6 +724,67 @@ def test_weight_disagreeing_with_the_graph_is_refused_at_load(tmp_path, change):
         assert "graph declares" in str(err) and "data/weights/model_weights_config.json" in str(err)
 
 
+# ---------------------------------------------------------------- output classes
+
+_HF_OUTPUT = "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+
+
+@pytest.fixture(scope="module")
+def hf_bert(tmp_path_factory):
+    """A tiny transformers BERT returning its ModelOutput, saved (onnxruntime)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=100)
+    torch.manual_seed(0)
+    model, ids = transformers.BertModel(cfg).eval(), torch.randint(0, 100, (1, 8))
+    cm = qlower.compile(model, (ids,), backend="onnxruntime")
+    return cm.save(tmp_path_factory.mktemp("hf") / "bert.pt2"), cm, ids
+
+
+def test_a_transformers_model_loads_in_a_fresh_process(hf_bert, tmp_path):
+    """Its output class is registered with pytree by importing transformers.modeling_outputs, the
+    allow-listed module that defines it (it was 'not registered' unless transformers was imported
+    first); the outputs equal the compiled model's."""
+    import subprocess
+    import sys
+
+    path, cm, ids = hf_bert
+    torch.save(ids, tmp_path / "ids.pt")
+    script = (
+        "import sys, torch\n"
+        "assert 'transformers' not in sys.modules\n"
+        "import qlower\n"
+        "assert 'transformers' not in sys.modules\n"
+        f"out = qlower.load({str(path)!r})(torch.load({str(tmp_path / 'ids.pt')!r}))\n"
+        "print(type(out).__module__, type(out).__name__)\n"
+        f"torch.save(tuple(out.values()), {str(tmp_path / 'out.pt')!r})\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == _HF_OUTPUT.rsplit(".", 1)
+    expected = tuple(cm(ids).values())
+    got = torch.load(tmp_path / "out.pt")
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_an_output_class_outside_the_allow_list_is_refused_unimported(hf_bert, tmp_path):
+    """The file never chooses a module to import: a spec naming a class of any other module is
+    refused, naming the class and saying what to import."""
+    import sys
+
+    path = tmp_path / "other.pt2"
+    parts = _parts(hf_bert[0])
+    program = parts["models/model.json"]
+    assert _HF_OUTPUT.encode() in program
+    parts["models/model.json"] = program.replace(_HF_OUTPUT.encode(), b"wsgiref.simple_server.Output")
+    _write(path, parts)
+    assert "wsgiref.simple_server" not in sys.modules
+    for load in (qlower.load, qlower.load_pt2):
+        err = _refused_quickly(load, path, "'wsgiref.simple_server.Output'")
+        assert "not registered" in str(err) and "import wsgiref.simple_server" in err.hint
+    assert "wsgiref.simple_server" not in sys.modules
+
+
 # ---------------------------------------------------------------- honest files
 
 @pytest.mark.parametrize("quantize", [None, "int8"])

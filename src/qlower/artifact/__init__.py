@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import io
 import json
 import keyword
@@ -112,7 +113,7 @@ def read_pt2(path: str | Path, *, require_manifest: bool
                                  "with qlower.compile(program, example_inputs)")
     if manifest is not None:
         _check_parts(manifest, records, path)
-    _check_program_json(records["models/model.json"], path)
+    _register_spec_classes(_check_program_json(records["models/model.json"], path), path)
     ep = _deserialize(data, records, path)
     _check_program(ep, path)
     extras = {n[len("extra/"):]: d.decode("utf-8", "replace") for n, d in records.items()
@@ -230,7 +231,7 @@ def _check_payloads(records: dict[str, bytes], path: Path) -> None:
         limits.check_payload_config(config, config_name, records, path)
 
 
-def _check_program_json(data: bytes, path: Path) -> None:
+def _check_program_json(data: bytes, path: Path) -> dict:
     """torch's deserializer sympify()s (evaluates) every `expr_str` and json.loads the `custom`
     and `from_node` metadata of every node: expressions must be of the grammar torch writes
     (limits.safe_sym_expr), nested JSON shallow, range constraints named by symbols."""
@@ -246,6 +247,62 @@ def _check_program_json(data: bytes, path: Path) -> None:
     for text in _nested_json(program):
         limits.load_json(text, "models/model.json (node metadata)", path, limits.MAX_METADATA_JSON_DEPTH)
     limits.check_range_constraints(program, path)
+    return program
+
+
+def _register_spec_classes(program: dict, path: Path) -> None:
+    """Every class the program's input and output specs name must be registered with pytree
+    before torch deserializes them. An unregistered one defined in a module of the fixed
+    allow-list (allowlist.PYTREE_MODULES, e.g. transformers.modeling_outputs) is registered by
+    importing that module (qlower's string, never the file's); any other is refused, saying what
+    to import."""
+    from torch.utils import _pytree
+
+    for name in sorted(_spec_types(program, path)):
+        if name in _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            continue
+        module = allowlist.pytree_module(name)
+        if module is not None:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ArtifactError(f"{path}: the program's outputs are of class {name!r}, and importing "
+                                    f"{module} failed: {_first_line(exc)}",
+                                    hint=f"install the package that provides {module}") from exc
+            if name in _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+                continue
+        shown = name[:200]
+        raise ArtifactError(f"{path}: the program's inputs or outputs are of class {shown!r}, which is not "
+                            "registered with torch.utils._pytree",
+                            hint=f"import the module that defines and registers it (import "
+                                 f"{shown.rpartition('.')[0] or shown}) before loading; qlower imports only "
+                                 f"{', '.join(allowlist.PYTREE_MODULES)} itself")
+
+
+def _spec_types(program: dict, path: Path) -> set[str]:
+    """The class names (`type`) of the pytree specs (`in_spec`, `out_spec`) of the program."""
+    names: set[str] = set()
+    stack = [program]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in ("in_spec", "out_spec") and isinstance(value, str):
+                    specs = [limits.load_json(value, "models/model.json (pytree spec)", path,
+                                              limits.MAX_METADATA_JSON_DEPTH)]
+                    while specs:
+                        spec = specs.pop()
+                        if isinstance(spec, dict):
+                            if isinstance(spec.get("type"), str):
+                                names.add(spec["type"])
+                            specs.extend(spec.values())
+                        elif isinstance(spec, list):
+                            specs.extend(spec)
+                else:
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return names
 
 
 def _nested_json(obj):

@@ -169,3 +169,16 @@ def string_problem(value: str) -> str | None:
     if not _STRING_OK.fullmatch(value) or any(c in value for c in '"\\{}'):
         return f"the string argument {value[:40]!r} holds a quote, backslash, brace or non-printable character"
     return None
+
+
+# Modules whose import registers output classes with torch.utils._pytree (transformers'
+# ModelOutput subclasses register themselves when defined). When a loaded program's input or
+# output spec names a class that is not registered, the loader imports the module of this
+# fixed list that defines it, and nothing else: the file never chooses which module is imported.
+PYTREE_MODULES = ("transformers.modeling_outputs",)
+
+
+def pytree_module(type_name: str) -> str | None:
+    """The allow-listed module (PYTREE_MODULES' own string) that defines `type_name`, or None."""
+    module = type_name.rpartition(".")[0]
+    return next((m for m in PYTREE_MODULES if m == module), None)
