@@ -38,7 +38,6 @@ class SmallNet(torch.nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
-# The engines installed here (onnxruntime always): the bit-exact-on-every-backend tests' list
 def has_module(name: str) -> bool:
     """`name` importable (find_spec of a submodule raises when its parent package is missing)."""
     try:
@@ -48,9 +47,9 @@ def has_module(name: str) -> bool:
 
 
 HAS_IREE = has_module("iree.compiler") and has_module("iree.runtime")
-ENGINES = ["onnxruntime"] + \
-    (["iree"] if HAS_IREE else []) + \
-    (["openvino"] if importlib.util.find_spec("openvino") else [])
+HAS_OPENVINO = has_module("openvino")
+# The engines installed here (onnxruntime always): the bit-exact-on-every-backend tests' list
+ENGINES = ["onnxruntime"] + (["iree"] if HAS_IREE else []) + (["openvino"] if HAS_OPENVINO else [])
 
 HOST_VNNI = qlower.core.cpu.has_vnni()   # this CPU's, read before any test forces it
 

@@ -102,3 +102,30 @@ def wide_calibration(shape, n=4, seed=0):
 
 def count_nodes(gm, target):
     return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+class IntegerLinear(torch.nn.Module):
+    """qlower.linear of an integer input by a constant integer weight (zero weight zero points)."""
+
+    def __init__(self, w, bias, x_zp):
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("w_zp", torch.zeros(w.shape[0], dtype=torch.int32))
+        self.register_buffer("bias", bias)
+        self.x_zp = x_zp
+
+    def forward(self, x):
+        return torch.ops.qlower.linear(x, self.x_zp, self.w, self.w_zp, self.bias)
+
+
+class OpCall(torch.nn.Module):
+    """Calls one block op with fixed non-tensor arguments."""
+
+    def __init__(self, fn, **params):
+        super().__init__()
+        for name, p in params.items():
+            self.register_buffer(name, p)
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)

@@ -12,6 +12,7 @@ from qlower import blockops as bo
 from qlower.blockops import ops as bops
 
 from conftest import calib
+from qdq_models import OpCall as _OpCall
 
 qops = torch.ops.qlower
 
@@ -281,19 +282,6 @@ def test_replace_swaps_each_module_and_keeps_outputs():
 
 
 # ---------------------------------------------------------------- ONNX: one node per block op
-class _OpCall(nn.Module):
-    """Calls one block op with fixed non-tensor arguments (test helper)."""
-
-    def __init__(self, fn, **params):
-        super().__init__()
-        for name, p in params.items():
-            self.register_buffer(name, p)
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(self, *xs)
-
-
 def _rnn_case(kind, layers, batch_first):
     rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(6, 5, num_layers=layers, batch_first=batch_first)
     weights = {f"w{i}": w.detach().clone() for i, w in enumerate(rnn._flat_weights)}

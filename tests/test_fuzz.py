@@ -58,6 +58,8 @@ from hypothesis import strategies as st
 import qlower
 from qlower import blockops
 
+from conftest import HAS_IREE, HAS_OPENVINO
+
 Q = torch.ops.qlower
 
 _ENV_N = os.environ.get("QLOWER_FUZZ_EXAMPLES")
@@ -74,20 +76,6 @@ def _settings(default_n: int):
     n = int(_ENV_N) if _ENV_N else default_n
     return settings(max_examples=n, deadline=None, derandomize=not _ENV_N, database=None,
                     suppress_health_check=list(HealthCheck), print_blob=True)
-
-
-def _openvino_available() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("openvino") is not None
-
-
-def _iree_available() -> bool:
-    try:
-        import iree.compiler  # noqa: F401
-        import iree.runtime  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 # ================================================================== the grammar (pure data)
@@ -863,7 +851,7 @@ def test_fuzz_onnxruntime(prog):
     _run(prog, ("onnxruntime",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install 'qlower[iree]')")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @_settings(_SMOKE_IREE)
 @given(prog=programs())
 def test_fuzz_iree_smoke(prog):
@@ -871,14 +859,14 @@ def test_fuzz_iree_smoke(prog):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install 'qlower[iree]')")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @_settings(_DEFAULT_IREE)
 @given(prog=programs())
 def test_fuzz_iree(prog):
     _run(prog, ("iree",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
+@pytest.mark.skipif(not HAS_OPENVINO,
                     reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @_settings(_SMOKE_OV)
 @given(prog=programs())
@@ -887,7 +875,7 @@ def test_fuzz_openvino_smoke(prog):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _openvino_available(),
+@pytest.mark.skipif(not HAS_OPENVINO,
                     reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @_settings(_DEFAULT_OV)
 @given(prog=programs())
@@ -954,7 +942,7 @@ def test_regression_masked_softmax_without_mask():
     _check(Program(in_shape=(2, 4, 10), ops=(Op("masked_softmax", (0,), (0, None)),)))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @pytest.mark.parametrize("kind", ["maxpool", "avgpool"])
 def test_regression_iree_pool_ceil_mode_unit_window(kind):
     """max/avg pool with kernel 1, stride 1, ceil_mode=True: the iree capability accepted it,
@@ -975,7 +963,7 @@ def test_regression_group_norm_large_mean_nan_on_onnxruntime():
                    inputs="tiny", seed=1))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_int8_linear_single_row_k1():
     """int8 linear with M = K = 1 and N > 1 (a [1, 1] input, Linear(1, 2)): the iree capability
     accepted it and iree-compile failed ("tosa compile failed: tiling factors must be less than or
@@ -995,7 +983,7 @@ def test_regression_onnxruntime_scale_fusion_deletes_a_read_mul():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_quantized_add_of_two_dynamic_operands():
     """int8 linear -> relu -> add(relu, linear) -> (x yT) y with batch and sequence dynamic: the
     quantized add was a tosa.add of two [?, ?, 1] values, which IREE lowers with a runtime
@@ -1008,7 +996,7 @@ def test_regression_iree_quantized_add_of_two_dynamic_operands():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_dispatch_path_stack_allocation_retried_on_the_global_path():
     """fp32 conv -> conv beside softmax -> add -> 4-D linear, batch dynamic: conv-dominated, so
     compiled on the dispatch-creation data-tiling path, where iree-compile failed ("'memref.alloca'
@@ -1027,7 +1015,7 @@ def test_regression_dead_node_after_refused_op_onnxruntime():
                         Op("slice", (0,), (1, 3, 4, 2)))))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @pytest.mark.parametrize("conv", [(6, 1, 1, 1, 2, 2, True), (2, 1, 1, 1, 1, 2, False), (2, 1, 1, 0, 1, 2, True)])
 def test_regression_iree_depthwise_1x1_padded(conv):
     """int8 depthwise conv with a 1x1 kernel and padding (Conv2d(2, 6, 1, padding=1, groups=2)):
@@ -1038,7 +1026,7 @@ def test_regression_iree_depthwise_1x1_padded(conv):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_group_norm_decomposition_on_permuted_input():
     """group_norm on a permuted (non-contiguous) tensor raised a raw ValueError on iree: the
     backend lacks the block op, so DecomposeBlockOps inlines its decomposition, which _trace()
@@ -1051,7 +1039,7 @@ def test_regression_iree_group_norm_decomposition_on_permuted_input():
                         Op("group_norm", (2,), (2, False)))), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_pool_ceil_mode_output_size():
     """fp32 avg_pool2d(3, 3, ceil_mode=True) on a height-3 input failed in iree-compile
     ("'linalg.generic' op inferred input/output operand #1 has shape's dimension #0 to be 6, but
@@ -1061,8 +1049,8 @@ def test_regression_iree_pool_ceil_mode_output_size():
     _check(Program(in_shape=(1, 2, 3, 9), ops=(Op("avgpool", (0,), (3, 3, 0, True, True, None)),)), ("iree",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_ceil_mode_pool_window_in_padding():
     """fp32 max_pool2d(kernel 1, stride 2, dilation 2, ceil_mode=True) on a 6x6 input: OpenVINO
     returned a (4, 4) output where PyTorch's ceil rule drops the last window ((3, 3)): a wrong
@@ -1071,8 +1059,8 @@ def test_regression_openvino_ceil_mode_pool_window_in_padding():
     _check(Program(in_shape=(2, 1, 6, 6), ops=(Op("maxpool", (0,), (1, 2, 0, 2, True)),)), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_block_op_function_with_dynamic_batch():
     """group_norm (a qlower-domain ONNX function) on openvino: "No conversion rule found for
     operations: qlower.group_norm" -- OpenVINO's ONNX frontend does not convert model-local
@@ -1081,8 +1069,8 @@ def test_regression_openvino_block_op_function_with_dynamic_batch():
                    dynamic=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_one_by_one_gemm_after_a_gemm():
     """fp32 x @ W (12 -> 1) then Linear(1, 1): OpenVINO's CPU plugin failed to compile the
     cluster with one inference thread ("Layout rank can't be larger than tensor rank"); found by
@@ -1092,8 +1080,8 @@ def test_regression_openvino_one_by_one_gemm_after_a_gemm():
                    weights="zero", quantize_mul=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 @pytest.mark.parametrize("first", [(2, 3, 3, 0, 1, 1, True), (2, 1, 1, 0, 1, 1, False)])
 def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
     """conv -> 1x1 conv with stride 2 and padding 1: OpenVINO returned (1, 1, 3, 3) where PyTorch
@@ -1103,8 +1091,8 @@ def test_regression_openvino_strided_padded_pointwise_conv_after_conv(first):
                    inputs="const", seed=6705), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_pointwise_conv_padded_by_two():
     """fp32 1x1 conv, one channel in and out, padding 2: on an AVX2-only AMD EPYC OpenVINO wrote
     unread memory into the last padded column (13 of 242 outputs off by up to 0.46 here, 6e19
@@ -1118,8 +1106,8 @@ def test_regression_openvino_pointwise_conv_padded_by_two():
     assert any("padded by more than 1" in str(f) for f in cm.report().fallbacks), cm.report().fallbacks
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
     """fp32 causal attention over a max-pool output holding -inf (a window in the padding):
     eager's softmax rows are NaN, OpenVINO's fused attention (what the ONNX Attention op becomes)
@@ -1136,8 +1124,8 @@ def test_regression_openvino_attention_keeps_eagers_nan_for_non_finite_scores():
                    weights="normal", inputs="huge", seed=1, weight_bits=7, quantize_mul=True), ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_layer_norm_of_constant_rows_within_its_conditioning():
     """int8 program whose only op is a LayerNorm (tiny weights) of constant rows: OpenVINO's row
     mean is one ulp off eager's, amplified by 1 / sqrt(eps) to 1.9e-5 on outputs near 1e-5. The
@@ -1173,8 +1161,8 @@ def _eager_in_float32_and_float64(prog: Program, x: torch.Tensor) -> tuple[torch
         return prog.module()(x), copy.deepcopy(prog.module()).double()(x.double())
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     """int8, dynamic batch: a LayerNorm row holding 2.8e24 -- PyTorch's fp32 layer_norm overflows
     computing the variance and returns NaN (the reference backend runs PyTorch's kernel), while
@@ -1192,8 +1180,8 @@ def test_regression_openvino_finite_where_pytorchs_layer_norm_overflows():
     _check(prog, ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_nan_query_row_in_decomposed_attention():
     """fp32 attention(x, x, x) * x with a NaN in the input: the call runs in PyTorch (NaN/inf
     input), on the openvino backend's legalized graph, where attention is decomposed: the math
@@ -1260,8 +1248,8 @@ def test_regression_two_flattens_of_one_input():
                    seed=3, per_channel=False))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_pool_window_larger_than_input():
     """avg_pool2d(kernel 3, stride 2, ceil_mode=True) on a 2-high input: PyTorch pools the
     oversized window into one output, OpenVINO's shape inference rejected the model ("Check
@@ -1272,8 +1260,8 @@ def test_regression_openvino_pool_window_larger_than_input():
            ("openvino",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
     """fp32 avg_pool2d(kernel 3, stride 3, padding 1, ceil_mode, count_include_pad) on a 6-high
     input: the last window covers row 5, the padding row 6 and row 7 beyond it; PyTorch divides
@@ -1285,7 +1273,7 @@ def test_regression_openvino_ceil_mode_average_over_the_padding_edge():
                                                Op("clamp", (2,), (0.25, 0.5)))), ("openvino",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_ceil_mode_pool_beside_a_single_window():
     """The program above on IREE: ceil_mode gives the 6-high dim a third window while the 1-wide
     dim has a single one, and iree-compile rejected torch-mlir's lowering after the capability
@@ -1295,7 +1283,7 @@ def test_regression_iree_ceil_mode_pool_beside_a_single_window():
                                                Op("clamp", (2,), (0.25, 0.5)))), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_conv_single_window_short_of_the_input_end():
     """fp32 conv2d(kernel 3, stride 3) on a 4-high input (one window, rows 0-2 of 4): iree-compile
     rejected torch-mlir's lowering ("'linalg.generic' op inferred input/output operand #1 has
@@ -1307,7 +1295,7 @@ def test_regression_iree_conv_single_window_short_of_the_input_end():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_data_tiling_pack_rank_failure_is_retried():
     """A 1x2 input through a width-1 linear: iree-compile failed with data tiling ("tiling factors
     must be less than or equal to the input rank for pack or output rank for unpack"), which the
@@ -1327,7 +1315,7 @@ def test_regression_max_pool_window_entirely_in_the_padding_on_onnxruntime():
                    dynamic=True, inputs="positive", seed=69))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_one_element_strided_slice_before_a_matmul():
     """x[:, 0:1:2] @ W on a 1x1x10 input: iree-compile 3.13 rejected the fp32 cluster ("expected
     result type to be 'memref<1x1x1x1x10xf32, strided<[10, 20, 10, 10, 1]>...' (mismatch of
@@ -1338,7 +1326,7 @@ def test_regression_iree_one_element_strided_slice_before_a_matmul():
                    weights="zero", seed=366, per_channel=True, weight_bits=7), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @pytest.mark.parametrize("ops", [(Op("relu", (0,)), Op("matmul_a", (1, 1))),
                                  (Op("linear", (0,), (8, False)), Op("matmul_a", (1, 0)))])
 def test_regression_iree_batched_matmul_with_batch_and_sequence_dynamic(ops):
@@ -1349,7 +1337,7 @@ def test_regression_iree_batched_matmul_with_batch_and_sequence_dynamic(ops):
     _check(Program(in_shape=(2, 4, 8), ops=ops, dynamic=True, dynamic_seq=True, seed=3), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
     """x @ xᵀ on uint8 activations with only the batch dynamic: with IREE 3.13's data tiling 4
     of 18 int8 outputs differed from the reference, at the compiled batch too — silently. Found
@@ -1359,7 +1347,7 @@ def test_regression_iree_batched_uint8_matmul_with_a_dynamic_batch():
                    per_channel=True), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
     """x[:, 0:1:2] -> linear -> RMSNorm on a 1x2 input, fp32: IREE's global-optimization
     data-tiling path (which product-heavy clusters prefer) fails to compile
@@ -1372,7 +1360,7 @@ def test_regression_iree_global_data_tiling_path_compile_failure_is_retried():
                    per_channel=True, quantize_mul=True), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_global_data_tiling_path_self_product():
     """masked softmax -> permutes -> softmax -> RMSNorm -> x @ xᵀ, int8, static [1, 4, 10]:
     IREE's global-optimization data-tiling path gave outputs 4 quantization steps off the
@@ -1388,7 +1376,7 @@ def test_regression_iree_global_data_tiling_path_self_product():
                    activations="per-token"), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_global_data_tiling_path_crash_is_retried():
     """fp32 x * 100 -> slices -> linear -> layer_norm -> x[:, 1:4], static [1, 5]: iree-compile
     crashed (SIGSEGV in dispatch creation's BubbleUpExtract) on the global-optimization
@@ -1401,7 +1389,7 @@ def test_regression_iree_global_data_tiling_path_crash_is_retried():
                    weights="huge", inputs="positive", seed=779, act="int8", per_channel=False), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_fp32_overflow_is_inf_on_iree_and_nan_in_eager():
     """(x yᵀ) y products of huge inputs: eager float32 overflows to NaN (inf - inf in its
     kernels) where the exact (float64) values are finite (5e37 .. 1.6e39), IREE to +-inf at some
@@ -1425,11 +1413,11 @@ def test_regression_fp32_masked_key_holding_inf_in_causal_attention():
     oracle accepts the math's value where eager's is not finite."""
     _check(Program(in_shape=(2, 6, 8, 5), ops=(Op("permute", (0,), (1, 3, 2)), Op("attention", (1, 1), (True, 2.0))),
                    weights="normal", inputs="normal", seed=1, act="uint8", per_channel=False),
-           tuple(b for b, ok in (("onnxruntime", True), ("openvino", _openvino_available()),
-                                 ("iree", _iree_available())) if ok))
+           tuple(b for b, ok in (("onnxruntime", True), ("openvino", HAS_OPENVINO),
+                                 ("iree", HAS_IREE)) if ok))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_static_batched_int8_matmul_chain():
     """uint8 (x xᵀ) x, x [2, 6, 9], static: IREE 3.13's dispatch-creation data tiling gave 46 of
     108 outputs wrong (max 1.8), silently — the global path and no data tiling exact; the
@@ -1440,7 +1428,7 @@ def test_regression_iree_static_batched_int8_matmul_chain():
                    weights="normal", inputs="normal", seed=0, act="uint8", per_channel=False), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
     """A grouped conv whose one window in H stops short of the input (x [B, 5, 4, 9], kernel 3,
     dilation 2, padding 1), B dynamic, fp32: PadSingleWindowConvs wrote out its padding with
@@ -1454,7 +1442,7 @@ def test_regression_iree_single_window_conv_keeps_the_batch_dynamic():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
     """RMSNorm of [B, 4] -> int8 slice to [B, 1] -> RMSNorm, B dynamic: IREE 3.13 moved the
     slice up into the first norm's dispatch, where the dequantized input also feeds the
@@ -1469,7 +1457,7 @@ def test_regression_iree_slice_after_a_norm_with_a_dynamic_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
     """x @ W1 @ W2 then a linear, fp32, only the batch dynamic: with IREE 3.13's data tiling 2 of
     4 outputs were off by up to 0.74 (silently; each product alone is exact). Found by the IREE
@@ -1478,7 +1466,7 @@ def test_regression_iree_fp32_matmul_chain_with_a_dynamic_batch():
                                             Op("linear", (1,), (1, False))), dynamic=True, seed=2), ("iree",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
     """x[:, 0:2:2] (one element, end 2): unit_step_slices writes it with step 1 and a new end;
     keeping the end gives x[:, 0:2] — two elements, a silent wrong fp32 answer on IREE (1 of 2
@@ -1490,7 +1478,7 @@ def test_regression_iree_one_element_strided_slice_with_an_end_past_it():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_regression_iree_clamp_to_a_single_value_after_a_requantize(dynamic):
     """A ReLU of a uint8 value whose zero point is 255 is clamp(q, 255, 255) after the conv's
@@ -1511,7 +1499,7 @@ _CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM = Program(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_nan_call_runs_the_decomposed_norm_as_its_kernel():
     """On the NaN/inf input the IREE cluster runs in PyTorch; its graph held LayerNorm as IREE's
     legalization decomposed it. The rows holding NaN/inf reach that norm as constant rows (NaN
@@ -1529,7 +1517,7 @@ def test_regression_nan_call_runs_a_denied_norm_as_its_kernel_on_onnxruntime(mon
     _check(_CONSTANT_ROWS_INTO_A_DECOMPOSED_NORM, ("onnxruntime",))
 
 
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_global_average_pool_after_a_broadcast_weight():
     """RMSNorm (its weight a broadcast product) then a global average pool: iree-compile 3.13
     crashed on the mean over two dims (segmentation fault with data tiling, "'vector.contract'
@@ -1577,9 +1565,9 @@ def test_grammar_programs_on_an_empty_batch(backend):
     programs): ONNX Runtime's Attention rejected batch 0 at run time, and the
     group_norm block op's decomposition (`reshape(n, groups, -1)`, ambiguous on no elements)
     raised a raw RuntimeError from OpenVINO's compile."""
-    if backend == "iree" and not _iree_available():
+    if backend == "iree" and not HAS_IREE:
         pytest.skip("the iree extra is not installed")
-    if backend == "openvino" and not _openvino_available():
+    if backend == "openvino" and not HAS_OPENVINO:
         pytest.skip("the openvino extra is not installed")
     checked = 0
     for prog in _empty_batch_programs(40):
@@ -1629,8 +1617,8 @@ def test_regression_layer_norm_epsilon_below_1e8_survives_onnxscripts_rewriter()
                    per_channel=True, weight_bits=8, activations="per-token"), ("onnxruntime",))
 
 
-@pytest.mark.skipif(not _openvino_available(),
-                    reason="the openvino extra is not installed (pip install -e .[openvino])")
+@pytest.mark.skipif(not HAS_OPENVINO,
+                    reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 def test_regression_openvino_constant_multiply_into_a_padded_conv():
     """mul_c (a constant along the last dim) into a padded depthwise conv: OpenVINO folds the
     multiply into the conv and answers 2.4e4 where eager gives 0.07, so the pattern is refused
@@ -1687,7 +1675,7 @@ def test_regression_fp32_layer_norm_variance_beyond_float32():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 def test_regression_iree_outer_product_of_a_column_slice():
     """fp32 x[:, 11:12:2] @ w (a [2, 1] column of a [2, 12] input by a [1, 5] weight: an outer
     product): IREE's global-optimization data tiling read the second row's element from column
@@ -1701,7 +1689,7 @@ def test_regression_iree_outer_product_of_a_column_slice():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _iree_available(), reason="the iree extra is not installed (pip install -e .[iree])")
+@pytest.mark.skipif(not HAS_IREE, reason="the iree extra is not installed (pip install 'qlower[iree]')")
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):
     """x * 0 -> conv (weights quantized to 0) -> x * -2 (a table: every code maps to one value)

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
-pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install -e .[iree])")
+pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install 'qlower[iree]')")
+pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install 'qlower[iree]')")
 
 from qlower.backends.iree import IreeBackend, IreeOptions  # noqa: E402
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
-pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install -e .[iree])")
+pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install 'qlower[iree]')")
+pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install 'qlower[iree]')")
 
 import qlower  # noqa: E402
 from qlower.backends.iree import IreeOptions  # noqa: E402

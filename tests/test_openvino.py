@@ -9,7 +9,7 @@ import onnx
 import pytest
 import torch
 
-pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install -e .[openvino])")
+pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'qlower[openvino]')")
 
 import qlower  # noqa: E402
 from qlower.backends import AUTO_ORDER, get_backend  # noqa: E402
@@ -19,6 +19,7 @@ from qlower.errors import BackendError  # noqa: E402
 from qlower.numerics_vectors import EDGE_SCALES as BASE_EDGE_SCALES  # noqa: E402
 from qlower.numerics_vectors import tie_vector as edge_tie_vector  # noqa: E402
 from qlower.zoo import ZOO  # noqa: E402
+from qdq_models import IntegerLinear as Linear
 
 ops = torch.ops.qlower
 U8, S8 = torch.uint8, torch.int8
@@ -159,18 +160,6 @@ def test_conv1d_accumulator_bit_exact():
                                       ([1], [1], [1], 1), one_d=True), x)
     assert_all_on_openvino(exe)
     assert_equal(ref, got)
-
-
-class Linear(torch.nn.Module):
-    def __init__(self, w, bias, x_zp):
-        super().__init__()
-        self.register_buffer("w", w)
-        self.register_buffer("w_zp", torch.zeros(w.shape[0], dtype=torch.int32))
-        self.register_buffer("bias", bias)
-        self.x_zp = x_zp
-
-    def forward(self, x):
-        return ops.linear(x, self.x_zp, self.w, self.w_zp, self.bias)
 
 
 @pytest.mark.parametrize("dtype", [U8, S8])

@@ -55,8 +55,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install -e .[iree])")
-pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install -e .[iree])")
+pytest.importorskip("iree.compiler", reason="the iree extra is not installed (pip install 'qlower[iree]')")
+pytest.importorskip("iree.runtime", reason="the iree extra is not installed (pip install 'qlower[iree]')")
 
 from qlower import numerics  # noqa: E402
 from qlower.backends import get_backend  # noqa: E402

@@ -15,14 +15,12 @@ from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
-from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized
-from .quantize import quantize as _quantize
+from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized, quantize as _quantize, _state_restored
 from .quantize.calibrate import prepare_calibration
 from .core.types import CompileReport
 from .report.verify import ranked_layers
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
-from .quantize import _state_restored
 
 
 @forgets_discarded_graphs

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 
 from .errors import ArtifactError, CaptureError, InputError
-from .artifact import read_pt2
-from .artifact import write_pt2
+from .artifact import read_pt2, write_pt2
 
 _SOURCE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _OP_NAME = re.compile(r"\b((?:aten|qlower|prims|quantized_decomposed)::?\.?[\w.]+|torch\.ops\.[\w.]+)")

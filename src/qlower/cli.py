@@ -9,10 +9,8 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from . import zoo
-from .api import compile as qcompile
-from .api import export as qexport
-from .backends import EXPORT_FORMATS
-from .backends import get_backend
+from .api import compile as qcompile, export as qexport
+from .backends import EXPORT_FORMATS, get_backend
 from .bench import machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
 from .bench.device_check import prepare
 from .capture import load_pt2

@@ -50,7 +50,6 @@ from .core.cpu import fingerprint
 from .core.metrics import energy_ratio_db, sqnr_db
 from .quantize import is_quantized
 
-AUTO_ENV = "QLOWER_AUTO_BACKENDS"
 # Engines backend="auto" measures, in preference order (which one wins a tie).
 AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
 

@@ -400,6 +400,6 @@ EXACT_SUM = 2**24
 
 
 def max_centered(dtype: torch.dtype, zp: int) -> int:
-    """max |q - zp| over the codes of an 8-bit `dtype`."""
-    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    """max |q - zp| over the codes of `dtype`."""
+    lo, hi = dtype_range(dtype)
     return max(abs(lo - zp), abs(hi - zp))

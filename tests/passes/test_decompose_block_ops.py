@@ -6,21 +6,9 @@ import torch
 from torch import nn
 
 from qlower.blockops import ops as bops
+from qdq_models import OpCall as _OpCall
 
 qops = torch.ops.qlower
-
-
-class _OpCall(nn.Module):
-    """Calls one block op with fixed non-tensor arguments (test helper)."""
-
-    def __init__(self, fn, **params):
-        super().__init__()
-        for name, p in params.items():
-            self.register_buffer(name, p)
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(self, *xs)
 
 
 ONNX_CASES = {   # the two block ops of tests/test_blockops.py's ONNX_CASES these tests use

@@ -10,12 +10,11 @@ from typing import Callable, Protocol
 
 from torch.fx import GraphModule
 
-from ..fx import schema_name
+from ..fx import schema_name, copy_graph_module
 from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
 from ..core import cache
 from ..core.types import ClusterInfo
 from ..errors import BackendError
-from ..fx import copy_graph_module
 from ..passes import PassContext, PassManager
 from ..passes.decompose_block_ops import DecomposeBlockOps
 

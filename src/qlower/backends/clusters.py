@@ -12,13 +12,12 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ..fx import constant_value, mutated_attributes, schema_name
+from ..fx import constant_value, mutated_attributes, schema_name, torch_deprecation_silenced
 from ..partition import Capability, cluster_graph
 from ..passes.decompose_block_ops import DECOMPOSED_FROM, recompose_block_ops
 from ..passes.functionalize_state import WRITE_BACK
 from ..core.types import ClusterInfo
 from .cluster_sizes import derive_sizes_of_clusters, one_user_per_size, sizes_with_their_users
-from ..fx import torch_deprecation_silenced
 
 
 def fuse_clusters(gm: GraphModule, capability: Capability, min_cluster_size: int):

@@ -53,32 +53,29 @@ def backend_class(name: str) -> type:
     return REGISTRY[name].load()
 
 
-def options_class(name: str) -> type | None:
-    entry = REGISTRY[name]
-    return getattr(importlib.import_module(entry.module), entry.options) if entry.options else None
+def _belongs(options, entry: Entry) -> bool:
+    """`options` is an instance of `entry`'s options class (decided from its class, importing
+    nothing)."""
+    cls = type(options)
+    return entry.options == cls.__name__ and (cls.__module__ == entry.module
+                                              or cls.__module__.startswith(entry.module + "."))
 
 
 def options_backend(options) -> str | None:
     """The backend an options object belongs to (OrtOptions -> "onnxruntime"), None for None;
-    a BackendError for anything else. Decided from the object's class, importing nothing."""
+    a BackendError for anything else."""
     if options is None:
         return None
-    cls = type(options)
     for name, entry in REGISTRY.items():
-        if entry.options == cls.__name__ and (cls.__module__ == entry.module
-                                              or cls.__module__.startswith(entry.module + ".")):
+        if _belongs(options, entry):
             return name
     known = ", ".join(e.options for e in REGISTRY.values() if e.options)
-    raise BackendError(f"backend_options must be one of {known}, got {cls.__name__}")
+    raise BackendError(f"backend_options must be one of {known}, got {type(options).__name__}")
 
 
 def make_backend(name: str, options=None) -> Backend:
     """An instance of backend `name` with `options` (which must be that backend's)."""
-    try:
-        owner = options_backend(options)
-    except BackendError:
-        owner = "?"
-    if owner is not None and owner != name:
+    if options is not None and not _belongs(options, REGISTRY[name]):
         raise BackendError(f"backend_options for {name} must be {REGISTRY[name].options or 'None'}, "
                            f"got {type(options).__name__}")
     cls = backend_class(name)

@@ -12,9 +12,8 @@ from typing import Callable
 import torch
 
 from ..backends.registry import backend_names
-from ..api import compile as qcompile
+from ..api import compile as qcompile, quantize as qquantize
 from ..quantize import QuantConfig
-from ..api import quantize as qquantize
 from ..backends.onnxruntime import OrtOptions
 from ..passes import LowerQDQ, default_pipeline
 

@@ -26,17 +26,13 @@ from torch.fx import GraphModule
 from ..fx import torch_deprecation_silenced
 from ..shapes import dynamic_spec, example_inputs
 from .flatten_rows import flatten_rows
-from .lowering import translation_table
+from .lowering import translation_table, functions
 from .bfloat16_values import widen_bfloat16_boundary
-from .lowering.onnx_ops import OPSET, bound_constants
+from .lowering.onnx_ops import OPSET, bound_constants, QLOWER_DOMAIN
 from .opset_changes import upgrade_opset_18_nodes
 from .rewrite_rules import exact_rewrite_rules
 from .direct_forms import rename_to_direct_forms
-from .decompositions import DECOMPOSITIONS
-from .decompositions import applies_to
-from .decompositions import decomposes
-from .lowering import functions
-from .lowering.onnx_ops import QLOWER_DOMAIN
+from .decompositions import DECOMPOSITIONS, applies_to, decomposes
 
 
 class TranslateError(Exception):

@@ -40,11 +40,6 @@ def holds_empty_tensor(node: Node) -> bool:
     return False
 
 
-def _env_list(name: str) -> frozenset[str]:
-    s = settings()
-    return s.op_denylist if name == DENY_ENV else s.op_allowlist
-
-
 def _always(node: Node) -> str | None:
     """always"""
     return None
@@ -66,9 +61,9 @@ class Capability:
         if node.op != "call_function":
             return f"{node.op} nodes are not compiled"
         name = schema_name(node)
-        if name in _env_list(DENY_ENV):
+        if name in settings().op_denylist:
             return f"{name} is in {DENY_ENV}"
-        if name in _env_list(ALLOW_ENV) and name in self.ops:
+        if name in settings().op_allowlist and name in self.ops:
             return None
         predicate = self.ops.get(name, self.ops.get("*"))
         if predicate is None:
@@ -92,7 +87,7 @@ class Capability:
 
     def table(self) -> list[tuple[str, str]]:
         """(schema name, condition) rows for `qlower ops`; a predicate's docstring is its condition."""
-        deny, allow = _env_list(DENY_ENV), _env_list(ALLOW_ENV)
+        deny, allow = settings().op_denylist, settings().op_allowlist
         rows = []
         for name, pred in sorted(self.ops.items()):
             if name in deny:

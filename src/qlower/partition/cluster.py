@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from torch.fx import Graph, Node
 
 from .capability import STRUCTURAL, Capability
-from ..fx import mutation_hazards
-from ..fx import schema_name
+from ..fx import mutation_hazards, schema_name
 
 
 @dataclass

@@ -13,7 +13,6 @@ from ..fx import source_of
 from ..meta import QPARAMS_KEY
 from .base import Pass, PassContext
 
-DUMP_ENV = "QLOWER_DUMP_PASSES"
 MAX_FIXPOINT_ITERATIONS = 32
 
 

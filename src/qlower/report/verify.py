@@ -38,9 +38,7 @@ from .html import render
 from ..core.metrics import cosine, energy_ratio_db, format_db, format_number, max_abs, sqnr_db
 from ..capture import capture, check_example_inputs, check_module
 from ..errors import InputError
-from ..quantize import QlowerQuantizer, calibrate, rewrite_float
-from ..quantize import SmoothQuant, is_quantized
-from ..quantize import quantize as qlower_quantize
+from ..quantize import QlowerQuantizer, calibrate, rewrite_float, SmoothQuant, is_quantized, quantize as qlower_quantize
 from ..quantize.calibrate import prepare_calibration
 from ..quantize.quantizer import FUSABLE_ACTIVATIONS
 from ..quantize.smoothquant import find_groups

@@ -16,16 +16,14 @@ from torch.fx import GraphModule
 
 from ..core.version import __version__
 from ..errors import ArtifactError, InputError, NonFiniteInputError, NonFiniteInputWarning
-from ..backends.base import InputsRefused
+from ..backends.base import InputsRefused, compile_graph
 from ..fx import mutated_attributes
 from ..core.types import CompileReport
 from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
 from . import saved_options
 from ..artifact.limits import load_json
-from ..backends import backend_names, get_backend
-from ..backends import options_backend
-from ..backends.base import compile_graph
+from ..backends import backend_names, get_backend, options_backend
 
 _META_NAME = "qlower.json"
 NAN_POLICIES = ("warn", "raise", "ignore")
@@ -210,10 +208,6 @@ def _arg_names(gm: GraphModule, specs: list[InputSpec]) -> list[str]:
     if params and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
         return [p.name for p in params]
     return [s.name for s in specs]
-
-
-def _options_to_json(options) -> dict | None:
-    return saved_options.to_json(options)
 
 
 _META_FIELDS = {"format", "qlower_version", "input_specs", "report", "example_inputs", "backend_options", "nan_policy"}

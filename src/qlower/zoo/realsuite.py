@@ -28,9 +28,7 @@ from torch import nn
 
 from .entry import ZooEntry
 from . import smollm2
-from .hf import CachedDecoderStep
-from .hf import LastHidden
-from .hf import SentenceEncoder
+from .hf import CachedDecoderStep, LastHidden, SentenceEncoder
 from .smollm2 import TextWindows
 
 VOCAB = 30522

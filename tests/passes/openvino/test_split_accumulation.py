@@ -6,21 +6,9 @@ import torch
 
 from qlower.passes import PassContext
 from qlower.passes.openvino.split_accumulation import SplitAccumulation
+from qdq_models import IntegerLinear as Linear
 
-ops = torch.ops.qlower
 U8, S8 = torch.uint8, torch.int8
-
-
-class Linear(torch.nn.Module):
-    def __init__(self, w, bias, x_zp):
-        super().__init__()
-        self.register_buffer("w", w)
-        self.register_buffer("w_zp", torch.zeros(w.shape[0], dtype=torch.int32))
-        self.register_buffer("bias", bias)
-        self.x_zp = x_zp
-
-    def forward(self, x):
-        return ops.linear(x, self.x_zp, self.w, self.w_zp, self.bias)
 
 
 def test_split_accumulation_fires_only_beyond_the_bound():

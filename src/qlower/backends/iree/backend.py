@@ -23,7 +23,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ...fx import constant_value, copy_graph_module, mutated_attributes
+from ...fx import constant_value, copy_graph_module, mutated_attributes, full_args
 from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...core.types import ClusterInfo
@@ -50,7 +50,6 @@ from .options import IreeOptions
 from .runner import IreeCluster, load_function, runtime_config
 from .tosa_emit import CHECKED_ENTRY, EmittedModule, TosaEmitter
 from .torch_import import import_float_cluster, input_symbols, not_importable_alone
-from ...fx import full_args
 from ...passes.decompose_block_ops import DecomposeBlockOps
 from ...quantize.attention import SDPA, _sdpa_math
 from .export import export_iree

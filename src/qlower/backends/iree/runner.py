@@ -13,7 +13,6 @@ from ...core.types import ClusterInfo
 from .vm import ZERO_COPY_ALIGNMENT, IreeFunction, load_function, runtime_config  # noqa: F401  (the runner's API)
 
 log = logging.getLogger("qlower.iree")
-CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

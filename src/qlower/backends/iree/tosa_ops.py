@@ -19,12 +19,10 @@ import torch
 from torch.fx import Node
 
 from ... import numerics
-from ...fx import full_args, schema_name
-from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering
+from ...fx import full_args, schema_name, constant_value
+from .lowerings import DYN, INTEGER_DTYPES, dims, integer_input, static_dims, tosa_lowering, kind_of
 from ..cluster_sizes import computable_from
 from .values import Emitter, Val, offset_of
-from ...fx import constant_value
-from .lowerings import kind_of
 
 
 _QUANT_DTYPES = (torch.int8, torch.uint8)

@@ -40,7 +40,6 @@ from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
 from .export import export_onnx
 
 log = logging.getLogger("qlower.onnxruntime")
-CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
 _SESSIONS = cache.LRUCache()   # cluster key -> session (bounded: QLOWER_MEMORY_CACHE_ENTRIES)
 _MODELS = cache.LRUCache()     # cluster key -> translated ONNX model (for export)
 

@@ -38,13 +38,11 @@ from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
 from .legalize import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
 from ...passes.openvino.split_accumulation import SplitAccumulation
-from ...onnx.translate import fx_nodes_of
-from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log
+from ...onnx.translate import fx_nodes_of, translate_cluster
+from .runner import INSTALL_HINT, OvCluster, compile_onnx, error_summary, feed_positions, gemm_precisions, log, core
 from ...onnx.lowering.onnx_ops import standard_onnx_only
-from ...onnx.translate import translate_cluster
 from ...passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear,
                        LowerQDQ)
-from .runner import core
 
 _SCALAR_DTYPE = {int: torch.int64, bool: torch.bool, float: torch.float64}
 # bounded (QLOWER_MEMORY_CACHE_ENTRIES): sha256(onnx) + config -> CompiledModel (shared by equal clusters)

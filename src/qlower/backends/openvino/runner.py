@@ -16,8 +16,7 @@ from ..clusters import as_scalars, nonfinite_positions, pytorch_graph, run_in_py
 from ...core.types import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
-CHECK_ENV = "QLOWER_CHECK_CLUSTERS"   # "1": run each cluster in PyTorch too, record worst diff
-INSTALL_HINT = "pip install -e .[openvino]  (or: pip install openvino==2026.4.1)"
+INSTALL_HINT = "pip install 'qlower[openvino]'  (or: pip install openvino==2026.4.1)"
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,8 +25,7 @@ from ...fx import full_args
 from ...partition import holds_empty_tensor
 from . import functions as fn
 from .table import lowers
-from .onnx_ops import const, first_output, i64, op
-from .onnx_ops import value_of
+from .onnx_ops import const, first_output, i64, op, value_of
 
 q = torch.ops.qlower
 _INT64_MAX = np.iinfo(np.int64).max

@@ -38,8 +38,7 @@ from ...core.cpu import has_vnni, s8_weights_exact
 from ..kernel_proofs import qlinear_add_exact, qlinear_global_average_pool_exact
 from .table import lowers
 from .onnx_ops import (first_output, MatMulIntegerToFloat, QGemm, QLinearAdd, QLinearGlobalAveragePool, const, i64,
-                       np_dtype, np_of, op, value_of)
-from .onnx_ops import contrib_ops_allowed
+                       np_dtype, np_of, op, value_of, contrib_ops_allowed)
 
 q = torch.ops.qlower
 ort = torch.ops.qlower_ort
