@@ -207,21 +207,31 @@ def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[Qu
     return adapt(config, preset=not isinstance(quantize, QuantConfig))
 
 
-def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None, target: str | None = None) -> Path:
-    """Write a model to disk.
+def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None, target: str | None = None,
+           onnx_ops: str = "standard") -> Path:
+    """Write a model to disk. The engine formats are lowered from the model's quantized program,
+    whatever backend it was compiled for (a model from `qlower.load` included); each needs one
+    cluster of that engine to cover the whole model, else a BackendError names the nodes outside
+    it. The file takes the model's inputs by their argument names and returns its outputs under
+    the names of its output structure (`last_hidden_state`, a dict's keys, `output_0`, ...);
+    dims compiled dynamic stay symbolic.
     "pt2":  a torch.export program (a CompiledModule keeps its lowering).
-    "onnx": one ONNX file, when one onnxruntime cluster covers the whole graph; otherwise a
-            BackendError names the nodes that prevent it. An nn.Module / program is compiled
-            (unquantized) for onnxruntime first; pass a CompiledModule to export int8.
-    "mlir": the whole model's MLIR as the iree backend emitted it (TOSA + linalg, or the torch
+    "onnx": one ONNX file (docs/export.md). onnx_ops="standard" (default): standard ai.onnx
+            operators only, for any ONNX consumer; the file's metadata says which numerics it
+            carries and how far ONNX Runtime and OpenVINO were from qlower's output on the
+            example inputs. onnx_ops="onnxruntime": ONNX Runtime's contrib kernels (QGemm,
+            QLinearAdd, ...), bit-exact with qlower on ONNX Runtime only.
+    "mlir": the whole model's MLIR as the iree backend emits it (TOSA + linalg, or the torch
             dialect), with `//` lines naming the entry function and the iree-compile command;
     "vmfb": the compiled IREE module (`iree-run-module --module=m.vmfb --function=main`).
-            Both need one IREE cluster covering the model (else a BackendError names the
-            blocking nodes); an nn.Module / program is compiled (unquantized) for iree first.
+    An nn.Module / program is compiled (unquantized) for the format's engine first; pass a
+    CompiledModule to export int8.
     target: mlir / vmfb only: the IREE target to compile the module for instead of the one it
             runs on here, "backend[:architecture]": "cuda:sm_80", "rocm:gfx942",
             "vulkan-spirv:ampere", "llvm-cpu:znver4" (compile and check here, deploy elsewhere)."""
     path = Path(path)
+    if onnx_ops != "standard" and format != "onnx":
+        raise QlowerError(f"onnx_ops={onnx_ops!r} applies to format 'onnx', not {format!r}")
     if target is not None and format not in EXPORT_FORMATS:
         raise QlowerError(f"target={target!r} applies to the IREE formats (mlir, vmfb), not {format!r}")
     if format != "pt2" and format not in EXPORT_FORMATS:
@@ -237,6 +247,8 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
             if not getattr(backend, "export_targets", False):   # the backend cross-compiles its export
                 raise QlowerError(f"target={target!r} applies to the IREE formats (mlir, vmfb), not {format!r}")
             return backend.export(model_or_cm, path, format, target)
+        if onnx_ops != "standard":
+            return backend.export(model_or_cm, path, format, onnx_ops=onnx_ops)
         return backend.export(model_or_cm, path, format)
     if isinstance(model_or_cm, CompiledModule):
         return model_or_cm.save(path)

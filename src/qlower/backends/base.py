@@ -4,11 +4,12 @@ runs the backend's `legalize_passes()` as ordinary passes (PassManager, verified
 on its own copy of the graph, then `backend.compile`."""
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 from ..fx import schema_name, copy_graph_module
 from ..partition import Capability  # noqa: F401  (used in the Backend protocol)
@@ -87,24 +88,80 @@ def legalize(backend: Backend, gm: GraphModule) -> list[str]:
     return [f"{what} x{n}" for what, n in ctx.rewrites.items()] + [str(r) for r in ctx.refusals]
 
 
-def whole_model_cluster_info(cm, backend: str, artifact: str) -> ClusterInfo:
-    """The one compiled cluster of `cm` when it is the whole model (the executable calls it
-    directly, with the model's inputs and outputs), for exporting it as one `artifact` ("ONNX
-    graph", "IREE module"); otherwise a BackendError naming what prevents it: another backend,
-    nodes left in PyTorch (with their reasons), several clusters, PyTorch code around one."""
-    report = cm.report()
-    if report.backend != backend:
-        raise BackendError(f"{artifact} export needs a model compiled for {backend}, not {report.backend!r}",
-                           hint=f"compile with backend={backend!r}")
-    blockers = [f"{next(iter(c.ops), '?')}: {c.reason}" for c in report.clusters if c.status != "compiled"]
-    compiled = [c for c in report.clusters if c.status == "compiled"]
-    whole = cm._executable.run is not cm._executable.module   # a direct runner: one cluster is the model
-    if blockers or len(compiled) != 1 or not whole:
-        detail = "; ".join(blockers) or (f"{len(compiled)} {backend} clusters" if len(compiled) != 1 else
-                                         "the cluster's inputs/outputs are not the model's (PyTorch code around it)")
-        raise BackendError(f"the model is not one {artifact}: {detail}",
-                           hint=f"`qlower schema --backend {backend}` lists every node and why it is not supported")
-    return compiled[0]
+@dataclass
+class WholeModel:
+    """The one compiled cluster that computes a whole model, and how the model's flat inputs and
+    outputs map onto it (an engine file exported from it takes the model's inputs and returns
+    its outputs, in the model's order)."""
+    cluster: object               # the cluster's module (OrtCluster, IreeCluster, ...)
+    info: ClusterInfo
+    args: list[int]               # the cluster's k-th runtime input is the model's input args[k]
+    outputs: list[int]            # the model's i-th flat output is the cluster's output outputs[i]
+    n_inputs: int                 # the model's flat inputs (one the cluster does not read stays an input)
+
+
+def whole_model(executable: Executable, backend: str, artifact: str) -> WholeModel:
+    """The cluster of `executable` that is the whole model, or a BackendError naming every node
+    outside it (with the reason each runs in PyTorch) and any cluster that did not compile.
+    Export's input guards (a `call_module` nobody reads) and a cluster reading the model's inputs
+    in another order do not count: an engine file's inputs are named, not positional."""
+    fused = executable.module
+    if fused is None:
+        raise BackendError(f"the model is not one {artifact}: the {backend} executable keeps no graph")
+    nodes = list(fused.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    output = next(n for n in nodes if n.op == "output")
+    calls = [n for n in nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
+    compiled = [n for n in calls if getattr(getattr(fused, str(n.target)), "info", None) is not None
+                and getattr(fused, str(n.target)).info.status == "compiled"]
+    problems = [f"{_named(c)}: {c.reason}" for c in executable.clusters if c.status not in ("compiled", "constant")]
+    call = compiled[0] if len(compiled) == 1 else None
+    if call is None and not problems:
+        problems.append(f"{len(compiled)} compiled {backend} clusters")
+    reported = {name for c in executable.clusters if c.backend == "pytorch" for name in c.ops}
+    for n in nodes:
+        if n.op in ("placeholder", "output", "get_attr") or n is call or n.name in reported:
+            continue
+        if n.op == "call_module" and not n.users:   # torch.export's input guards (_guards_fn)
+            continue
+        if n.op == "call_function" and n.target is operator.getitem and n.args[0] is call:
+            continue
+        if n in calls:
+            continue   # another cluster: counted above, or listed with the reason it did not compile
+        problems.append(f"{n.name} ({_target(n)}) runs in PyTorch")
+    args, outputs = [], []
+    if call is not None:
+        for a in call.args:
+            if a in placeholders:
+                args.append(placeholders.index(a))
+            elif isinstance(a, Node):
+                problems.append(f"the cluster reads {a.name} ({_target(a)}), which is computed outside it")
+        results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+        for r in results:
+            if r is call:
+                outputs.append(0)
+            elif isinstance(r, Node) and r.op == "call_function" and r.target is operator.getitem \
+                    and r.args[0] is call:
+                outputs.append(r.args[1])
+            else:
+                what = f"{r.name} ({_target(r)})" if isinstance(r, Node) else f"the constant {str(r)[:40]}"
+                problems.append(f"the model returns {what}, which the cluster does not compute")
+    if problems:
+        raise BackendError(f"the model is not one {artifact}; outside its {backend} cluster: " + "; ".join(problems),
+                           hint="these nodes run in PyTorch between engine calls, which one engine file cannot hold; "
+                                "export format 'pt2' keeps the whole program")
+    cluster = getattr(fused, str(call.target))
+    return WholeModel(cluster, cluster.info, args, outputs, len(placeholders))
+
+
+def _named(info: ClusterInfo) -> str:
+    """A reported cluster as the user reads it: a PyTorch node by its name, an engine cluster by
+    its number."""
+    return ", ".join(info.ops) if info.backend == "pytorch" else f"{info.backend} cluster #{info.id} ({info.status})"
+
+
+def _target(node: Node) -> str:
+    return schema_name(node) if node.op == "call_function" else str(node.target)
 
 
 def op_counts(gm: GraphModule) -> dict[str, int]:

@@ -404,6 +404,7 @@ def _session_with_sums(model_bytes: bytes, opts: OrtOptions, key: str, checks: d
 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
+    onnx_ops = "onnxruntime"   # the operator set clusters are translated into (export.StandardOnnxBackend: "standard")
 
     def __init__(self, options: OrtOptions | None = None):
         self.options = options or OrtOptions()
@@ -440,8 +441,8 @@ class OnnxRuntimeBackend:
         snap_add_scales(observed)
 
     @staticmethod
-    def export(cm, path, format: str):
-        return export_onnx(cm, path)
+    def export(cm, path, format: str, onnx_ops: str = "standard"):
+        return export_onnx(cm, path, onnx_ops)
 
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
@@ -490,8 +491,11 @@ class OnnxRuntimeBackend:
                           on_nonfinite=on_nonfinite,
                           validating_run=cluster.validating_run(gm, order) if cluster is not None else None)
 
-    @staticmethod
-    def _model_for(key: str, sub: GraphModule, constants, session_key: str) -> tuple[bytes, list[str], str]:
+    def _translate(self, sub: GraphModule, constants) -> bytes:
+        """The cluster's ONNX model (with ONNX Runtime's contrib kernels where proven exact)."""
+        return translate_cluster(sub, constants).SerializeToString()
+
+    def _model_for(self, key: str, sub: GraphModule, constants, session_key: str) -> tuple[bytes, list[str], str]:
         """(ONNX bytes, runtime input names, 'memory' | 'disk' | 'miss')."""
         runtime_inputs = [n.name for n in sub.graph.nodes if n.op == "placeholder" and n.name not in constants]
         model = _MODELS.get(key)
@@ -501,7 +505,7 @@ class OnnxRuntimeBackend:
         if cached is not None:
             _MODELS[key] = cached
             return cached, runtime_inputs, "disk"
-        model_bytes = translate_cluster(sub, constants).SerializeToString()
+        model_bytes = self._translate(sub, constants)
         _MODELS[key] = model_bytes
         cache.store_entry(key, model_bytes)
         return model_bytes, runtime_inputs, "rebuilt" if status == "corrupt" else "miss"
@@ -522,7 +526,7 @@ class OnnxRuntimeBackend:
         checks = float_inputs(fused, inputs.runtime_args)
         model_bytes = None
         try:
-            key = cache.cluster_key(sub, constants, self.options)
+            key = cache.cluster_key(sub, constants, (self.options, self.onnx_ops))
             model_bytes, input_names, info.cache = self._model_for(key, sub, constants, _session_key(key, checks))
             session = _session_with_sums(model_bytes, self.options, key, checks)
             # Structurally identical clusters share a session: feed by the session's own input

@@ -465,7 +465,15 @@ def quantize_per_token(x, scale):
     saturate_u8(RNE(x / s_t) + 128), a true fp32 division (tests/test_per_token.py checks ties
     and their neighbours). The zero point must have the scale's shape: a constant where that is
     static, else Expand of 128 (two small nodes; each ORT node costs a few µs on small models).
-    Replaced Div, Max(-127), QuantizeLinear(1, 128): two passes over the activation fewer."""
+    Replaced Div, Max(-127), QuantizeLinear(1, 128): two passes over the activation fewer.
+    Standard ONNX only (a portable export): numerics.quantize_per_token written out, Div -> Round
+    (half to even) -> Clip -> Add(128) -> Cast, because OpenVINO's ONNX frontend cannot read a
+    blocked QuantizeLinear whose block is a dynamic dim ("Cannot get length of dynamic
+    dimension")."""
+    if not contrib_ops_allowed():
+        r = op.Clip(op.Round(op.Div(x, scale)), const(float(numerics.PER_TOKEN_QMIN), np.float32),
+                    const(float(numerics.PER_TOKEN_BOUND), np.float32))
+        return op.Cast(op.Add(r, const(float(numerics.PER_TOKEN_ZERO_POINT), np.float32)), to=2)   # uint8
     shape = scale.shape
     if shape is not None and all(isinstance(d, int) for d in shape):
         zero_point = const(np.full(tuple(shape), numerics.PER_TOKEN_ZERO_POINT, np.uint8))
