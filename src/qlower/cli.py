@@ -125,24 +125,40 @@ def device_check(out: Path = typer.Argument(..., help="the bundle's folder"),
 def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export program, Q/DQ program or qlower artifact)"),
            out: Path = typer.Argument(..., help="output file"),
            format: str = typer.Option("onnx", help="onnx | mlir | vmfb | pt2"),
+           onnx_ops: str = typer.Option("standard", help="onnx: standard (ai.onnx operators only, any ONNX consumer) "
+                                        "| onnxruntime (ONNX Runtime's contrib kernels, bit-exact there)"),
            profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the "
-                                       "reference run it, ONNX Runtime does not)"),
+                                       "reference run it, ONNX Runtime does not); a qlower artifact keeps its own"),
            iree_target: str = typer.Option(None, help="mlir/vmfb: compile for this IREE target instead of this CPU, "
                                                       "backend[:arch]: cuda:sm_80 | rocm:gfx942 | vulkan-spirv:ampere "
                                                       "| llvm-cpu:znver4")):
-    """Export a saved program as one ONNX file, one IREE module (.mlir as emitted, or compiled
-    .vmfb for iree-run-module, for this CPU or --iree-target's device) or .pt2; says which nodes
-    prevent it otherwise."""
+    """Export a saved program as one ONNX file (standard operators by default), one IREE module
+    (.mlir as emitted, or compiled .vmfb for iree-run-module, for this CPU or --iree-target's
+    device) or .pt2, with the model's input and output names; says which nodes prevent it
+    otherwise. A qlower artifact (CompiledModule.save) keeps its dynamic dims."""
     backend = EXPORT_FORMATS.get(format, "reference")
     try:
-        ep = load_pt2(path)
-        example = tuple(torch_zeros_like(n.meta["val"]) for n in ep.graph.nodes
-                        if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
-        cm = qcompile(ep, example, backend=backend, profile=profile)
-        qexport(cm, out, format=format, target=iree_target)
+        if _is_qlower_artifact(path):
+            cm = load(path)
+        else:
+            ep = load_pt2(path)
+            example = tuple(torch_zeros_like(n.meta["val"]) for n in ep.graph.nodes
+                            if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
+            cm = qcompile(ep, example, backend=backend, profile=profile)
+        qexport(cm, out, format=format, target=iree_target, onnx_ops=onnx_ops)
     except QlowerError as exc:
         _fail(exc)
     console.print(f"wrote {out}")
+
+
+def _is_qlower_artifact(path: Path) -> bool:
+    """The file is a .pt2 written by CompiledModule.save (it holds qlower's metadata part)."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("extra/qlower.json") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def torch_zeros_like(val):

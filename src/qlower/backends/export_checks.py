@@ -6,10 +6,15 @@ export on the model's example inputs:
 - `qlower.numerics`: the numerics profile the file carries, defined in words;
 - `qlower.max_abs_diff.onnxruntime` / `.openvino`: max |consumer - qlower| over every output
   element, on plain `onnxruntime.InferenceSession` (CPU) and OpenVINO's CPU plugin
-  (`read_model` + `compile_model`, INFERENCE_PRECISION_HINT f32) where installed;
+  (`read_model` + `compile_model`, INFERENCE_PRECISION_HINT f32) where installed, over the
+  example inputs and SHUFFLES permutations of their float values;
   `qlower.max_abs_diff.<consumer>.quanta`: the same in units of the output's quantization step
   where every output is dequantized from integers (else absent);
-- `qlower.measured_on`: the input shapes of that measurement.
+- `qlower.output_quanta`: each output's quantization step, where every output is dequantized
+  from integers;
+- `qlower.tolerance.<consumer>`: the deviation declared for that consumer (`tolerance`), in
+  output quanta where those are known;
+- `qlower.measured_on`: the inputs of that measurement.
 
 A consumer that cannot read or run the file is recorded as such (`failed: ...`), not hidden."""
 from __future__ import annotations
@@ -30,6 +35,7 @@ NUMERICS = {
     "onnxruntime": ("qlower canonical integer program (profile {profile!r}) with ONNX Runtime contrib kernels "
                     "proven exact on the exporting CPU: bit-exact with qlower on ONNX Runtime"),
 }
+SHUFFLES = 3   # inputs measured besides the example
 FLOAT_NUMERICS = "float model: every op rounded by the consumer's float kernels"
 
 
@@ -41,30 +47,67 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
             "qlower.numerics": NUMERICS[onnx_ops].format(profile=report.profile) if report.quantized
             else FLOAT_NUMERICS}
     examples = cm._examples()
-    meta["qlower.measured_on"] = "example inputs " + ", ".join(
-        f"{name}{list(t.shape)}" for name, t in zip((i.name for i in model.graph.input), _leaves(examples)))
-    want = [t.detach().numpy() for t in _leaves(cm(*examples))]
+    calls = [examples] + [_shuffled(examples, seed) for seed in range(SHUFFLES)]
+    meta["qlower.measured_on"] = (f"the example inputs and {SHUFFLES} shuffles of their float values: " + ", ".join(
+        f"{name}{list(t.shape)}" for name, t in zip((i.name for i in model.graph.input), _leaves(examples))))
+    wants = [[t.detach().numpy() for t in _leaves(cm(*args))] for args in calls]
     quanta = output_quanta(cm.graph_module)
-    feed = {i.name: t.numpy() for i, t in zip(model.graph.input, _leaves(examples))}
+    if quanta is not None:
+        meta["qlower.output_quanta"] = ",".join(repr(q) for q in quanta)
+    feeds = [{i.name: t.numpy() for i, t in zip(model.graph.input, _leaves(args))} for args in calls]
     payload = model.SerializeToString()
     consumers = {"onnxruntime": _run_onnxruntime}
     if onnx_ops == "standard" and importlib.util.find_spec("openvino") is not None:
         consumers["openvino"] = _run_openvino
     for name, run in consumers.items():
         try:
-            got = run(payload, feed)
+            gots = run(payload, feeds)
         except Exception as exc:  # noqa: BLE001  (a consumer refusing the file is a result, recorded)
             meta[f"qlower.max_abs_diff.{name}"] = f"failed: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}"
             continue
-        diffs = [_max_abs_diff(g, w) for g, w in zip(got, want)]
-        meta[f"qlower.max_abs_diff.{name}"] = repr(max(diffs, default=0.0))
+        diffs = [max(_max_abs_diff(got[k], want[k]) for got, want in zip(gots, wants)) for k in range(len(wants[0]))]
+        measured = max(diffs, default=0.0)
+        meta[f"qlower.max_abs_diff.{name}"] = repr(measured)
+        in_quanta = None
         if quanta is not None:
-            meta[f"qlower.max_abs_diff.{name}.quanta"] = repr(max((d / q for d, q in zip(diffs, quanta)), default=0.0))
+            in_quanta = max((d / q for d, q in zip(diffs, quanta)), default=0.0)
+            meta[f"qlower.max_abs_diff.{name}.quanta"] = repr(in_quanta)
+        meta[f"qlower.tolerance.{name}"] = tolerance(name, measured, in_quanta)
     keep = [p for p in model.metadata_props if not p.key.startswith("qlower.")]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in keep}, **meta})
     return meta
+
+
+def tolerance(consumer: str, measured: float, in_quanta: float | None) -> str:
+    """The declared max |consumer - qlower| per output element: "<k> output quanta (why)" where
+    every output is dequantized from integers (`qlower.output_quanta`), else "<x> (why)" in the
+    output's units. ONNX Runtime computes the standard integer ops as ONNX defines them, so its
+    declared deviation is the measured one (0 for an integer program). OpenVINO quantizes by
+    multiplying with fp32(1/scale) and divides inexactly (docs/openvino.md), so a value within an
+    ulp of a rounding tie can land one step off: with quantized outputs at least one output
+    quantum is declared, even where the measurement saw none."""
+    if in_quanta is None:
+        return f"{measured!r} (measured max abs diff)"
+    steps = round(in_quanta)
+    if consumer == "openvino":
+        return (f"{max(steps, 1)} output quanta (OpenVINO rounds a value within an ulp of a quantization tie "
+                f"either way; measured {steps})")
+    return f"{steps} output quanta (measured)"
+
+
+def declared_tolerance(model: onnx.ModelProto, consumer: str) -> tuple[float, str] | None:
+    """(number, "quanta" | "abs") declared in an exported model's metadata for `consumer`."""
+    value = read(model).get(f"qlower.tolerance.{consumer}")
+    if value is None:
+        return None
+    return float(value.split()[0]), "quanta" if value.split()[1:3] == ["output", "quanta"] else "abs"
+
+
+def output_quanta_of(model: onnx.ModelProto) -> list[float] | None:
+    value = read(model).get("qlower.output_quanta")
+    return None if value is None else [float(v) for v in value.split(",")]
 
 
 def read(model: onnx.ModelProto) -> dict[str, str]:
@@ -115,16 +158,28 @@ def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node):
     return value
 
 
-def _run_onnxruntime(payload: bytes, feed: dict) -> list[np.ndarray]:
+def _shuffled(args: tuple, seed: int) -> tuple:
+    """`args` with every float tensor's values permuted (same values, other positions: inputs
+    like the example without inventing a distribution); integer inputs (token ids, masks) kept."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def shuffle(t):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() < 2:
+            return t
+        return t.reshape(-1)[torch.randperm(t.numel(), generator=gen)].reshape(t.shape)
+    return torch.utils._pytree.tree_map(shuffle, args)
+
+
+def _run_onnxruntime(payload: bytes, feeds: list[dict]) -> list[list[np.ndarray]]:
     import onnxruntime as ort
     session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
-    return session.run(None, feed)
+    return [session.run(None, feed) for feed in feeds]
 
 
-def _run_openvino(payload: bytes, feed: dict) -> list[np.ndarray]:
+def _run_openvino(payload: bytes, feeds: list[dict]) -> list[list[np.ndarray]]:
     import openvino as ov
     core = ov.Core()
     compiled = core.compile_model(core.read_model(model=payload, weights=b""), "CPU",
                                   {"INFERENCE_PRECISION_HINT": "f32"})
-    result = compiled(feed)
-    return [np.asarray(result[port]) for port in compiled.outputs]
+    results = [compiled(feed) for feed in feeds]
+    return [[np.asarray(result[port]) for port in compiled.outputs] for result in results]

@@ -73,6 +73,9 @@ class CompileReport:
     # backend="auto": every engine measured (empty when nothing was measured) and why the winner won
     engine_trials: list[EngineTrial] = field(default_factory=list)
     engine_choice: str | None = None
+    # the model's own names of its flat inputs and outputs (what an exported engine file calls them)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
 
     @property
     def fallbacks(self) -> list[ClusterInfo]:
@@ -110,6 +113,8 @@ class CompileReport:
                  f"quantized: {'yes' if self.quantized else 'no'}"]
         lowered, total = self.lowered_fraction()
         lines.append(f"integer conv/linear/matmul: {lowered}/{total}")
+        if self.inputs or self.outputs:
+            lines.append(f"inputs: {', '.join(self.inputs)}   outputs: {', '.join(self.outputs)}")
         lines.append(f"clusters: {len(self.compiled)} compiled   fallbacks: {len(self.fallbacks)}")
         for c in self.clusters:
             ops = ", ".join(f"{k} x{v}" for k, v in Counter(c.ops).most_common(6))

@@ -21,6 +21,7 @@ from ..fx import mutated_attributes
 from ..core.types import CompileReport
 from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
+from ..onnx.io_names import input_names, output_names
 from . import saved_options
 from ..artifact.limits import load_json
 from ..backends import backend_names, get_backend, options_backend
@@ -46,6 +47,8 @@ class CompiledModule:
         self._executable = executable
         self.input_specs = input_specs
         self._report = report
+        if not (report.inputs or report.outputs):   # the model's own names (exported files carry them)
+            report.inputs, report.outputs = input_names(graph_module), output_names(graph_module)
         self._example_inputs = example_inputs
         self._dynamic_shapes = dynamic_shapes
         self.backend_options = backend_options

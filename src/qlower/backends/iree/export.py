@@ -1,4 +1,5 @@
-"""`qlower.export(cm, path, format="mlir" | "vmfb")` for a model compiled with backend="iree".
+"""`qlower.export(cm, path, format="mlir" | "vmfb")`, whatever backend the model was compiled
+for (its quantized program is compiled for IREE when it was not).
 
 Only a model that is ONE IREE cluster can be exported (its inputs are the model's inputs in
 order, its one output the model's output): anything else would need qlower's PyTorch glue to
@@ -20,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import BackendError
-from ..base import whole_model_cluster_info
+from ..base import compile_graph, whole_model
 from .compiler import compile_command, compile_mlir
 from .options import IreeOptions
 from .runner import IreeCluster
@@ -32,14 +33,24 @@ _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
 
 
 def whole_model_cluster(cm) -> IreeCluster:
-    """The IREE cluster that is the whole compiled model, or a BackendError naming what
-    prevents it (the nodes left in PyTorch, with their reasons)."""
-    whole_model_cluster_info(cm, "iree", "IREE module")
-    clusters = [m for m in cm._executable.module.modules() if isinstance(m, IreeCluster)]
-    if len(clusters) != 1 or clusters[0].vmfb is None:
-        raise BackendError(f"the model is not one IREE module: {len(clusters)} compiled IREE modules",
-                           hint="`qlower schema --backend iree` lists every node and why it is not supported")
-    return clusters[0]
+    """The IREE cluster that is the whole model, or a BackendError naming what prevents it (the
+    nodes left in PyTorch, with their reasons). A model compiled for another backend (or loaded)
+    has its quantized program (`cm.graph_module`) compiled for IREE here."""
+    if cm.backend == "iree":
+        executable = cm._executable
+    else:
+        from .backend import IreeBackend
+        executable = compile_graph(IreeBackend(), cm.graph_module)
+    whole = whole_model(executable, "iree", "IREE module")
+    cluster = whole.cluster
+    if not isinstance(cluster, IreeCluster) or cluster.vmfb is None:
+        raise BackendError("the model is not one IREE module: its cluster kept no compiled module",
+                           hint="export format 'pt2' keeps the whole program")
+    if whole.args != list(range(whole.n_inputs)) or whole.outputs != list(range(len(whole.outputs))):
+        raise BackendError("the model is not one IREE module: the module takes or returns the model's values in "
+                           f"another order (inputs {whole.args}, outputs {whole.outputs})",
+                           hint="export format 'onnx' names its inputs and outputs; 'pt2' keeps the whole program")
+    return cluster
 
 
 def header(cluster: IreeCluster, command: str | None = None, driver: str = "local-sync") -> str:

@@ -77,7 +77,54 @@ def whole_model_onnx(cm, onnx_ops: str = "standard") -> tuple[onnx.ModelProto, o
                            hint="export it as .pt2")
     model = onnx.load_from_string(whole.info.onnx)
     named(model, whole, input_names(cm.graph_module), output_names(cm.graph_module), _input_types(cm.graph_module))
+    _name_dims(model, getattr(cm, "_dynamic_shapes", None))
+    _drop_unused_initializers(model.graph)
     return model, whole.cluster
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Initializers no node reads (constants a rewrite replaced) removed: ONNX Runtime warns
+    about each one when a session loads the file."""
+    used = {o.name for o in graph.output}
+
+    def reads(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            used.update(node.input)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    used.update(o.name for o in sub.output)
+                    reads(sub)
+    reads(graph)
+    kept = [t for t in graph.initializer if t.name in used]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def _name_dims(model: onnx.ModelProto, dynamic_shapes) -> None:
+    """Symbolic dims named as the user's `torch.export.Dim`s ("batch", "seq") instead of the
+    capture's symbols ("s41"): read from each input's declared Dims, renamed throughout the
+    graph's inputs, outputs and value infos. Dims without a name (Dim.AUTO) keep theirs."""
+    if not isinstance(dynamic_shapes, (tuple, list)) or len(dynamic_shapes) != len(model.graph.input):
+        return
+    renames: dict[str, str] = {}
+    for vi, spec in zip(model.graph.input, dynamic_shapes):
+        axes = spec.items() if isinstance(spec, dict) else enumerate(spec) if isinstance(spec, (tuple, list)) else ()
+        dims = vi.type.tensor_type.shape.dim
+        for axis, dim in axes:
+            name = getattr(dim, "__name__", None)
+            if not isinstance(axis, int) or not 0 <= axis < len(dims) or not isinstance(name, str) \
+                    or not dims[axis].dim_param:
+                continue
+            if renames.setdefault(dims[axis].dim_param, name) != name:
+                return   # one symbol, two names: the capture's symbols stay
+    if len(set(renames.values())) != len(renames):
+        return
+    graph = model.graph
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
 
 
 def _input_types(gm) -> list[int]:
