@@ -334,8 +334,8 @@ ONNX_CASES = {
 @pytest.mark.parametrize("case", sorted(ONNX_CASES))
 def test_block_op_is_one_onnx_node_and_matches_reference(case, tmp_path):
     """ONNX Runtime runs the op in one cluster (no fallback), agrees with the reference kernel,
-    and the exported file holds the op as a single node that onnx's own reference evaluator
-    (a second runtime) executes through the function body."""
+    and the file exported in ONNX Runtime's form (onnx_ops="onnxruntime") holds the op as a single
+    node that onnx's own reference evaluator (a second runtime) executes through the function body."""
     import onnx
     import onnx.inliner
     from onnx.reference import ReferenceEvaluator
@@ -345,7 +345,7 @@ def test_block_op_is_one_onnx_node_and_matches_reference(case, tmp_path):
     assert not cm.report().fallbacks, str(cm.report())
     want = module(*inputs)
     assert torch.allclose(cm(*inputs), want, atol=1e-5), case
-    model = onnx.load(qlower.export(cm, tmp_path / "m.onnx", format="onnx"))
+    model = onnx.load(qlower.export(cm, tmp_path / "m.onnx", format="onnx", onnx_ops="onnxruntime"))
     kinds = [(n.domain, n.op_type) for n in model.graph.node]
     assert kinds.count((domain, op_type)) == 1, kinds
     if domain == "qlower":

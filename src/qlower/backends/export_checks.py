@@ -5,7 +5,10 @@ export on the model's example inputs:
 - `qlower.onnx_ops`: "standard" (ai.onnx operators only) or "onnxruntime" (contrib kernels);
 - `qlower.numerics`: the numerics profile the file carries, defined in words;
 - `qlower.max_abs_diff.onnxruntime` / `.openvino`: max |consumer - qlower| over every output
-  element, on plain `onnxruntime.InferenceSession` (CPU) and OpenVINO's CPU plugin
+  element, on a plain `onnxruntime.InferenceSession` (CPU) with the graph optimizers named in
+  `qlower.onnxruntime.disabled_optimizers` turned off (`disabled_optimizers=`; the default
+  session's float-op fusions round their own way: `.onnxruntime.default_session` is measured
+  too, for information) and on OpenVINO's CPU plugin
   (`read_model` + `compile_model`, INFERENCE_PRECISION_HINT f32) where installed, over the
   example inputs and SHUFFLES permutations of their float values;
   `qlower.max_abs_diff.<consumer>.quanta`: the same in units of the output's quantization step
@@ -36,6 +39,7 @@ NUMERICS = {
                     "proven exact on the exporting CPU: bit-exact with qlower on ONNX Runtime"),
 }
 SHUFFLES = 3   # inputs measured besides the example
+FLOAT_ULPS = 16   # the least float-output deviation declared (ulps of the largest output)
 FLOAT_NUMERICS = "float model: every op rounded by the consumer's float kernels"
 
 
@@ -48,15 +52,26 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
             else FLOAT_NUMERICS}
     examples = cm._examples()
     calls = [examples] + [_shuffled(examples, seed) for seed in range(SHUFFLES)]
-    meta["qlower.measured_on"] = (f"the example inputs and {SHUFFLES} shuffles of their float values: " + ", ".join(
-        f"{name}{list(t.shape)}" for name, t in zip((i.name for i in model.graph.input), _leaves(examples))))
+    grown = _grown(examples, cm.input_specs)
+    calls += [grown] if grown is not None else []
+
+    def shapes(args) -> str:
+        names = (i.name for i in model.graph.input)
+        return ", ".join(f"{name}{list(t.shape)}" for name, t in zip(names, _leaves(args)))
+    meta["qlower.measured_on"] = (
+        f"the example inputs ({shapes(examples)}), {SHUFFLES} shuffles of their float values"
+        + (f" and the example tiled along its dynamic dims ({shapes(grown)})" if grown else ""))
     wants = [[t.detach().numpy() for t in _leaves(cm(*args))] for args in calls]
+    largest = max((float(np.abs(w).max()) for want in wants for w in want
+                   if w.size and np.issubdtype(w.dtype, np.floating) and np.isfinite(w).all()), default=0.0)
     quanta = output_quanta(cm.graph_module)
     if quanta is not None:
         meta["qlower.output_quanta"] = ",".join(repr(q) for q in quanta)
     feeds = [{i.name: t.numpy() for i, t in zip(model.graph.input, _leaves(args))} for args in calls]
     payload = model.SerializeToString()
-    consumers = {"onnxruntime": _run_onnxruntime}
+    meta["qlower.onnxruntime.disabled_optimizers"] = ",".join(session_disabled_optimizers())
+    consumers = {"onnxruntime": _run_onnxruntime,
+                 "onnxruntime.default_session": lambda payload, feeds: _run_onnxruntime(payload, feeds, True)}
     if onnx_ops == "standard" and importlib.util.find_spec("openvino") is not None:
         consumers["openvino"] = _run_openvino
     for name, run in consumers.items():
@@ -72,7 +87,8 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
         if quanta is not None:
             in_quanta = max((d / q for d, q in zip(diffs, quanta)), default=0.0)
             meta[f"qlower.max_abs_diff.{name}.quanta"] = repr(in_quanta)
-        meta[f"qlower.tolerance.{name}"] = tolerance(name, measured, in_quanta)
+        if name != "onnxruntime.default_session":   # measured for information only
+            meta[f"qlower.tolerance.{name}"] = tolerance(name, measured, in_quanta, largest)
     keep = [p for p in model.metadata_props if not p.key.startswith("qlower.")]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
@@ -80,29 +96,37 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
     return meta
 
 
-def tolerance(consumer: str, measured: float, in_quanta: float | None) -> str:
-    """The declared max |consumer - qlower| per output element: "<k> output quanta (why)" where
-    every output is dequantized from integers (`qlower.output_quanta`), else "<x> (why)" in the
-    output's units. ONNX Runtime computes the standard integer ops as ONNX defines them, so its
-    declared deviation is the measured one (0 for an integer program). OpenVINO quantizes by
-    multiplying with fp32(1/scale) and divides inexactly (docs/openvino.md), so a value within an
-    ulp of a rounding tie can land one step off: with quantized outputs at least one output
-    quantum is declared, even where the measurement saw none."""
-    if in_quanta is None:
-        return f"{measured!r} (measured max abs diff)"
-    steps = round(in_quanta)
-    if consumer == "openvino":
-        return (f"{max(steps, 1)} output quanta (OpenVINO rounds a value within an ulp of a quantization tie "
-                f"either way; measured {steps})")
-    return f"{steps} output quanta (measured)"
+def tolerance(consumer: str, measured: float, in_quanta: float | None, largest: float = 0.0) -> str:
+    """The declared deviation of `consumer` from qlower, per output element, as "<number>
+    <unit> (why)"; the unit is "output quanta" where every output is dequantized from integers
+    (`qlower.output_quanta`), else "abs".
+
+    ONNX Runtime computes the standard integer ops as ONNX defines them, so for an integer
+    program (quantized outputs) it declares the measured number of quanta as a bound (0:
+    bit-exact); float outputs are rounded by its float kernels in their own order: the larger of
+    the measured difference and FLOAT_ULPS fp32 ulps of the largest output. OpenVINO quantizes
+    by multiplying with fp32(1/scale) and divides inexactly (docs/openvino.md): a value within
+    an ulp of a rounding tie can land one step off and carry through later layers, so it
+    declares no bound, only what was measured ("measured", `declared_tolerance` bound False)."""
+    if consumer != "onnxruntime":
+        what = f"{round(in_quanta)} output quanta" if in_quanta is not None else f"{measured!r} abs"
+        return (f"{what} (measured, not a bound: {consumer} rounds a value within an ulp of a quantization tie "
+                "either way)")
+    if in_quanta is not None:
+        return f"{round(in_quanta)} output quanta (bound: ONNX Runtime computes the integer ops as ONNX defines them)"
+    floor = FLOAT_ULPS * float(np.spacing(np.float32(largest)))
+    return (f"{max(measured, floor)!r} abs (bound: the larger of the measured max abs diff {measured!r} and "
+            f"{FLOAT_ULPS} fp32 ulps of the largest output; float ops are rounded by the consumer's kernels)")
 
 
-def declared_tolerance(model: onnx.ModelProto, consumer: str) -> tuple[float, str] | None:
-    """(number, "quanta" | "abs") declared in an exported model's metadata for `consumer`."""
+def declared_tolerance(model: onnx.ModelProto, consumer: str) -> tuple[float, str, bool] | None:
+    """(number, "quanta" | "abs", whether it is declared as a bound) from an exported model's
+    metadata for `consumer`."""
     value = read(model).get(f"qlower.tolerance.{consumer}")
     if value is None:
         return None
-    return float(value.split()[0]), "quanta" if value.split()[1:3] == ["output", "quanta"] else "abs"
+    words = value.split()
+    return float(words[0]), "quanta" if words[1:3] == ["output", "quanta"] else "abs", "(bound:" in value
 
 
 def output_quanta_of(model: onnx.ModelProto) -> list[float] | None:
@@ -170,9 +194,47 @@ def _shuffled(args: tuple, seed: int) -> tuple:
     return torch.utils._pytree.tree_map(shuffle, args)
 
 
-def _run_onnxruntime(payload: bytes, feeds: list[dict]) -> list[list[np.ndarray]]:
+GROWTH = 4   # a dynamic dim of the example is tiled up to this many times its size (within its declared range)
+
+
+def _grown(args: tuple, specs) -> tuple | None:
+    """The example tiled along each dynamic dim, up to GROWTH times its size within the declared
+    range (larger reductions and more elements than the example: where float rounding and
+    near-tie roundings show); None when nothing can grow."""
+    leaves, spec = torch.utils._pytree.tree_flatten(args)
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    if len(tensors) != len(specs):
+        return None
+    out, grew = [], False
+    for t, s in zip(tensors, specs):
+        for axis, want in enumerate(s.shape):
+            bounds = s.bounds[axis] if s.bounds else None
+            if want is not None or bounds is None or t.shape[axis] == 0:
+                continue
+            size = GROWTH * t.shape[axis] if bounds[1] is None else min(bounds[1], GROWTH * t.shape[axis])
+            if size > t.shape[axis]:
+                reps = [1] * t.dim()
+                reps[axis] = -(-size // t.shape[axis])
+                t = t.repeat(*reps).narrow(axis, 0, size)
+                grew = True
+        out.append(t)
+    if not grew:
+        return None
+    it = iter(out)
+    return torch.utils._pytree.tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+
+
+def session_disabled_optimizers() -> tuple[str, ...]:
+    """The ONNX Runtime graph optimizers the declared bound assumes off: the onnxruntime
+    backend's (its float-op fusions round their own way; its QDQ re-fusions are not canonical)."""
+    from .onnxruntime import OrtOptions
+    return OrtOptions().disabled_optimizers
+
+
+def _run_onnxruntime(payload: bytes, feeds: list[dict], default_session: bool = False) -> list[list[np.ndarray]]:
     import onnxruntime as ort
-    session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
+    disabled = [] if default_session else list(session_disabled_optimizers())
+    session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
     return [session.run(None, feed) for feed in feeds]
 
 
