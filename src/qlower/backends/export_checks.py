@@ -43,8 +43,11 @@ FLOAT_ULPS = 16   # the least float-output deviation declared (ulps of the large
 FLOAT_NUMERICS = "float model: every op rounded by the consumer's float kernels"
 
 
-def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
-    """Write the metadata above into `model` (replacing qlower's keys); returns it."""
+def describe(model: onnx.ModelProto, cm, onnx_ops: str, disabled_optimizers: tuple[str, ...]) -> dict[str, str]:
+    """Write the metadata above into `model` (replacing qlower's keys); returns it.
+    `disabled_optimizers`: the ONNX Runtime graph optimizers the declared bound assumes off (the
+    onnxruntime backend's: its float-op fusions round their own way, its QDQ re-fusions are not
+    canonical)."""
     report = cm.report()
     meta = {"qlower.version": __version__, "qlower.onnx_ops": onnx_ops,
             "qlower.compiled_for": report.backend,
@@ -69,9 +72,9 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str) -> dict[str, str]:
         meta["qlower.output_quanta"] = ",".join(repr(q) for q in quanta)
     feeds = [{i.name: t.numpy() for i, t in zip(model.graph.input, _leaves(args))} for args in calls]
     payload = model.SerializeToString()
-    meta["qlower.onnxruntime.disabled_optimizers"] = ",".join(session_disabled_optimizers())
-    consumers = {"onnxruntime": _run_onnxruntime,
-                 "onnxruntime.default_session": lambda payload, feeds: _run_onnxruntime(payload, feeds, True)}
+    meta["qlower.onnxruntime.disabled_optimizers"] = ",".join(disabled_optimizers)
+    consumers = {"onnxruntime": lambda payload, feeds: _run_onnxruntime(payload, feeds, disabled_optimizers),
+                 "onnxruntime.default_session": _run_onnxruntime}
     if onnx_ops == "standard" and importlib.util.find_spec("openvino") is not None:
         consumers["openvino"] = _run_openvino
     for name, run in consumers.items():
@@ -224,17 +227,9 @@ def _grown(args: tuple, specs) -> tuple | None:
     return torch.utils._pytree.tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
 
 
-def session_disabled_optimizers() -> tuple[str, ...]:
-    """The ONNX Runtime graph optimizers the declared bound assumes off: the onnxruntime
-    backend's (its float-op fusions round their own way; its QDQ re-fusions are not canonical)."""
-    from .onnxruntime import OrtOptions
-    return OrtOptions().disabled_optimizers
-
-
-def _run_onnxruntime(payload: bytes, feeds: list[dict], default_session: bool = False) -> list[list[np.ndarray]]:
+def _run_onnxruntime(payload: bytes, feeds: list[dict], disabled: tuple[str, ...] = ()) -> list[list[np.ndarray]]:
     import onnxruntime as ort
-    disabled = [] if default_session else list(session_disabled_optimizers())
-    session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
     return [session.run(None, feed) for feed in feeds]
 
 

@@ -180,7 +180,7 @@ class IreeBackend:
 
     @staticmethod
     def export(cm, path, format: str, target: str | None = None):
-        return export_iree(cm, path, format, target)
+        return export_iree(cm, path, format, target, IreeBackend)
 
     def legalize_passes(self) -> list:
         """Block ops IREE's capability lacks, decomposed; attention in a quantized program in

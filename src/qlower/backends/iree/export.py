@@ -32,15 +32,16 @@ ENTRY = "main"
 _INPUT_TYPE = {"tosa": "tosa", "torch": "torch"}
 
 
-def whole_model_cluster(cm) -> IreeCluster:
+def whole_model_cluster(cm, backend_class=None) -> IreeCluster:
     """The IREE cluster that is the whole model, or a BackendError naming what prevents it (the
     nodes left in PyTorch, with their reasons). A model compiled for another backend (or loaded)
-    has its quantized program (`cm.graph_module`) compiled for IREE here."""
+    has its quantized program (`cm.graph_module`) compiled here by `backend_class` (IreeBackend)."""
     if cm.backend == "iree":
         executable = cm._executable
+    elif backend_class is None:
+        raise BackendError(f"the model was compiled for {cm.backend!r}, not iree", hint="qlower.export compiles it")
     else:
-        from .backend import IreeBackend
-        executable = compile_graph(IreeBackend(), cm.graph_module)
+        executable = compile_graph(backend_class(), cm.graph_module)
     whole = whole_model(executable, "iree", "IREE module")
     cluster = whole.cluster
     if not isinstance(cluster, IreeCluster) or cluster.vmfb is None:
@@ -83,11 +84,12 @@ def retargeted(cluster: IreeCluster, target: str) -> tuple[bytes, str, str]:
     return compiled.vmfb, compile_command(input_type, options), options.runtime_driver()
 
 
-def export_iree(cm, path: str | Path, format: str, target: str | None = None) -> Path:
+def export_iree(cm, path: str | Path, format: str, target: str | None = None, backend_class=None) -> Path:
     """Write the whole model's MLIR ("mlir") or compiled module ("vmfb") to `path` (atomically;
-    an unwritable path is an ArtifactError); `target` compiles it for another device."""
+    an unwritable path is an ArtifactError); `target` compiles it for another device. A model
+    compiled elsewhere is compiled by `backend_class` (IreeBackend) first."""
     path = Path(path)
-    cluster = whole_model_cluster(cm)
+    cluster = whole_model_cluster(cm, backend_class)
     if format not in ("vmfb", "mlir"):
         raise ValueError(f"unknown IREE export format {format!r}")
     if target is None:

@@ -37,6 +37,7 @@ from ...passes.onnxruntime.fuse_per_token import FusePerTokenLinear
 from ...passes.onnxruntime.fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
 from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
+from ...onnx.standard import translate_standard
 from .export import export_onnx
 
 log = logging.getLogger("qlower.onnxruntime")
@@ -442,7 +443,9 @@ class OnnxRuntimeBackend:
 
     @staticmethod
     def export(cm, path, format: str, onnx_ops: str = "standard"):
-        return export_onnx(cm, path, onnx_ops)
+        """The whole model as one ONNX file (export.py), lowered from cm's program when it was
+        not compiled for this backend."""
+        return export_onnx(cm, path, onnx_ops, {"standard": StandardOnnxBackend, "onnxruntime": OnnxRuntimeBackend})
 
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
@@ -542,3 +545,17 @@ class OnnxRuntimeBackend:
                                                single, info, checks))
         call.args = tuple(inputs.runtime_args)
         return info
+
+
+class StandardOnnxBackend(OnnxRuntimeBackend):
+    """ONNX Runtime running clusters in standard ONNX operators only: the form `qlower.export`
+    writes by default (onnx/standard.py). No contrib-kernel fusions (FuseRequantize,
+    FuseDequantize, FusePerTokenLinear), block-op functions inlined."""
+    onnx_ops = "standard"
+
+    def legalize_passes(self) -> list:
+        fusions = (FuseRequantize, FuseDequantize, FusePerTokenLinear)
+        return [p for p in super().legalize_passes() if not isinstance(p, fusions)]
+
+    def _translate(self, sub: GraphModule, constants) -> bytes:
+        return translate_standard(sub, constants).SerializeToString()

@@ -31,46 +31,25 @@ import onnx
 from ...artifact import atomic_write
 from ...errors import BackendError, QlowerError
 from ...onnx.io_names import input_names, output_names, unique
-from ...onnx.standard import non_standard_domains, translate_standard
+from ...onnx.standard import non_standard_domains
 from ..base import compile_graph, whole_model
+from .. import export_checks
 
 ONNX_OPS = ("standard", "onnxruntime")
 PRODUCER = "qlower"
 
 
-def standard_backend():
-    """ONNX Runtime running clusters in standard ONNX operators only: the onnxruntime backend
-    without its contrib-kernel fusions (FuseRequantize, FuseDequantize, FusePerTokenLinear) and
-    with `translate_standard` as its translator."""
-    from . import OnnxRuntimeBackend
-    from ...passes.onnxruntime.fuse_dequantize import FuseDequantize
-    from ...passes.onnxruntime.fuse_per_token import FusePerTokenLinear
-    from ...passes.onnxruntime.fuse_requantize import FuseRequantize
-
-    class StandardOnnxBackend(OnnxRuntimeBackend):
-        onnx_ops = "standard"
-
-        def legalize_passes(self) -> list:
-            fusions = (FuseRequantize, FuseDequantize, FusePerTokenLinear)
-            return [p for p in super().legalize_passes() if not isinstance(p, fusions)]
-
-        def _translate(self, sub, constants) -> bytes:
-            return translate_standard(sub, constants).SerializeToString()
-
-    return StandardOnnxBackend()
-
-
-def whole_model_onnx(cm, onnx_ops: str = "standard") -> tuple[onnx.ModelProto, object]:
+def whole_model_onnx(cm, onnx_ops: str, backends: dict) -> tuple[onnx.ModelProto, object]:
     """(the whole model as one ONNX model, with the model's input and output names and order;
-    the ONNX Runtime cluster that runs it), or a BackendError naming what prevents it."""
+    the ONNX Runtime cluster that runs it), or a BackendError naming what prevents it.
+    `backends`: onnx_ops -> the backend class that translates into it (`StandardOnnxBackend`
+    for "standard", `OnnxRuntimeBackend` for "onnxruntime")."""
     if onnx_ops not in ONNX_OPS:
         raise QlowerError(f"unknown onnx_ops {onnx_ops!r}", hint=f"use one of {ONNX_OPS}")
     if onnx_ops == "onnxruntime" and cm.backend == "onnxruntime":
         executable = cm._executable   # the model the backend runs
     else:
-        from . import OnnxRuntimeBackend
-        backend = standard_backend() if onnx_ops == "standard" else OnnxRuntimeBackend()
-        executable = compile_graph(backend, cm.graph_module)
+        executable = compile_graph(backends[onnx_ops](), cm.graph_module)
     whole = whole_model(executable, "onnxruntime", "ONNX graph")
     if whole.info.onnx is None:
         raise BackendError("the model's cluster kept no ONNX model (it computes constants only)",
@@ -207,18 +186,17 @@ def _rename_values(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
         vi.name = renames.get(vi.name, vi.name)
 
 
-def export_onnx(cm, path: Path, onnx_ops: str = "standard") -> Path:
+def export_onnx(cm, path: Path, onnx_ops: str, backends: dict) -> Path:
     """Write the whole model's ONNX to `path` (atomically), with the numerics it carries in its
     metadata, checked by `onnx.checker` (full check); or a BackendError naming what prevents it."""
-    from .. import export_checks
-    model, _ = whole_model_onnx(cm, onnx_ops)
+    model, _ = whole_model_onnx(cm, onnx_ops, backends)
     if onnx_ops == "standard":
         stray = non_standard_domains(model)
         if stray:   # translate_standard's contract; never write a file that breaks it
             raise BackendError(f"the standard-op translation left operators of domain(s) {sorted(stray)}",
                                hint="export with onnx_ops='onnxruntime' for ONNX Runtime")
     model.producer_name = PRODUCER
-    export_checks.describe(model, cm, onnx_ops)
+    export_checks.describe(model, cm, onnx_ops, backends["onnxruntime"]().options.disabled_optimizers)
     onnx.checker.check_model(model, full_check=True)
     atomic_write(path, lambda tmp: tmp.write_bytes(model.SerializeToString()))   # typed error, never half a file
     return path
