@@ -139,8 +139,8 @@ def named(model: onnx.ModelProto, whole, inputs: list[str], outputs: list[str], 
         taken.add(f"{name}__{k}")
         return f"{name}__{k}"
     internal = {v for n in graph.node for v in [*n.input, *n.output]} | {t.name for t in graph.initializer}
-    for name in taken:
-        if name in internal and name not in renames and name not in {o.name for o in cluster_outputs}:
+    for name in sorted(taken):   # an inner value holding a name the model's inputs or outputs take
+        if name in internal and name not in renames:
             renames[name] = fresh(name)
     new_outputs, produced = [], {}
     for i, k in enumerate(whole.outputs):
@@ -179,7 +179,7 @@ def _rename_values(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
         node.output[:] = [renames.get(v, v) for v in node.output]
         for attr in node.attribute:   # subgraphs (If / Loop / Scan) read outer values by name
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _rename_values(sub, {k: v for k, v in renames.items()})
+                _rename_values(sub, renames)
     for t in graph.initializer:
         t.name = renames.get(t.name, t.name)
     for vi in graph.value_info:
