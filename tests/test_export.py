@@ -84,6 +84,10 @@ def test_default_export_is_standard_onnx_and_bit_exact_at_every_size(small_int8,
     meta = read_metadata(model)
     assert meta["qlower.onnx_ops"] == "standard" and "canonical integer program" in meta["qlower.numerics"]
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    import onnxruntime as ort   # an integer program: a default session computes it bit for bit too
+    x = torch.randn(2, 3, 16, 16)
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    assert torch.equal(torch.from_numpy(got), small_int8(x))
     for run in consumers():
         assert measured(model, run) == 0.0, meta
         for b in SIZES:
@@ -294,15 +298,18 @@ def test_transformers_bert_dynamic_export_with_its_output_names(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_IREE, reason="iree is not installed")
-@pytest.mark.parametrize("backend", ["iree", "auto"])
-def test_export_after_an_iree_or_auto_compile(backend, tmp_path):
-    """Whatever engine the model was compiled for (IREE, or what auto chose), the ONNX export
-    is lowered from its quantized program and equals its output on ONNX Runtime; and a model
-    compiled for onnxruntime exports an IREE module."""
+@pytest.mark.parametrize("backend,candidates", [("iree", None), ("auto", None), ("auto", ("iree",))],
+                         ids=["iree", "auto", "auto-chose-iree"])
+def test_export_after_an_iree_or_auto_compile(backend, candidates, tmp_path):
+    """Whatever engine the model was compiled for (IREE, what auto chose, auto choosing IREE),
+    the ONNX export is lowered from its quantized program and equals its output on ONNX
+    Runtime; and a model compiled for onnxruntime exports an IREE module."""
     from qlower.zoo import ZOO
     entry = ZOO["cnn"]
     cm = qlower.compile(entry.model(), entry.inputs(1), quantize="int8", calibration=entry.calibration(4),
-                        backend=backend)
+                        backend=backend, auto_candidates=candidates)
+    if candidates:
+        assert cm.backend == "iree"
     path = qlower.export(cm, tmp_path / "m.onnx", format="onnx")
     (x,) = entry.inputs(1, seed=5)
     assert torch.equal(ort_run(path, {"x": x})[0], cm(x))
