@@ -136,7 +136,9 @@ def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
     (.mlir as emitted, or compiled .vmfb for iree-run-module, for this CPU or --iree-target's
     device) or .pt2, with the model's input and output names; says which nodes prevent it
     otherwise. A qlower artifact (CompiledModule.save) keeps its dynamic dims."""
-    backend = EXPORT_FORMATS.get(format, "reference")
+    # the standard-op ONNX is lowered from the program whatever it was compiled for: the
+    # reference backend compiles nothing; the other formats reuse their engine's compile
+    backend = "reference" if format == "onnx" and onnx_ops == "standard" else EXPORT_FORMATS.get(format, "reference")
     try:
         if _is_qlower_artifact(path):
             cm = load(path)

@@ -56,7 +56,12 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str, disabled_optimizers: tup
     examples = cm._examples()
     calls = [examples] + [_shuffled(examples, seed) for seed in range(SHUFFLES)]
     grown = _grown(examples, cm.input_specs)
-    calls += [grown] if grown is not None else []
+    if grown is not None:
+        try:
+            cm(*grown)
+            calls.append(grown)
+        except Exception:  # noqa: BLE001  (inputs the model refuses are not measured)
+            grown = None
 
     def shapes(args) -> str:
         names = (i.name for i in model.graph.input)
