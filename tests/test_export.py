@@ -141,6 +141,14 @@ class Named(torch.nn.Module):
         return {"logits": self.fc(image) + b, "features": image * 2}
 
 
+class Clash(torch.nn.Module):
+    """An output key equal to an input's name, and one value returned twice."""
+
+    def forward(self, x):
+        y = x * 2
+        return {"x": y, "dup": y}
+
+
 class Pair(torch.nn.Module):
     def forward(self, x):
         return x + 1, x * 3
@@ -149,8 +157,9 @@ class Pair(torch.nn.Module):
 @pytest.mark.parametrize("onnx_ops", ["standard", "onnxruntime"])
 def test_graph_and_report_carry_the_models_names(tmp_path, onnx_ops):
     """Inputs named as forward's arguments (in its order, whatever order the cluster reads them
-    in), outputs as the output structure's keys (a dict) or output_i (a tuple); cm.report() shows
-    the same names."""
+    in), outputs as the output structure's keys (a dict; one named like an input suffixed, one
+    value returned twice under both names) or output_i (a tuple); cm.report() shows the same
+    names."""
     x = (torch.randn(2, 8), torch.randn(2, 4))
     cm = qlower.compile(Named().eval(), x, backend="onnxruntime")
     assert cm.report().inputs == ["image", "bias"] and cm.report().outputs == ["logits", "features"]
@@ -161,6 +170,12 @@ def test_graph_and_report_carry_the_models_names(tmp_path, onnx_ops):
     got = ort_run(tmp_path / "n.onnx", {"image": x[0], "bias": x[1]})
     want = cm(*x)
     assert torch.equal(got[0], want["logits"]) and torch.equal(got[1], want["features"])
+    clash = qlower.compile(Clash().eval(), (torch.randn(3),), backend="reference")
+    assert clash.report().outputs == ["x_1", "dup"]
+    model = onnx.load(qlower.export(clash, tmp_path / "c.onnx", format="onnx", onnx_ops=onnx_ops))
+    assert [o.name for o in model.graph.output] == ["x_1", "dup"]
+    x3 = torch.randn(3)
+    assert all(torch.equal(g, 2 * x3) for g in ort_run(tmp_path / "c.onnx", {"x": x3}))
     pair = qlower.compile(Pair().eval(), (torch.randn(3),), backend="reference")
     assert pair.report().outputs == ["output_0", "output_1"]
     model = onnx.load(qlower.export(pair, tmp_path / "p.onnx", format="onnx", onnx_ops=onnx_ops))

@@ -30,7 +30,8 @@ def _key_text(key) -> str:
 
 def output_names(gm: GraphModule) -> list[str]:
     """One name per flat output: the key path through the output structure ("last_hidden_state",
-    "logits", "scores_0"), "output" for a single tensor, "output_<i>" for a tuple's elements."""
+    "logits", "scores_0"), "output" for a single tensor, "output_<i>" for a tuple's elements;
+    a name an input or an earlier output holds gets a suffix (`x` -> `x_1`)."""
     count = _flat_outputs(gm)
     spec = getattr(gm, "_out_spec", None)
     paths = None
@@ -52,7 +53,8 @@ def output_names(gm: GraphModule) -> list[str]:
         else:
             name = "_".join(parts)
         names.append(re.sub(r"[^0-9A-Za-z_.]", "_", name))
-    return unique(names)
+    inputs = input_names(gm)   # a graph value has one name: an output named like an input is suffixed
+    return unique(inputs + names)[len(inputs):]
 
 
 def unique(names: list[str]) -> list[str]:
