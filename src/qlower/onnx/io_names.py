@@ -1,6 +1,6 @@
 """The model's own names for its flat inputs and outputs: the forward's argument names (the
 captured program's placeholders) and names from the output structure (a dict's keys, a
-dataclass or transformers `ModelOutput`'s fields, a tuple's positions as `output_0`, ...).
+transformers `ModelOutput`'s fields, a tuple's positions as `output_0`, ...).
 Exported ONNX graphs carry them, and `cm.report()` shows them."""
 from __future__ import annotations
 
