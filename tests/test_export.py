@@ -114,6 +114,32 @@ def test_onnxruntime_ops_export_is_bit_exact_on_onnxruntime(small_int8, tmp_path
         qlower.export(small_int8, tmp_path / "x.pt2", format="pt2", onnx_ops="onnxruntime")
 
 
+def test_qdq_export_is_standard_qdq_around_float_ops(small_int8, tmp_path):
+    """onnx_ops="qdq": QuantizeLinear / DequantizeLinear around float Conv / Gemm, standard
+    operators only, checker-clean; ONNX Runtime (a default session: its own QDQ fusions) and
+    OpenVINO run it at three sizes, with no declared bound: within SQNR_NO_BOUND dB of qlower.
+    A loaded model, which keeps only its lowered program, is a typed error."""
+    import onnxruntime as ort
+    path = qlower.export(small_int8, tmp_path / "q.onnx", format="onnx", onnx_ops="qdq")
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    ops = {n.op_type for n in model.graph.node}
+    assert non_standard_domains(model) == set() and {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    assert not ops & {"ConvInteger", "MatMulInteger"}, ops
+    assert read_metadata(model)["qlower.onnx_ops"] == "qdq"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for b in SIZES:
+        x = torch.randn(b, 3, 16, 16)
+        want = small_int8(x)
+        assert within_declared(model, ort_run, torch.from_numpy(session.run(None, {"x": x.numpy()})[0]), want)
+        for run in consumers():
+            (got,) = run(path, {"x": x})
+            assert within_declared(model, run, got, want), (run.__name__, b)
+    loaded = qlower.load(small_int8.save(tmp_path / "m.pt2"))
+    with pytest.raises(qlower.BackendError, match="qdq"):
+        qlower.export(loaded, tmp_path / "l.onnx", format="onnx", onnx_ops="qdq")
+
+
 def test_export_from_a_reference_compile_and_from_a_loaded_artifact(small_int8, tmp_path):
     """Export lowers the model's quantized program, whatever it was compiled for: the reference
     backend (no engine at all) and a model read back with qlower.load give the same file's

@@ -164,8 +164,10 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
         report.engine_trials, report.engine_choice = selection.trials, selection.explanation
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
-    return CompiledModule(gm, executable, input_specs_of(gm, ep.range_constraints), report, example_inputs, dyn,
-                          backend_options=getattr(chosen, "options", None), nan_policy=nan_policy)
+    cm = CompiledModule(gm, executable, input_specs_of(gm, ep.range_constraints), report, example_inputs, dyn,
+                        backend_options=getattr(chosen, "options", None), nan_policy=nan_policy)
+    cm.quantized_program = ep if report.quantized else None   # export's Q/DQ form lowers it
+    return cm
 
 
 def _float_outputs(model, example_inputs):
@@ -220,7 +222,10 @@ def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=No
             operators only, for any ONNX consumer; the file's metadata says which numerics it
             carries and how far ONNX Runtime and OpenVINO were from qlower's output on the
             example inputs. onnx_ops="onnxruntime": ONNX Runtime's contrib kernels (QGemm,
-            QLinearAdd, ...), bit-exact with qlower on ONNX Runtime only.
+            QLinearAdd, ...), bit-exact with qlower on ONNX Runtime only. onnx_ops="qdq":
+            the quantized program before qlower's lowering, QuantizeLinear / DequantizeLinear
+            around float ops, which consumers fuse into their own int8 kernels (their rounding,
+            not qlower's; measured in the metadata); needs a model compiled in this process.
     "mlir": the whole model's MLIR as the iree backend emits it (TOSA + linalg, or the torch
             dialect), with `//` lines naming the entry function and the iree-compile command;
     "vmfb": the compiled IREE module (`iree-run-module --module=m.vmfb --function=main`).

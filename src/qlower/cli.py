@@ -126,7 +126,8 @@ def export(path: Path = typer.Argument(..., help="a .pt2 file (torch.export prog
            out: Path = typer.Argument(..., help="output file"),
            format: str = typer.Option("onnx", help="onnx | mlir | vmfb | pt2"),
            onnx_ops: str = typer.Option("standard", help="onnx: standard (ai.onnx operators only, any ONNX consumer) "
-                                        "| onnxruntime (ONNX Runtime's contrib kernels, bit-exact there)"),
+                                        "| onnxruntime (ONNX Runtime's contrib kernels, bit-exact there) | qdq "
+                                        "(Q/DQ around float ops, for consumers' int8 fusions; a compiled model only)"),
            profile: str = typer.Option("float", help="requantization profile: float | fixed (TOSA; IREE and the "
                                        "reference run it, ONNX Runtime does not); a qlower artifact keeps its own"),
            iree_target: str = typer.Option(None, help="mlir/vmfb: compile for this IREE target instead of this CPU, "

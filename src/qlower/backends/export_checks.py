@@ -2,7 +2,8 @@
 numerics it computes, and how far ONNX consumers are from qlower's own output on it, measured at
 export on the model's example inputs:
 
-- `qlower.onnx_ops`: "standard" (ai.onnx operators only) or "onnxruntime" (contrib kernels);
+- `qlower.onnx_ops`: "standard" (ai.onnx operators only), "qdq" (the same, in Q/DQ form) or
+  "onnxruntime" (contrib kernels);
 - `qlower.numerics`: the numerics profile the file carries, defined in words;
 - `qlower.max_abs_diff.onnxruntime` / `.openvino`: max |consumer - qlower| over every output
   element, on a plain `onnxruntime.InferenceSession` (CPU) with the graph optimizers named in
@@ -35,6 +36,8 @@ NUMERICS = {
                  "ConvInteger / MatMulInteger / QuantizeLinear / DequantizeLinear / Gather tables define them, "
                  "requantization as an fp32 multiply rounded half to even; bit-exact where a consumer computes "
                  "those ops as ONNX defines them, float ops rounded by the consumer's float kernels"),
+    "qdq": ("qlower quantized program (profile {profile!r}) in Q/DQ form: QuantizeLinear / DequantizeLinear around "
+            "float ops, which a consumer fuses into its own int8 kernels with its own rounding (not canonical)"),
     "onnxruntime": ("qlower canonical integer program (profile {profile!r}) with ONNX Runtime contrib kernels "
                     "proven exact on the exporting CPU: bit-exact with qlower on ONNX Runtime"),
 }
@@ -80,7 +83,7 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str, disabled_optimizers: tup
     meta["qlower.onnxruntime.disabled_optimizers"] = ",".join(disabled_optimizers)
     consumers = {"onnxruntime": lambda payload, feeds: _run_onnxruntime(payload, feeds, disabled_optimizers),
                  "onnxruntime.default_session": _run_onnxruntime}
-    if onnx_ops == "standard" and importlib.util.find_spec("openvino") is not None:
+    if onnx_ops != "onnxruntime" and importlib.util.find_spec("openvino") is not None:
         consumers["openvino"] = _run_openvino
     for name, run in consumers.items():
         try:
@@ -96,7 +99,7 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str, disabled_optimizers: tup
             in_quanta = max((d / q for d, q in zip(diffs, quanta)), default=0.0)
             meta[f"qlower.max_abs_diff.{name}.quanta"] = repr(in_quanta)
         if name != "onnxruntime.default_session":   # measured for information only
-            meta[f"qlower.tolerance.{name}"] = tolerance(name, measured, in_quanta, largest)
+            meta[f"qlower.tolerance.{name}"] = tolerance(name, measured, in_quanta, largest, onnx_ops)
     keep = [p for p in model.metadata_props if not p.key.startswith("qlower.")]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
@@ -104,7 +107,8 @@ def describe(model: onnx.ModelProto, cm, onnx_ops: str, disabled_optimizers: tup
     return meta
 
 
-def tolerance(consumer: str, measured: float, in_quanta: float | None, largest: float = 0.0) -> str:
+def tolerance(consumer: str, measured: float, in_quanta: float | None, largest: float = 0.0,
+              onnx_ops: str = "standard") -> str:
     """The declared deviation of `consumer` from qlower, per output element, as "<number>
     <unit> (why)"; the unit is "output quanta" where every output is dequantized from integers
     (`qlower.output_quanta`), else "abs".
@@ -115,9 +119,12 @@ def tolerance(consumer: str, measured: float, in_quanta: float | None, largest: 
     the measured difference and FLOAT_ULPS fp32 ulps of the largest output. OpenVINO quantizes
     by multiplying with fp32(1/scale) and divides inexactly (docs/openvino.md): a value within
     an ulp of a rounding tie can land one step off and carry through later layers, so it
-    declares no bound, only what was measured ("measured", `declared_tolerance` bound False)."""
+    declares no bound, only what was measured ("measured", `declared_tolerance` bound False); so
+    does every consumer of the Q/DQ form (`onnx_ops="qdq"`), which runs on its own int8 kernels."""
+    what = f"{round(in_quanta)} output quanta" if in_quanta is not None else f"{measured!r} abs"
+    if onnx_ops == "qdq":
+        return f"{what} (measured, not a bound: the Q/DQ form runs on the consumer's own int8 kernels and rounding)"
     if consumer != "onnxruntime":
-        what = f"{round(in_quanta)} output quanta" if in_quanta is not None else f"{measured!r} abs"
         return (f"{what} (measured, not a bound: {consumer} rounds a value within an ulp of a quantization tie "
                 "either way)")
     if in_quanta is not None:

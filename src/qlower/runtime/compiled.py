@@ -47,6 +47,9 @@ class CompiledModule:
         self._executable = executable
         self.input_specs = input_specs
         self._report = report
+        # the Q/DQ program compile quantized, before qlower's lowering (export onnx_ops="qdq");
+        # set by compile, None for a loaded model (a .pt2 keeps the lowered program only)
+        self.quantized_program = None
         if not (report.inputs or report.outputs):   # the model's own names (exported files carry them)
             report.inputs, report.outputs = input_names(graph_module), output_names(graph_module)
         self._example_inputs = example_inputs

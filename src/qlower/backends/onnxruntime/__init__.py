@@ -445,7 +445,8 @@ class OnnxRuntimeBackend:
     def export(cm, path, format: str, onnx_ops: str = "standard"):
         """The whole model as one ONNX file (export.py), lowered from cm's program when it was
         not compiled for this backend."""
-        return export_onnx(cm, path, onnx_ops, {"standard": StandardOnnxBackend, "onnxruntime": OnnxRuntimeBackend})
+        return export_onnx(cm, path, onnx_ops, {"standard": StandardOnnxBackend, "onnxruntime": OnnxRuntimeBackend,
+                                                "qdq": QdqOnnxBackend})
 
     def legalize_passes(self) -> list:
         """Block ops ONNX Runtime lacks decomposed, ATen's alias ops renamed, torchlib's reduction
@@ -567,3 +568,13 @@ class StandardOnnxBackend(OnnxRuntimeBackend):
         model = translate_standard(sub, constants)
         legalize(model)
         return model.SerializeToString()
+
+
+class QdqOnnxBackend(StandardOnnxBackend):
+    """Standard ONNX operators for a program in Q/DQ form (`qlower.export(onnx_ops="qdq")`):
+    QuantizeLinear / DequantizeLinear stay as they are, the pattern every int8 ONNX consumer
+    fuses into its own kernels (no IEEE-exact rewrite hiding it)."""
+    onnx_ops = "qdq"
+
+    def _translate(self, sub: GraphModule, constants) -> bytes:
+        return translate_standard(sub, constants).SerializeToString()

@@ -12,6 +12,11 @@ Runtime has just accepted:
   qlower's canonical integer arithmetic as ONNX defines these ops; how far ONNX Runtime and
   OpenVINO (where installed) are from qlower's own output is measured on the model's example
   inputs at export and written into the file's metadata (`export_checks.py`).
+- onnx_ops="qdq": the quantized program before qlower's integer lowering (`qdq_program`),
+  QuantizeLinear / DequantizeLinear around float ops in standard operators: the form int8 ONNX
+  consumers (ONNX Runtime, OpenVINO, TensorRT) fuse into their own kernels, with their own
+  rounding (measured, not bounded, in the metadata). Needs the Q/DQ program, which a model
+  compiled in this process keeps and a loaded one does not.
 - onnx_ops="onnxruntime": ONNX Runtime's fused contrib kernels (com.microsoft QGemm,
   QLinearAdd, ...) where proven exact, the form the onnxruntime backend runs: bit-exact with
   qlower on ONNX Runtime, unreadable by other consumers. A model compiled for onnxruntime
@@ -32,10 +37,29 @@ from ...artifact import atomic_write
 from ...errors import BackendError, QlowerError
 from ...onnx.io_names import input_names, output_names, unique
 from ...onnx.standard import non_standard_domains
+from ...passes import (IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax, LowerDynamicLinear, LowerPerTokenLinear,
+                       LowerQDQ, PassContext, PassManager, default_pipeline)
 from ..base import compile_graph, whole_model
 from .. import export_checks
 
-ONNX_OPS = ("standard", "onnxruntime")
+ONNX_OPS = ("standard", "onnxruntime", "qdq")
+# the passes that turn Q/DQ patterns into qlower's integer ops: the Q/DQ form runs the pipeline without them
+QDQ_LOWERINGS = (LowerPerTokenLinear, LowerDynamicLinear, LowerQDQ, IntegerLayerNorm, IntegerRMSNorm, IntegerSoftmax)
+
+
+def qdq_program(cm):
+    """cm's quantized program through the default pipeline without its integer lowerings: Q/DQ
+    nodes around float ops (tables and folded constants as usual), or a BackendError for a model
+    that keeps no quantized program (loaded from a .pt2, or not quantized)."""
+    ep = getattr(cm, "quantized_program", None)
+    if ep is None:
+        raise BackendError("onnx_ops='qdq' needs the quantized program of a model quantized by qlower.compile in "
+                           "this process (a loaded .pt2 keeps the lowered program only; a float model has no Q/DQ)",
+                           hint="export onnx_ops='standard' (qlower's integer program in standard ONNX operators)")
+    gm = ep.module()
+    passes = [p for p in default_pipeline() if not isinstance(p, QDQ_LOWERINGS)]
+    PassManager(passes).run(gm, PassContext(profile=cm.report().profile))
+    return gm
 PRODUCER = "qlower"
 
 
@@ -48,6 +72,8 @@ def whole_model_onnx(cm, onnx_ops: str, backends: dict) -> tuple[onnx.ModelProto
         raise QlowerError(f"unknown onnx_ops {onnx_ops!r}", hint=f"use one of {ONNX_OPS}")
     if onnx_ops == "onnxruntime" and cm.backend == "onnxruntime":
         executable = cm._executable   # the model the backend runs
+    elif onnx_ops == "qdq":
+        executable = compile_graph(backends[onnx_ops](), qdq_program(cm))
     else:
         executable = compile_graph(backends[onnx_ops](), cm.graph_module)
     whole = whole_model(executable, "onnxruntime", "ONNX graph")
@@ -190,7 +216,7 @@ def export_onnx(cm, path: Path, onnx_ops: str, backends: dict) -> Path:
     """Write the whole model's ONNX to `path` (atomically), with the numerics it carries in its
     metadata, checked by `onnx.checker` (full check); or a BackendError naming what prevents it."""
     model, _ = whole_model_onnx(cm, onnx_ops, backends)
-    if onnx_ops == "standard":
+    if onnx_ops != "onnxruntime":
         stray = non_standard_domains(model)
         if stray:   # translate_standard's contract; never write a file that breaks it
             raise BackendError(f"the standard-op translation left operators of domain(s) {sorted(stray)}",
