@@ -38,6 +38,7 @@ from ...passes.onnxruntime.fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
 from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
 from ...onnx.standard import translate_standard
+from ...onnx.exact_forms import legalize
 from .export import export_onnx
 
 log = logging.getLogger("qlower.onnxruntime")
@@ -552,7 +553,7 @@ class StandardOnnxBackend(OnnxRuntimeBackend):
     """ONNX Runtime running clusters in standard ONNX operators only: the form `qlower.export`
     writes by default (onnx/standard.py). No contrib-kernel fusions (FuseRequantize,
     FuseDequantize, FusePerTokenLinear), block-op functions inlined, and the integer rewrites of
-    the openvino backend's `legalize` (dequantize as Cast/Sub/Cast/Mul, power-of-two quantize
+    `onnx/exact_forms.py`'s `legalize` (dequantize as Cast/Sub/Cast/Mul, power-of-two quantize
     as Mul/Round/Add/Clip/Cast, quantized add/mul as 256x256 tables): IEEE-exact formulations,
     so ONNX Runtime stays bit-exact while OpenVINO, which folds DequantizeLinear into q*s - zp*s
     and adds the zero point before rounding, comes closer to the canonical numerics (measured on
@@ -564,7 +565,6 @@ class StandardOnnxBackend(OnnxRuntimeBackend):
         return [p for p in super().legalize_passes() if not isinstance(p, fusions)]
 
     def _translate(self, sub: GraphModule, constants) -> bytes:
-        from ..openvino.legalize import legalize
         model = translate_standard(sub, constants)
         legalize(model)
         return model.SerializeToString()

@@ -5,7 +5,7 @@ in PyTorch. A cluster that fails to translate/compile, or raises at run time, fa
 PyTorch with the reason in the report (logged once on `qlower.openvino`).
 
 Numerics, two profiles (OvOptions.numerics):
-- "canonical" (default): qlower's integer ops, rewritten by legalize.py into formulations
+- "canonical" (default): qlower's integer ops, rewritten by onnx/exact_forms.py into formulations
   measured bit-exact against the reference backend (docs/openvino.md); ops OpenVINO does not
   reproduce bit for bit are refused in the capability and run in PyTorch. OpenVINO computes
   ConvInteger/MatMulInteger with float arithmetic: exact, not fast.
@@ -35,7 +35,7 @@ from .int64_bounds import RangeCheck
 from ..clusters import (compile_isolating_rejected, float_inputs, install_constant, pytorch_infos, scalar_kinds,
                         split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
-from .legalize import ieee_softmax, legalize
+from ...onnx.exact_forms import ieee_softmax, legalize
 from .pow2_scales import snap_to_power_of_two
 from ...passes.openvino.split_accumulation import SplitAccumulation
 from ...onnx.translate import fx_nodes_of, translate_cluster
@@ -79,7 +79,7 @@ class OvOptions:
 
 def translate(sub: GraphModule, constants: dict[str, torch.Tensor], exact: bool = True) -> bytes:
     """The cluster as ONNX bytes: standard ONNX ops only (qlower's translator), then, when
-    `exact`, rewritten into the formulations OpenVINO computes exactly (legalize.py). The
+    `exact`, rewritten into the formulations OpenVINO computes exactly (onnx/exact_forms.py). The
     engine-native profile skips the rewrite: its DequantizeLinear -> Cast/Sub/Cast/Mul hides the
     Q/DQ pattern from OpenVINO's low-precision transformations (measured on the MiniLM-size
     encoder in Q/DQ form: 6.3 ms with the rewrite, 2.1 ms without, 2 threads)."""
@@ -145,7 +145,7 @@ class OpenVinoBackend:
         """Block ops the CPU plugin lacks, decomposed; canonical numerics: linears whose fp32
         accumulation could round split over their input features (split_accumulation.py); a
         scatter "mean" as sums into zeros (the plugin's mean was wrong). Its ONNX-level rewrites
-        are legalize.py's."""
+        are onnx/exact_forms.py's."""
         passes = [decompose_unsupported_block_ops(self.capability), ScatterIntoNeutral(frozenset({"mean"}))]
         return passes if self.options.native else passes + [SplitAccumulation()]
 

@@ -3,7 +3,7 @@ translation table + torchlib), minus ONNX Runtime's own fused ops (qlower_ort::*
 QGemm / QLinearMatMul, not emitted here) and minus what OpenVINO's CPU plugin was measured NOT
 to compute canonically (docs/openvino.md). Refused nodes run in PyTorch (exact).
 
-Measured (one-op graphs against the reference backend), with legalize.py's formulations:
+Measured (one-op graphs against the reference backend), with onnx/exact_forms.py's formulations:
 - requantize, add, mul, dequantize, max_pool2d: bit-exact;
 - conv1d/conv2d, linear, matmul: OpenVINO accumulates ConvInteger/MatMulInteger in fp32
   (measured: 1-LSB errors once |accumulator| > 2^24), so they are accepted where a bound on

@@ -1,6 +1,7 @@
-"""ONNX-level legalization for OpenVINO: formulations its CPU plugin computes exactly (each
-measured against the reference kernels; docs/openvino.md). `legalize(model)` runs the three integer
-rewrites; `ieee_softmax(model)` runs on every model.
+"""ONNX formulations that OpenVINO's CPU plugin computes exactly (each measured against the
+reference kernels; docs/openvino.md); the openvino backend and the standard-op ONNX export both
+run them. `legalize(model)` runs the three integer rewrites; `ieee_softmax(model)` runs on every
+model.
 
 Quantized add / mul (DequantizeLinear x2 -> Add/Mul -> QuantizeLinear, 8-bit): OpenVINO's
 QuantizeLinear multiplies by fp32(1/s) instead of dividing (1-LSB differences). The result is a
@@ -31,7 +32,7 @@ import math
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from ... import numerics
+from .. import numerics
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
