@@ -60,3 +60,65 @@ def test_outputs_into_a_missing_folder(tmp_path):
         with pytest.raises(ArtifactError, match="cannot write"):
             qlower.export(cm, target, format=fmt)
         assert not target.parent.exists()
+
+
+def test_python_dash_m_runs_the_command(monkeypatch, capsys):
+    """`python -m qlower` is the `qlower` command (src/qlower/__main__.py)."""
+    import runpy
+    monkeypatch.setattr("sys.argv", ["qlower", "--help"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("qlower", run_name="__main__", alter_sys=True)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "quantization-aware compiler" in out and "demo" in out and "export" in out
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_its_console_script_runs(tmp_path):
+    """`pip install .` from a built wheel (not editable): the wheel holds every file of the
+    package (Python modules and package data), installs into a fresh venv (its dependencies taken
+    from this environment) and both `qlower --help` and `python -m qlower --help` run from the
+    installed copy, not the source tree."""
+    import os
+    import pathlib
+    import site
+    import subprocess
+    import sys
+    import sysconfig
+    import zipfile
+    root = pathlib.Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "src/qlower"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout.split()
+    src = tmp_path / "src-copy"     # built from a copy: the build writes egg-info and build/ next to the sources
+    for rel in tracked + ["pyproject.toml", "README.md"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes((root / rel).read_bytes())
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(wheels), str(src)], check=True, capture_output=True, text=True)
+    (wheel,) = wheels.glob("qlower-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package_files = {rel.removeprefix("src/") for rel in tracked if "__pycache__" not in rel}
+    assert package_files and package_files <= names, sorted(package_files - names)[:10]
+    assert any(n.endswith("entry_points.txt") and "dist-info" in n for n in names)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = pathlib.Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                          check=True, capture_output=True, text=True).stdout.strip())
+    # this environment's packages (torch, pip, ...) after the venv's own: its editable qlower
+    # (a .pth of that folder) is not processed, so `import qlower` finds only the installed wheel
+    here = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    (purelib / "zz_host_packages.pth").write_text("\n".join(dict.fromkeys(here)) + "\n")
+    python = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
+                   capture_output=True, text=True, env=env)
+    where = subprocess.run([python, "-c", "import qlower; print(qlower.__file__)"], check=True,
+                           capture_output=True, text=True, env=env, cwd=tmp_path).stdout.strip()
+    assert pathlib.Path(where).is_relative_to(purelib), where
+    for command in ([str(venv / "bin" / "qlower"), "--help"], [python, "-m", "qlower", "--help"]):
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "quantization-aware compiler" in result.stdout and "demo" in result.stdout
