@@ -122,3 +122,70 @@ def test_wheel_installs_and_its_console_script_runs(tmp_path):
         result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "quantization-aware compiler" in result.stdout and "demo" in result.stdout
+
+
+class _Attention(torch.nn.Module):
+    """An attention block: quantizing it decomposes SDPA through torch.export's
+    run_decompositions, where torch deep-copies pytree specs (a LeafSpec FutureWarning each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(1, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(a.transpose(1, 2).reshape(1, 8, 16))
+
+
+def test_compile_save_and_load_emit_no_third_party_warnings(tmp_path):
+    """What torch and its ecosystem warn from inside their own code during qlower's calls
+    (core/quiet.py) stays off the user's terminal: a plain int8 compile, save and load emit no
+    warning and no log record at WARNING or above; the user's own warnings filters are restored."""
+    import logging
+    import warnings
+    torch.manual_seed(0)
+    model = _Attention().eval()
+    x = torch.randn(1, 8, 16)
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            filters = list(warnings.filters)
+            cm = qlower.compile(model, (x,), quantize="int8", calibration=[(torch.randn(1, 8, 16),)],
+                                backend="reference")
+            path = cm.save(tmp_path / "m.pt2")
+            loaded = qlower.load(path)
+            assert warnings.filters == filters
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert [str(w.message)[:120] for w in caught] == []
+    assert [r.getMessage()[:120] for r in records] == []
+    assert cm.report().rewrites and torch.equal(loaded(x), cm(x))
+
+
+def test_quiet_filters_only_the_named_messages():
+    """Another warning of the same category, or another record of the same logger, passes."""
+    import logging
+    import warnings
+    from qlower.core.quiet import third_party_quiet
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("torch.utils._pytree")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with third_party_quiet():
+                warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
+                warnings.warn("something else is deprecated", FutureWarning)
+                logger.warning("<enum 'X'> is an Enum subclass and is now natively supported by torch.compile")
+                logger.warning("another pytree message")
+    finally:
+        logger.removeHandler(handler)
+    assert [str(w.message) for w in caught] == ["something else is deprecated"]
+    assert [r.getMessage() for r in records] == ["another pytree message"]

@@ -17,12 +17,14 @@ from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized, quantize as _quantize, _state_restored
 from .quantize.calibrate import prepare_calibration
+from .core.quiet import quiet
 from .core.types import CompileReport
 from .report.verify import ranked_layers
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
 
 
+@quiet
 @forgets_discarded_graphs
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
              dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
@@ -44,6 +46,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                      adjust_observers=getattr(chosen, "adjust_observers", None), ranked_layers=ranked_layers)
 
 
+@quiet
 @forgets_discarded_graphs
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
@@ -207,6 +210,7 @@ def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[Qu
     return adapt(config, preset=not isinstance(quantize, QuantConfig))
 
 
+@quiet
 def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None, target: str | None = None) -> Path:
     """Write a model to disk.
     "pt2":  a torch.export program (a CompiledModule keeps its lowering).
