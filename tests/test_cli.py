@@ -189,3 +189,26 @@ def test_quiet_filters_only_the_named_messages():
         logger.removeHandler(handler)
     assert [str(w.message) for w in caught] == ["something else is deprecated"]
     assert [r.getMessage() for r in records] == ["another pytree message"]
+
+
+def test_demo_times_eager_and_qlower_on_the_stated_threads():
+    """`qlower demo --threads 1`: eager PyTorch and the engine on one thread, stated in the title;
+    torch's own count is restored afterwards."""
+    before = torch.get_num_threads()
+    result = runner.invoke(app, ["demo", "--models", "cnn", "--runs", "3", "--threads", "1",
+                                 "--backend", "onnxruntime"])
+    assert result.exit_code == 0, result.output
+    assert "1 thread for both" in result.output
+    assert torch.get_num_threads() == before
+
+
+def test_paired_timing_flags_a_noisy_baseline():
+    """A baseline whose calls vary (a busy machine) is noisy; its speed-up is flagged."""
+    import itertools
+    import time
+    from qlower.timing import noisy, paired_latency_ms
+    delays = itertools.cycle([0.0, 0.02])
+    times = paired_latency_ms({"eager": lambda: time.sleep(next(delays)), "qlower": lambda: None}, warmup=0, runs=8)
+    (eager, eager_iqr), (ours, ours_iqr) = times["eager"], times["qlower"]
+    assert noisy(eager, eager_iqr) and eager_iqr > 10 and ours_iqr < 5 and ours < 5
+    assert not noisy(1.0, 0.1)
