@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -94,12 +95,34 @@ class AutoSettings:
     # further from the reference than this times the reference's largest error vs float
     # (`_within_quantization_error`)
     max_error_factor: float = 2.0
+    # the user's time: once the first candidate is compiled (capture, quantization and its
+    # compile took T seconds since compile() began), the whole selection ends by budget_factor x T
+    # (at least min_budget_s); a later candidate that would end past it is skipped when its
+    # estimated compile time (from this process's earlier compiles) does not fit, or abandoned
+    # when its compile or check call is still running at the deadline
+    budget_factor: float = 2.0
+    min_budget_s: float = 2.0
+    # a candidate's check call may take at most this many times the reference backend's call
+    # on the same program (at least check_floor_s): an engine that slow cannot win
+    check_factor: float = 20.0
+    check_floor_s: float = 2.0
 
     @classmethod
     def from_env(cls, environ=None) -> "AutoSettings":
         """From qlower's settings (core/settings.py), or from `environ` where given."""
         s = settings() if environ is None else Settings.from_env(environ)
         return cls() if s.auto_backends is None else cls(candidates=s.auto_backends, source=s.auto_backends_source)
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """Which quantized program a candidate needs. Equal keys: equal programs. A candidate whose
+    backend adjusts no qparams (`adjust` None) runs the program of an earlier candidate with the
+    same config and stages: any canonical program is exact on every engine, so one quantization
+    serves both (`EngineSelector._resolve`)."""
+    config: str                 # the quantization config (repr); "" when nothing is quantized here
+    adjust: str | None          # the backend's qparam adjustment (observer hook), if any
+    stages: tuple[str, ...]     # the pass pipeline
 
 
 @dataclass
@@ -131,6 +154,7 @@ class _Oracle:
     outputs: Any
     trial: EngineTrial
     exact: bool           # compare bit for bit (else within the float tolerance)
+    call_s: float = 0.0   # its call on the example inputs (bounds a candidate's check call)
 
 
 @dataclass
@@ -138,6 +162,33 @@ class _Decision:
     winner: str
     trials: list[EngineTrial]
     explanation: str
+
+
+class _Abandoned(Exception):
+    """A candidate's compile or check call ran past its time bound."""
+
+
+def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
+    """fn() in a worker thread, waited for at most `seconds` (None: called here, unbounded). Past
+    it, _Abandoned: the call is left to finish on its own (a daemon thread, its result dropped;
+    Python cannot stop a running engine call), so the caller's time stays bounded."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:   # handed to the caller below
+            box["error"] = exc
+    worker = threading.Thread(target=run, name=f"qlower-auto-{what}", daemon=True)
+    worker.start()
+    worker.join(max(seconds, 0.0))
+    if worker.is_alive():
+        raise _Abandoned(f"{what} still running after {max(seconds, 0.0):.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 class EngineSelector:
@@ -148,6 +199,12 @@ class EngineSelector:
         self._settings = settings        # None: qlower's settings at each use
         self._decisions = LRUCache((settings or AutoSettings()).cache_entries)
         self.measured = 0      # selections that ran measurements (not served from the cache)
+        # seconds per graph node of each backend's compiles in this process (the latest): the
+        # cheap estimate that skips a compile which cannot end within the time budget
+        self._compile_rate: dict[str, float] = {}
+        # abandoned compiles still running (backend -> (start, graph nodes)): a lower bound on
+        # the estimate until they end and record their rate
+        self._inflight: dict[str, tuple[float, int]] = {}
         # persist: decisions are also written to qlower's disk cache ($QLOWER_CACHE_DIR, "off"
         # disables it), so a compile in a new process measures nothing it measured before
         self.persist = persist
@@ -176,34 +233,41 @@ class EngineSelector:
         return names
 
     # ---------------------------------------------------------------- selection
-    def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], tuple],
+    def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], Any],
                build: Callable[[Backend], Program], example_inputs: tuple, profile: str,
                why_unmeasured: str | None = None, float_outputs: Callable[[], Any] | None = None,
-               source_digest: Callable[[], str] | None = None) -> Selection:
+               source_digest: Callable[[], str] | None = None, started: float | None = None,
+               progress: Callable[[str], None] | None = None) -> Selection:
         """`backends`: the available candidates, in preference order (the reference backend
         among them is the fallback, never measured). `program_key(b)`: which quantized program
-        b needs (cheap); `build(b)`: build it (quantize, lower). `float_outputs()`: the float
-        model's outputs on the example inputs, to compare the accuracy of different programs.
-        `source_digest()`: what every program is built from (captured graph, weights,
-        calibration); with it a remembered decision builds only the winner's program, without
-        it the first candidate's program is built to key the decision."""
+        b needs (cheap; a ProgramKey lets candidates share one); `build(b)`: build it (quantize,
+        lower). `float_outputs()`: the float model's outputs on the example inputs, to compare
+        the accuracy of different programs. `source_digest()`: what every program is built from
+        (captured graph, weights, calibration); with it a remembered decision builds only the
+        winner's program, without it the first candidate's program is built to key the decision.
+        `started`: when compile() began (perf_counter), the start of the time budget;
+        `progress(text)`: told each phase (compile's terminal display)."""
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
+        say = progress or (lambda text: None)
         if len(measured) < 2:
             chosen = measured[0] if measured else reference
             why = why_unmeasured or ("the only available candidate" if measured else
                                      "no candidate engine is available")
             program = build(chosen)
+            say(f"compiling for {chosen.name}")
             return Selection(chosen, program, compile_graph(chosen, program.gm), [],
                              f"{chosen.name}: {why}; not measured")
 
-        programs: dict[tuple, Program] = {}
+        programs: dict[Any, Program] = {}
+        resolve = functools.partial(self._resolve, program_key, measured)
 
         def program_for(b: Backend) -> Program:
-            key = program_key(b)
+            key, owner = resolve(b)
             if key not in programs:
-                programs[key] = build(b)
+                programs[key] = build(owner)
             return programs[key]
+        program_for.built = lambda b: resolve(b)[0] in programs
 
         source = source_digest() if source_digest is not None else graph_digest(program_for(measured[0]).gm)
         key = self._key(source, measured, program_key, example_inputs, profile)
@@ -214,6 +278,7 @@ class EngineSelector:
             chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
             program = program_for(chosen)
             try:
+                say(f"compiling for {chosen.name} (decided earlier)")
                 executable = compile_graph(chosen, program.gm)
                 self._decisions[key] = decision
                 return Selection(chosen, program, executable, [replace(t) for t in decision.trials],
@@ -223,41 +288,110 @@ class EngineSelector:
                 self._decisions.pop(key, None)
 
         self.measured += 1
-        selection = self._measure(measured, reference, program_for, example_inputs, float_outputs)
+        distinct = len({resolve(b)[0] for b in measured})
+        selection = self._measure(measured, reference, program_for, example_inputs, float_outputs, distinct,
+                                  started if started is not None else time.perf_counter(), say)
+        if any(t.status == "abandoned" for t in selection.trials):
+            # not remembered: a later compile measures again (the abandoned compile may have
+            # finished into the engine's cache meanwhile, and then fits the budget)
+            return selection
         self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
                                          selection.explanation)
         if self.persist:
             _store_decision(key, self._decisions[key])
         return selection
 
+    def _estimate(self, backend: str, nodes: int) -> float:
+        """Seconds `backend` is expected to take compiling a graph of `nodes` nodes: its latest
+        compile in this process, scaled; at least as long as an abandoned one has been running."""
+        estimate = self._compile_rate.get(backend, 0.0) * nodes
+        running = self._inflight.get(backend)
+        if running is not None:
+            estimate = max(estimate, (time.perf_counter() - running[0]) / running[1] * nodes)
+        return estimate
+
+    @staticmethod
+    def _resolve(program_key, candidates: Sequence[Backend], backend: Backend) -> tuple[Any, Backend]:
+        """(the key of the program `backend` runs, the candidate that builds it): its own, or,
+        for a backend that adjusts no qparams, the first candidate's program of the same config
+        and stages (ProgramKey)."""
+        key = program_key(backend)
+        if isinstance(key, ProgramKey) and key.adjust is None:
+            for other in candidates:
+                theirs = program_key(other)
+                if isinstance(theirs, ProgramKey) and (theirs.config, theirs.stages) == (key.config, key.stages):
+                    return theirs, other
+        return key, backend
+
     def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs,
-                 float_outputs=None) -> Selection:
+                 float_outputs=None, distinct: int = 1, started: float | None = None,
+                 say: Callable[[str], None] = lambda text: None) -> Selection:
         s = self.settings
         trials: list[EngineTrial] = []
         oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
         results: dict[str, tuple[Executable, Program, EngineTrial]] = {}
-        programs = {id(program_for(b)) for b in candidates}
         want = functools.cache(float_outputs or (lambda: None))   # the float model's outputs, once
+        started = time.perf_counter() if started is None else started
+        deadline: float | None = None   # set once the first candidate is compiled
+        build_s: float | None = None   # the first program's build (quantization and passes)
         for backend in candidates:
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and build_s is not None and not program_for.built(backend) and build_s > left:
+                trials.append(EngineTrial(backend.name, "abandoned", reason=(
+                    f"not built: its program needs its own quantization, which took {build_s:.1f} s for the first "
+                    f"candidate, past the time budget ({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")))
+                continue
+            start = time.perf_counter()
             program = program_for(backend)
+            build_s = time.perf_counter() - start if build_s is None else build_s
             if id(program) not in oracles:
+                say(f"running the reference backend ({program.label or 'the program'})")
                 oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
-                                                    label=program.label if len(programs) > 1 else None)
+                                                    label=program.label if distinct > 1 else None)
             oracle = oracles[id(program)]
             trial = EngineTrial(backend.name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
-                                program=program.label if len(programs) > 1 else None)
+                                program=program.label if distinct > 1 else None)
             trials.append(trial)
+            nodes = max(1, len(program.gm.graph.nodes))
+            left = None if deadline is None else deadline - time.perf_counter()
+            estimate = self._estimate(backend.name, nodes)
+            if left is not None and (estimate > left or left <= 0):
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"not compiled: its compile takes about {estimate:.1f} s here (measured on earlier "
+                                f"compiles in this process, or one still running), past the time budget "
+                                f"({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")
+                continue
+            say(f"compiling for {backend.name}")
             start = time.perf_counter()
+
+            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start):
+                executable = compile_graph(b, gm)
+                self._compile_rate[b.name] = (time.perf_counter() - t0) / n
+                self._inflight.pop(b.name, None)
+                return executable
             try:
-                executable = compile_graph(backend, program.gm)
+                executable = _bounded(compile_and_record, left, f"{backend.name}-compile")
+            except _Abandoned as exc:
+                self._inflight[backend.name] = (start, nodes)
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its compile was {exc} and would end past the time budget of "
+                                f"{deadline - started:.1f} s (budget_factor x the first candidate's compile)")
+                continue
             except Exception as exc:
                 trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
                 continue
+            finally:
+                if deadline is None:   # the first candidate sets the scale of the user's time
+                    deadline = started + max(s.min_budget_s, s.budget_factor * (time.perf_counter() - started))
             trial.compile_s = time.perf_counter() - start
             trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
             try:
                 state = _State(executable, program.gm)
-                got = state.call(example_inputs)
+                say(f"checking {backend.name}")
+                bound = max(s.check_floor_s, s.check_factor * oracle.call_s)
+                left = deadline - time.perf_counter()
+                got = _bounded(lambda st=state: st.call(example_inputs), min(bound, max(left, s.check_floor_s)),
+                               f"{backend.name}-check")
                 ok, trial.max_abs_diff, why = _compare(got, oracle.outputs, oracle.exact, s.rtol, s.atol)
                 if not ok and not oracle.exact and is_quantized_program(program) and want() is not None:
                     ok, detail = _within_quantization_error(got, oracle.outputs, want(), s)
@@ -267,8 +401,14 @@ class EngineSelector:
                     trial.status, trial.reason = "mismatch", why
                     state.restore()
                     continue
+                say(f"timing {backend.name}")
                 trial.median_ms, trial.runs = _time(state, example_inputs, s)
                 state.restore()
+            except _Abandoned as exc:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its check call was {exc}, more than {s.check_factor:g}x the reference "
+                                f"backend's call ({oracle.call_s * 1e3:.1f} ms) or past the time budget")
+                continue
             except Exception as exc:
                 trial.reason = f"run raised {_brief(exc)}"
                 continue
@@ -301,7 +441,8 @@ class EngineSelector:
                 executable = compile_graph(reference, program.gm)
             refused = ", ".join(f"{t.backend} {t.status}" for t in trials if t.status != "oracle")
             return Selection(reference, program, executable, trials,
-                             f"reference: no candidate was correct and faster than the reference backend ({refused})")
+                             f"reference: the whole model runs in PyTorch (qlower's reference backend): no "
+                             f"candidate engine was correct and faster ({refused})")
 
         order = [b.name for b in candidates]
         fastest = min(results.values(), key=lambda r: r[2].median_ms)[2]
@@ -320,7 +461,7 @@ class EngineSelector:
         else:
             why = (f"{winner}: within {s.tie_margin:.0%} of the fastest ({fastest.backend} {fastest.median_ms:.3f} ms "
                    f"vs {trial.median_ms:.3f} ms) and earlier in the preference order {order}")
-        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate")]
+        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate", "abandoned")]
         if refused:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why)
@@ -350,10 +491,12 @@ class EngineSelector:
         trial = EngineTrial(reference.name, "oracle", compile_s=time.perf_counter() - start, program=label,
                             reason="candidates must match its outputs and be faster")
         state = _State(executable, program.gm)
+        start = time.perf_counter()
         outputs = state.call(example_inputs)
+        call_s = time.perf_counter() - start
         state.restore()
         trials.append(trial)
-        return _Oracle(program, executable, state, outputs, trial, exact)
+        return _Oracle(program, executable, state, outputs, trial, exact, call_s)
 
     @staticmethod
     def _backend(candidates, name):

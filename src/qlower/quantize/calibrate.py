@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..capture import check_example_inputs
+from ..core import progress
 from ..errors import QlowerError, QuantizeError
 from ..fx import schema_name, source_of
 from ..input_spec import input_specs_of
@@ -100,11 +101,15 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
     if total == 0:
         raise QuantizeError("calibration data is empty", hint="pass at least one input tuple")
     specs = _specs(observed)
+    shared = progress.active()    # inside compile: its one display line, not a second one
     columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    disable = shared is not None or not console.is_terminal
+    with Progress(*columns, console=console, transient=True, disable=disable) as bar:
         task = bar.add_task("calibrate", total=total)
         with torch.no_grad():
             for i, batch in enumerate(batches):
+                if shared is not None:
+                    shared.detail(f"calibrating, batch {i + 1} of {total}")
                 inputs = _checked_batch(i, batch, specs)
                 try:
                     observed(*inputs)
