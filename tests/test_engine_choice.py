@@ -69,7 +69,10 @@ def fake(name, **kw):
 FAKES = {"fast": fake("fast"), "slow": fake("slow", delay=0.0002), "sluggish": fake("sluggish", delay=0.5),
          "wrong": fake("wrong", perturb=1.0), "tiny_noise": fake("tiny_noise", perturb=1e-7),
          "broken": fake("broken", fail=True), "flips": fake("flips", perturb=1e-4),
-         "glacial": fake("glacial", compile_delay=8.0), "stuck": fake("stuck", delay=8.0)}
+         "glacial": fake("glacial", compile_delay=8.0), "stuck": fake("stuck", delay=8.0),
+         # engine-native fakes (options.native): their own arithmetic, judged against the float model
+         "quirky": fake("quirky", perturb=1e-4, options=type("Native", (), {"native": True})()),
+         "wild": fake("wild", perturb=100.0, options=type("Native", (), {"native": True})())}
 
 
 @pytest.fixture
@@ -579,3 +582,36 @@ def test_progress_is_drawn_only_on_a_terminal_and_only_for_long_phases():
     assert shown and "qlower compile: compiling for iree" in text
     assert run(True, 0.05) == (False, "")
     assert run(False, 0.8) == (False, "")
+
+
+# ------------------------------------------------------------------------------ engine-native candidates
+def test_engine_native_candidates_are_judged_against_the_float_model(selector, integer_net):
+    """An engine-native candidate is not held to the canonical reference: its outputs' SQNR vs
+    the float model decides (within accuracy_margin_db of the best canonical program), the
+    deviation from the reference shown in its trial; one far off the float model is refused."""
+    report = compile_int8(integer_net, ("slow", "quirky")).report()
+    trials = by_name(report)
+    assert report.backend == "quirky", report.engine_choice
+    assert trials["quirky-native"].status == "chosen"
+    assert "engine-native numerics: SQNR vs float" in trials["quirky-native"].check
+    assert trials["quirky-native"].max_abs_diff > 0 and trials["quirky-native"].sqnr_db > 20
+    report = compile_int8(integer_net, ("slow", "wild")).report()
+    trials = by_name(report)
+    assert report.backend == "slow" and trials["wild-native"].status == "less-accurate"
+    assert "dB less accurate vs float" in trials["wild-native"].reason
+
+
+def test_engine_native_candidates_join_auto_only_where_the_user_left_numerics_open():
+    """openvino-native is a default candidate for a model quantized with the float profile and no
+    backend_options; not for a float model or another profile (native=False), not when options
+    are given."""
+    pytest.importorskip("openvino")
+    from qlower.backends.openvino import OvOptions
+    labels = lambda backends: [select.candidate_label(b) for b in backends]
+    assert "openvino-native" in AUTO_CANDIDATES
+    backends, _ = auto_backends(AUTO_CANDIDATES)
+    assert "openvino-native" in labels(backends) and "openvino" in labels(backends)
+    assert "openvino-native" not in labels(auto_backends(AUTO_CANDIDATES, native=False)[0])
+    assert "openvino-native" not in labels(auto_backends(AUTO_CANDIDATES, OvOptions(threads=1))[0])
+    assert labels(auto_backends(("onnxruntime", "openvino-native"))[0]) == ["onnxruntime", "openvino-native",
+                                                                            "reference"]

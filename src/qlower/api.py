@@ -155,7 +155,8 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
 
     if backend == "auto":
         selector = default_selector()
-        backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
+        backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options,
+                                      native=requantizes and profile == "float")
         selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
                                     float_outputs=lambda: (_float_outputs(model, example_inputs)
                                                            if requantizes or prequantized else None),

@@ -52,7 +52,24 @@ from .core.metrics import energy_ratio_db, sqnr_db
 from .quantize import is_quantized
 
 # Engines backend="auto" measures, in preference order (which one wins a tie).
-AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
+AUTO_CANDIDATES = ("onnxruntime", "openvino", "openvino-native", "iree")
+# Engine-native candidates: a backend with the options of its engine-native numerics profile
+# (the Q/DQ program on the engine's own int8 kernels). Not bit-exact with the canonical numerics:
+# judged by their accuracy against the float model (`AutoSettings.accuracy_margin_db`), the
+# deviation from the canonical reference shown in their trial. Candidates by default when a model
+# is quantized with the "float" profile and no backend_options; naming the candidates
+# (auto_candidates=, $QLOWER_AUTO_BACKENDS) without them asks for canonical numerics only.
+NATIVE_CANDIDATES = {"openvino-native": ("openvino", {"numerics": "openvino"})}
+
+
+def candidate_label(backend: Backend) -> str:
+    """The name a candidate goes by in trials and decisions ("openvino-native" for OpenVINO with
+    its engine-native options)."""
+    return f"{backend.name}-native" if getattr(getattr(backend, "options", None), "native", False) else backend.name
+
+
+def is_native(backend: Backend) -> bool:
+    return candidate_label(backend) != backend.name
 
 # Ops whose float result every engine computes identically (data movement, selection, IEEE-exact
 # single operations): a quantized program holding no other float op is compared bit for bit.
@@ -185,7 +202,7 @@ def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
     worker.start()
     worker.join(max(seconds, 0.0))
     if worker.is_alive():
-        raise _Abandoned(f"{what} still running after {max(seconds, 0.0):.1f} s")
+        raise _Abandoned(f"still running after {max(seconds, 0.0):.1f} s")
     if "error" in box:
         raise box["error"]
     return box["result"]
@@ -227,9 +244,10 @@ class EngineSelector:
         if not names or not all(isinstance(n, str) for n in names):
             raise BackendError(f"{source}: expected a non-empty list of backend names, got {names!r}",
                                hint=f"e.g. ('onnxruntime', 'openvino'); known: {backend_names()}")
-        unknown = [n for n in names if n not in backend_names() or n == "auto"]
+        unknown = [n for n in names if (n not in backend_names() and n not in NATIVE_CANDIDATES) or n == "auto"]
         if unknown:
-            raise BackendError(f"{source} names unknown backend(s) {unknown}", hint=f"use some of {backend_names()}")
+            raise BackendError(f"{source} names unknown backend(s) {unknown}",
+                               hint=f"use some of {[*backend_names(), *NATIVE_CANDIDATES]}")
         return names
 
     # ---------------------------------------------------------------- selection
@@ -275,7 +293,7 @@ class EngineSelector:
         if decision is None and self.persist:
             decision, where = _load_decision(key), "on this machine (qlower's disk cache)"
         if decision is not None:
-            chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
+            chosen = next((b for b in [*measured, reference] if candidate_label(b) == decision.winner), reference)
             program = program_for(chosen)
             try:
                 say(f"compiling for {chosen.name} (decided earlier)")
@@ -295,7 +313,7 @@ class EngineSelector:
             # not remembered: a later compile measures again (the abandoned compile may have
             # finished into the engine's cache meanwhile, and then fits the budget)
             return selection
-        self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
+        self._decisions[key] = _Decision(candidate_label(selection.backend), [replace(t) for t in selection.trials],
                                          selection.explanation)
         if self.persist:
             _store_decision(key, self._decisions[key])
@@ -335,9 +353,10 @@ class EngineSelector:
         deadline: float | None = None   # set once the first candidate is compiled
         build_s: float | None = None   # the first program's build (quantization and passes)
         for backend in candidates:
+            name, native = candidate_label(backend), is_native(backend)
             left = None if deadline is None else deadline - time.perf_counter()
             if left is not None and build_s is not None and not program_for.built(backend) and build_s > left:
-                trials.append(EngineTrial(backend.name, "abandoned", reason=(
+                trials.append(EngineTrial(name, "abandoned", reason=(
                     f"not built: its program needs its own quantization, which took {build_s:.1f} s for the first "
                     f"candidate, past the time budget ({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")))
                 continue
@@ -349,33 +368,40 @@ class EngineSelector:
                 oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
                                                     label=program.label if distinct > 1 else None)
             oracle = oracles[id(program)]
-            trial = EngineTrial(backend.name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
+            trial = EngineTrial(name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
                                 program=program.label if distinct > 1 else None)
+            if native:
+                trial.check = "accuracy vs float (engine-native numerics)"
             trials.append(trial)
             nodes = max(1, len(program.gm.graph.nodes))
             left = None if deadline is None else deadline - time.perf_counter()
-            estimate = self._estimate(backend.name, nodes)
-            if left is not None and (estimate > left or left <= 0):
+            estimate = self._estimate(name, nodes)
+            if left is not None and left <= 0:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = f"not compiled: the time budget of {deadline - started:.1f} s was spent"
+                continue
+            if left is not None and estimate > left:
                 trial.status, trial.check = "abandoned", None
                 trial.reason = (f"not compiled: its compile takes about {estimate:.1f} s here (measured on earlier "
                                 f"compiles in this process, or one still running), past the time budget "
                                 f"({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")
                 continue
-            say(f"compiling for {backend.name}")
+            say(f"compiling for {name}")
             start = time.perf_counter()
 
-            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start):
+            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start, label=name):
                 executable = compile_graph(b, gm)
-                self._compile_rate[b.name] = (time.perf_counter() - t0) / n
-                self._inflight.pop(b.name, None)
+                self._compile_rate[label] = (time.perf_counter() - t0) / n
+                self._inflight.pop(label, None)
                 return executable
             try:
-                executable = _bounded(compile_and_record, left, f"{backend.name}-compile")
+                executable = _bounded(compile_and_record, left, f"{name}-compile")
             except _Abandoned as exc:
-                self._inflight[backend.name] = (start, nodes)
+                self._inflight[name] = (start, nodes)
                 trial.status, trial.check = "abandoned", None
-                trial.reason = (f"abandoned: its compile was {exc} and would end past the time budget of "
-                                f"{deadline - started:.1f} s (budget_factor x the first candidate's compile)")
+                trial.reason = (f"abandoned: its compile was {exc}, at the end of the time budget of "
+                                f"{deadline - started:.1f} s (budget_factor x the time to the first candidate's "
+                                "compile)")
                 continue
             except Exception as exc:
                 trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
@@ -387,13 +413,18 @@ class EngineSelector:
             trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
             try:
                 state = _State(executable, program.gm)
-                say(f"checking {backend.name}")
+                say(f"checking {name}")
                 bound = max(s.check_floor_s, s.check_factor * oracle.call_s)
                 left = deadline - time.perf_counter()
                 got = _bounded(lambda st=state: st.call(example_inputs), min(bound, max(left, s.check_floor_s)),
-                               f"{backend.name}-check")
+                               f"{name}-check")
                 ok, trial.max_abs_diff, why = _compare(got, oracle.outputs, oracle.exact, s.rtol, s.atol)
-                if not ok and not oracle.exact and is_quantized_program(program) and want() is not None:
+                if native:   # its own arithmetic: judged against the float model, after all candidates
+                    ok, trial.sqnr_db = want() is not None, sqnr_db(want(), got) if want() is not None else None
+                    why = "no float model outputs to judge engine-native numerics against"
+                    trial.check = (f"engine-native numerics: SQNR vs float {trial.sqnr_db:.1f} dB; max |diff| "
+                                   f"{trial.max_abs_diff:.3g} from the reference on its Q/DQ program") if ok else None
+                elif not ok and not oracle.exact and is_quantized_program(program) and want() is not None:
                     ok, detail = _within_quantization_error(got, oracle.outputs, want(), s)
                     trial.check = detail if ok else trial.check
                     why = why if ok else f"{why}; {detail}"
@@ -401,7 +432,7 @@ class EngineSelector:
                     trial.status, trial.reason = "mismatch", why
                     state.restore()
                     continue
-                say(f"timing {backend.name}")
+                say(f"timing {name}")
                 trial.median_ms, trial.runs = _time(state, example_inputs, s)
                 state.restore()
             except _Abandoned as exc:
@@ -413,10 +444,11 @@ class EngineSelector:
                 trial.reason = f"run raised {_brief(exc)}"
                 continue
             trial.status = "slower"   # until it wins
-            results[backend.name] = (executable, program, trial)
+            results[name] = (executable, program, trial)
 
-        if len(oracles) > 1 and want() is not None:
-            self._refuse_less_accurate_programs(oracles, results, want())
+        natives = {candidate_label(b) for b in candidates if is_native(b)}
+        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
+            self._refuse_less_accurate_programs(oracles, results, want(), natives)
 
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
@@ -444,7 +476,7 @@ class EngineSelector:
                              f"reference: the whole model runs in PyTorch (qlower's reference backend): no "
                              f"candidate engine was correct and faster ({refused})")
 
-        order = [b.name for b in candidates]
+        order = [candidate_label(b) for b in candidates]
         fastest = min(results.values(), key=lambda r: r[2].median_ms)[2]
         # noise guard: the earliest candidate within tie_margin of the fastest wins
         winner = next(n for n in order if n in results
@@ -466,20 +498,24 @@ class EngineSelector:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why)
 
-    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want) -> None:
+    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset()) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
         float model (its reference outputs, on the example inputs) goes into its trials, and a
         candidate whose program is more than `accuracy_margin_db` below the best is refused
         ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
         for oracle in oracles.values():
             oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
-        best = max(oracles.values(), key=lambda o: o.trial.sqnr_db)
+        native_programs = {id(p) for name, (_, p, _) in results.items() if name in natives}
+        canonical = [o for o in oracles.values() if id(o.program) not in native_programs] or list(oracles.values())
+        best = max(canonical, key=lambda o: o.trial.sqnr_db)
         for name, (_, program, trial) in list(results.items()):
-            trial.sqnr_db = oracles[id(program)].trial.sqnr_db
+            if name not in natives:   # an engine-native candidate keeps its own measured SQNR
+                trial.sqnr_db = oracles[id(program)].trial.sqnr_db
             if trial.sqnr_db < best.trial.sqnr_db - self.settings.accuracy_margin_db:
                 trial.status = "less-accurate"
-                trial.reason = (f"its program is {best.trial.sqnr_db - trial.sqnr_db:.1f} dB less accurate vs "
-                                f"float than '{best.program.label}' on the example inputs")
+                trial.reason = (f"{'its outputs are' if name in natives else 'its program is'} "
+                                f"{best.trial.sqnr_db - trial.sqnr_db:.1f} dB less accurate vs float than "
+                                f"'{best.program.label}' on the example inputs")
                 del results[name]
 
     def _oracle(self, reference: Backend, program: Program, example_inputs, trials, label) -> "_Oracle":
@@ -500,7 +536,7 @@ class EngineSelector:
 
     @staticmethod
     def _backend(candidates, name):
-        return next(b for b in candidates if b.name == name)
+        return next(b for b in candidates if candidate_label(b) == name)
 
     def _key(self, source: str, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
         """The decision's cache key: the digest of what the programs are built from, the
@@ -766,18 +802,33 @@ def _brief(exc: BaseException) -> str:
 _DEFAULT = EngineSelector(persist=True)
 
 
-def auto_backends(names, options=None) -> tuple[list[Backend], str | None]:
+def auto_backends(names, options=None, native: bool = True) -> tuple[list[Backend], str | None]:
     """(backends, why not measured) for compile(backend="auto"): the available ones among
     `names` (validated, in order) plus the reference backend (the oracle and fallback, last).
-    `options` go to the backend they belong to; the others get their defaults. The second item
-    says why there is nothing to measure (fewer than two engines), else None."""
+    `options` go to the backend they belong to; the others get their defaults. Engine-native
+    candidates (NATIVE_CANDIDATES) are dropped where `native` is False (compile: a float model, a
+    numerics profile other than "float") or where options were given (the user chose the
+    engine's options). The second item says why there is nothing to measure (fewer than two
+    engines), else None."""
     owner = options_backend(options)
-    if owner is not None and owner not in names:
+    plain = [n for n in names if n not in NATIVE_CANDIDATES]
+    if owner is not None and owner not in plain:
         raise BackendError(f"backend_options are for {owner!r}, which is not an auto candidate {list(names)}",
                            hint=f"compile with backend={owner!r}, or add it to the candidates")
-    made = [make_backend(n, options if n == owner else None) for n in names if n != "reference"]
+    made = []
+    for n in names:
+        if n == "reference":
+            continue
+        if n in NATIVE_CANDIDATES:
+            if not native or options is not None:
+                continue
+            base, fields = NATIVE_CANDIDATES[n]
+            backend = make_backend(base)
+            made.append(make_backend(base, replace(backend.options, **fields)))
+        else:
+            made.append(make_backend(n, options if n == owner else None))
     available = [b for b in made if b.available()]
-    missing = [b.name for b in made if not b.available()]
+    missing = list(dict.fromkeys(b.name for b in made if not b.available()))
     why = None
     if len(available) < 2:
         why = ("the only candidate" if available else "no candidate engine") + \
