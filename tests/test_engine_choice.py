@@ -23,6 +23,9 @@ from qlower.core.types import EngineTrial
 from conftest import calib
 
 X_SHAPE = (1, 3, 16, 16)
+# no time budget to speak of: which candidate wins must not depend on this machine's load (the
+# budget has tests of its own)
+UNBOUNDED = {"budget_factor": 1000.0}
 
 
 class Fake:
@@ -82,7 +85,7 @@ def selector(monkeypatch):
     for name, cls in FAKES.items():
         monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
     Fake.compiles = []
-    fresh = EngineSelector(AutoSettings())
+    fresh = EngineSelector(AutoSettings(**UNBOUNDED))
     monkeypatch.setattr(select, "_DEFAULT", fresh)
     return fresh
 
@@ -116,7 +119,7 @@ def test_fastest_correct_candidate_wins_whatever_the_order(selector, integer_net
 def test_tie_margin_prefers_the_earlier_candidate(selector, integer_net, monkeypatch):
     """Within tie_margin of the fastest, the earlier candidate wins (timing noise on a shared
     machine must not flip the choice); the report says so."""
-    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(tie_margin=1000.0)))
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(**UNBOUNDED, tie_margin=1000.0)))
     report = compile_int8(integer_net, ("slow", "fast")).report()
     assert report.backend == "slow" and by_name(report)["fast"].median_ms < by_name(report)["slow"].median_ms
     assert report.engine_choice.startswith("slow: within") and "preference order" in report.engine_choice
@@ -308,7 +311,7 @@ def test_decision_cache_is_bounded(integer_net, monkeypatch):
     import qlower.backends as backends
     for name, cls in FAKES.items():
         monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
-    small = EngineSelector(AutoSettings(cache_entries=1))
+    small = EngineSelector(AutoSettings(**UNBOUNDED, cache_entries=1))
     monkeypatch.setattr(select, "_DEFAULT", small)
     compile_int8(integer_net, ("slow", "fast"))
     compile_int8(integer_net, ("fast", "slow"))      # evicts the first decision
@@ -397,12 +400,12 @@ def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(
     import qlower.backends as backends
     for name, cls in FAKES.items():
         monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
-    first = EngineSelector(AutoSettings(), persist=True)
+    first = EngineSelector(AutoSettings(**UNBOUNDED), persist=True)
     monkeypatch.setattr(select, "_DEFAULT", first)
     Fake.compiles = []
     measured = compile_int8(integer_net, ("slow", "fast"))
     assert first.measured == 1 and sorted(Fake.compiles) == ["fast", "slow"]
-    second = EngineSelector(AutoSettings(), persist=True)     # a new process: empty memory
+    second = EngineSelector(AutoSettings(**UNBOUNDED), persist=True)     # a new process: empty memory
     monkeypatch.setattr(select, "_DEFAULT", second)
     Fake.compiles = []
     again = compile_int8(integer_net, ("slow", "fast"))
@@ -413,13 +416,13 @@ def test_decisions_persist_across_processes_and_a_corrupt_one_is_measured_again(
     from qlower.core import cache
     (entry,) = cache.cache_dir().glob("*.auto.json")
     entry.write_text(entry.read_text().replace('"fast"', '"slow"'))
-    third = EngineSelector(AutoSettings(), persist=True)
+    third = EngineSelector(AutoSettings(**UNBOUNDED), persist=True)
     monkeypatch.setattr(select, "_DEFAULT", third)
     assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast" and third.measured == 1
     # no disk cache: nothing persists
     monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
     for _ in range(2):
-        fresh = EngineSelector(AutoSettings(), persist=True)
+        fresh = EngineSelector(AutoSettings(**UNBOUNDED), persist=True)
         monkeypatch.setattr(select, "_DEFAULT", fresh)
         compile_int8(integer_net, ("slow", "fast"))
         assert fresh.measured == 1
@@ -465,7 +468,7 @@ def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net
     monkeypatch.setattr(api, "_quantize", lambda *a, **kw: calls.append(kw.get("adjust_observers")) or real(*a, **kw))
     # speed decides, not the programs' SQNR: without VNNI onnxruntime's program has 7-bit
     # weights, measured 2 dB MORE accurate than the 8-bit one here (this seed, AVX2 AMD EPYC)
-    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(accuracy_margin_db=100.0)))
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(**UNBOUNDED, accuracy_margin_db=100.0)))
     first = compile_int8(integer_net, ("onnxruntime", "fast"))
     assert first.report().backend == "fast", first.report().engine_choice
     assert len(calls) == 1 and calls[0] is not None   # fast shares onnxruntime's program (its hook)
@@ -517,12 +520,12 @@ def test_decision_entry_that_is_a_directory_is_measured_again(integer_net, monke
     from qlower.core import cache
     for name, cls in FAKES.items():
         monkeypatch.setitem(backends.REGISTRY, name, Entry.of(cls))
-    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(), persist=True))
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(**UNBOUNDED), persist=True))
     compile_int8(integer_net, ("slow", "fast"))
     (entry,) = cache.cache_dir().glob("*.auto.json")
     entry.unlink()
     (entry / "inner").mkdir(parents=True)
-    fresh = EngineSelector(AutoSettings(), persist=True)
+    fresh = EngineSelector(AutoSettings(**UNBOUNDED), persist=True)
     monkeypatch.setattr(select, "_DEFAULT", fresh)
     assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast" and fresh.measured == 1
     assert entry.is_file() and cache.load_entry(entry.name.removesuffix(".auto.json"), ".auto.json")[1] == "hit"
@@ -553,7 +556,8 @@ def test_a_compile_past_the_time_budget_is_abandoned_and_then_skipped(selector, 
 def test_a_check_call_far_slower_than_the_reference_is_abandoned(selector, integer_net, monkeypatch):
     """A candidate whose first call runs past check_factor x the reference backend's call (at
     least check_floor_s) cannot win: abandoned with the reason, compile returns."""
-    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(check_floor_s=0.5, check_factor=1.0)))
+    bounded_checks = AutoSettings(**UNBOUNDED, check_floor_s=0.5, check_factor=1.0)
+    monkeypatch.setattr(select, "_DEFAULT", EngineSelector(bounded_checks))
     start = time.perf_counter()
     cm = compile_int8(integer_net, ("fast", "stuck"))
     assert time.perf_counter() - start < 8.0
