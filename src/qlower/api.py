@@ -10,7 +10,8 @@ import torch
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
-from .engine_choice import Program, ProgramKey, auto_backends, default_selector, source_digest
+from .engine_choice import (Program, ProgramKey, auto_backends, candidate_label, default_selector,
+                            source_digest)
 from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
@@ -174,7 +175,7 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
                            refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
     if backend == "auto":
-        report.notes.append(f"backend 'auto' chose '{chosen.name}'" if chosen.name != "reference" else
+        report.notes.append(f"backend 'auto' chose '{candidate_label(chosen)}'" if chosen.name != "reference" else
                             "backend 'auto' chose to run the whole model in PyTorch (the reference backend): "
                             "no candidate engine was correct and faster, or none is installed")
         report.engine_trials, report.engine_choice = selection.trials, selection.explanation
