@@ -138,10 +138,11 @@ class _Attention(torch.nn.Module):
         return self.out(a.transpose(1, 2).reshape(1, 8, 16))
 
 
-def test_compile_save_and_load_emit_no_third_party_warnings(tmp_path):
+def test_compile_save_and_load_emit_no_third_party_warnings(tmp_path, capfd):
     """What torch and its ecosystem warn from inside their own code during qlower's calls
     (core/quiet.py) stays off the user's terminal: a plain int8 compile, save and load emit no
-    warning and no log record at WARNING or above; the user's own warnings filters are restored."""
+    warning and no log record at WARNING or above, and print nothing (stderr is not a terminal
+    here: no progress line); the user's own warnings filters are restored."""
     import logging
     import warnings
     torch.manual_seed(0)
@@ -164,6 +165,8 @@ def test_compile_save_and_load_emit_no_third_party_warnings(tmp_path):
         logging.getLogger().removeHandler(handler)
     assert [str(w.message)[:120] for w in caught] == []
     assert [r.getMessage()[:120] for r in records] == []
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
     assert cm.report().rewrites and torch.equal(loaded(x), cm(x))
 
 

@@ -187,8 +187,10 @@ class _Abandoned(Exception):
 
 def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
     """fn() in a worker thread, waited for at most `seconds` (None: called here, unbounded). Past
-    it, _Abandoned: the call is left to finish on its own (a daemon thread, its result dropped;
-    Python cannot stop a running engine call), so the caller's time stays bounded."""
+    it, _Abandoned: the call is left to finish on its own (its result dropped; Python cannot stop
+    a running engine call), so the caller's time stays bounded. The thread is not a daemon: a
+    process that exits meanwhile waits for it (an engine killed inside native code at interpreter
+    shutdown aborted the process: measured with an abandoned iree compile)."""
     if seconds is None:
         return fn()
     box: dict[str, Any] = {}
@@ -198,7 +200,7 @@ def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
             box["result"] = fn()
         except BaseException as exc:   # handed to the caller below
             box["error"] = exc
-    worker = threading.Thread(target=run, name=f"qlower-auto-{what}", daemon=True)
+    worker = threading.Thread(target=run, name=f"qlower-auto-{what}", daemon=False)
     worker.start()
     worker.join(max(seconds, 0.0))
     if worker.is_alive():
@@ -265,6 +267,7 @@ class EngineSelector:
         winner's program, without it the first candidate's program is built to key the decision.
         `started`: when compile() began (perf_counter), the start of the time budget;
         `progress(text)`: told each phase (compile's terminal display)."""
+        plain_from = time.perf_counter()   # what a plain compile would do (capture, build, compile) starts
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
         say = progress or (lambda text: None)
@@ -308,7 +311,7 @@ class EngineSelector:
         self.measured += 1
         distinct = len({resolve(b)[0] for b in measured})
         selection = self._measure(measured, reference, program_for, example_inputs, float_outputs, distinct,
-                                  started if started is not None else time.perf_counter(), say)
+                                  started if started is not None else plain_from, say, plain_from)
         if any(t.status == "abandoned" for t in selection.trials):
             # not remembered: a later compile measures again (the abandoned compile may have
             # finished into the engine's cache meanwhile, and then fits the budget)
@@ -343,13 +346,18 @@ class EngineSelector:
 
     def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs,
                  float_outputs=None, distinct: int = 1, started: float | None = None,
-                 say: Callable[[str], None] = lambda text: None) -> Selection:
+                 say: Callable[[str], None] = lambda text: None, plain_from: float | None = None) -> Selection:
+        """Every candidate compiled, checked and timed, within the time budget: `started` is when
+        compile() began, `plain_from` when the work a plain single-engine compile also does began
+        (what came between, like loading the engines' modules, is auto's own cost); the budget is
+        budget_factor x that plain work, counted from `started`."""
         s = self.settings
         trials: list[EngineTrial] = []
         oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
         results: dict[str, tuple[Executable, Program, EngineTrial]] = {}
         want = functools.cache(float_outputs or (lambda: None))   # the float model's outputs, once
         started = time.perf_counter() if started is None else started
+        plain_from = started if plain_from is None else plain_from
         deadline: float | None = None   # set once the first candidate is compiled
         build_s: float | None = None   # the first program's build (quantization and passes)
         overhead = 0.0    # before the first candidate is compiled: time a plain compile does not spend
@@ -411,7 +419,7 @@ class EngineSelector:
                 continue
             finally:
                 if deadline is None:   # the first candidate's capture, build and compile: a plain compile
-                    plain = time.perf_counter() - started - overhead
+                    plain = time.perf_counter() - plain_from - overhead
                     deadline = started + max(s.min_budget_s, s.budget_factor * plain)
             trial.compile_s = time.perf_counter() - start
             trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
