@@ -51,8 +51,11 @@ from .core.cpu import fingerprint
 from .core.metrics import energy_ratio_db, sqnr_db
 from .quantize import is_quantized
 
-# Engines backend="auto" measures, in preference order (which one wins a tie).
-AUTO_CANDIDATES = ("onnxruntime", "openvino", "openvino-native", "iree")
+# Engines backend="auto" measures, in this order, which is also the preference order (which one
+# wins a tie). iree comes second: it runs onnxruntime's program (no quantization of its own), and
+# a compile of it abandoned at the time budget still fills its cache for the next compile (the
+# openvino candidates each need a quantization of their own).
+AUTO_CANDIDATES = ("onnxruntime", "iree", "openvino", "openvino-native")
 # Engine-native candidates: a backend with the options of its engine-native numerics profile
 # (the Q/DQ program on the engine's own int8 kernels). Not bit-exact with the canonical numerics:
 # judged by their accuracy against the float model (`AutoSettings.accuracy_margin_db`), the
