@@ -215,3 +215,20 @@ def test_paired_timing_flags_a_noisy_baseline():
     (eager, eager_iqr), (ours, ours_iqr) = times["eager"], times["qlower"]
     assert noisy(eager, eager_iqr) and eager_iqr > 10 and ours_iqr < 5 and ours < 5
     assert not noisy(1.0, 0.1)
+
+
+def test_missing_engine_hints_name_the_published_extras(monkeypatch):
+    """A backend that is not installed points at `pip install 'qlower[<extra>]'`, the published
+    extras of pyproject.toml, never at an editable source install."""
+    import tomllib
+    from pathlib import Path
+    from qlower.backends import registry
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for name in ("iree", "openvino"):
+        backend = registry.make_backend(name)
+        monkeypatch.setattr(type(backend), "available", lambda self: False)
+        with pytest.raises(qlower.BackendError) as info:
+            registry.get_backend(name)
+        assert f"pip install 'qlower[{name}]'" in info.value.hint and name in extras
+        assert "-e ." not in info.value.hint

@@ -854,7 +854,8 @@ def auto_backends(names, options=None, native: bool = True) -> tuple[list[Backen
     if len(available) < 2:
         why = ("the only candidate" if available else "no candidate engine") + \
             (f" among {list(names)}" if tuple(names) != AUTO_CANDIDATES else " installed") + \
-            (f" ({', '.join(missing)} not installed)" if missing else "")
+            (f" ({', '.join(missing)} not installed: pip install "
+             f"'qlower[{','.join(n for n in missing if n != 'onnxruntime') or 'onnxruntime'}]')" if missing else "")
     return available + [make_backend("reference")], why
 
 
