@@ -117,6 +117,8 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
                     raise QuantizeError(f"calibration batch {i} failed in the model: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}", hint=_HINT) from exc
                 bar.advance(task)
+    if shared is not None:
+        shared.detail("quantizing (converting the calibrated model)")
     _check_observed_ranges(observed)
     return total
 
