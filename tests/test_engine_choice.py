@@ -539,7 +539,7 @@ def test_a_compile_past_the_time_budget_is_abandoned_and_then_skipped(selector, 
     quantization, its compile). A candidate whose compile is still running at the deadline is
     abandoned (its thread left to finish, the reason in the report) and the fastest correct
     one among the others is kept; the decision is not remembered, and the next compile skips
-    it before starting, from its measured compile time."""
+    it before starting, from its measured compile time (a decision then remembered)."""
     monkeypatch.setattr(select, "_DEFAULT", EngineSelector(AutoSettings(budget_factor=1.5, min_budget_s=0.0)))
     start = time.perf_counter()
     cm = compile_int8(integer_net, ("fast", "glacial"))
@@ -553,6 +553,9 @@ def test_a_compile_past_the_time_budget_is_abandoned_and_then_skipped(selector, 
     assert select._DEFAULT.measured == 2     # measured again: an abandoned decision is not kept
     assert "not compiled: its compile takes about" in by_name(again.report())["glacial"].reason
     assert Fake.compiles.count("glacial") == 1
+    # skipped before it started: that decision is remembered
+    third = compile_int8(integer_net, ("fast", "glacial"))
+    assert select._DEFAULT.measured == 2 and "not measured again" in third.report().engine_choice
 
 
 def test_a_check_call_far_slower_than_the_reference_is_abandoned(selector, integer_net, monkeypatch):

@@ -164,6 +164,9 @@ class Selection:
     trials: list[EngineTrial]
     explanation: str
     cached: bool = False
+    # a candidate's compile was abandoned while running: it may finish into the engine's cache,
+    # so the decision is not remembered and the next compile measures again
+    retry: bool = False
 
 
 @dataclass
@@ -315,9 +318,10 @@ class EngineSelector:
         distinct = len({resolve(b)[0] for b in measured})
         selection = self._measure(measured, reference, program_for, example_inputs, float_outputs, distinct,
                                   started if started is not None else plain_from, say, plain_from)
-        if any(t.status == "abandoned" for t in selection.trials):
+        if selection.retry:
             # not remembered: a later compile measures again (the abandoned compile may have
-            # finished into the engine's cache meanwhile, and then fits the budget)
+            # finished into the engine's cache meanwhile, and then fits the budget); candidates
+            # skipped before they started are remembered as such
             return selection
         self._decisions[key] = _Decision(candidate_label(selection.backend), [replace(t) for t in selection.trials],
                                          selection.explanation)
@@ -364,6 +368,7 @@ class EngineSelector:
         deadline: float | None = None   # set once the first candidate is compiled
         build_s: float | None = None   # the first program's build (quantization and passes)
         overhead = 0.0    # before the first candidate is compiled: time a plain compile does not spend
+        retry = False     # a compile abandoned while running (see Selection.retry)
         for backend in candidates:
             name, native = candidate_label(backend), is_native(backend)
             left = None if deadline is None else deadline - time.perf_counter()
@@ -412,6 +417,7 @@ class EngineSelector:
                 executable = _bounded(compile_and_record, left, f"{name}-compile")
             except _Abandoned as exc:
                 self._inflight[name] = (start, nodes)
+                retry = True
                 trial.status, trial.check = "abandoned", None
                 trial.reason = (f"abandoned: its compile was {exc}, at the end of the time budget of "
                                 f"{deadline - started:.1f} s (budget_factor x the time to the first candidate's "
@@ -495,7 +501,7 @@ class EngineSelector:
             refused = ", ".join(f"{t.backend} {t.status}" for t in trials if t.status != "oracle")
             return Selection(reference, program, executable, trials,
                              f"reference: the whole model runs in PyTorch (qlower's reference backend): no "
-                             f"candidate engine was correct and faster ({refused})")
+                             f"candidate engine was correct and faster ({refused})", retry=retry)
 
         order = [candidate_label(b) for b in candidates]
         fastest = min(results.values(), key=lambda r: r[2].median_ms)[2]
@@ -517,7 +523,7 @@ class EngineSelector:
         refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate", "abandoned")]
         if refused:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
-        return Selection(self._backend(candidates, winner), program, executable, trials, why)
+        return Selection(self._backend(candidates, winner), program, executable, trials, why, retry=retry)
 
     def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset()) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
