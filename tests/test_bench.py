@@ -219,3 +219,35 @@ def test_static_stack_runs_the_transformer_static_preset(tmp_path):
     probe = entry.inputs(1, seed=5)
     assert torch.equal(static(*probe), want(*probe))
     assert not torch.equal(per_token(*probe), want(*probe))
+
+
+def test_a_noisy_eager_baseline_is_flagged_in_the_outputs(tmp_path):
+    """An eager-fp32 baseline whose rounds spread widely (a busy machine: 0.9 ms and 200 ms) is
+    named in a warning line of bench.md instead of standing behind an 800x speed-up; a steady one
+    is not."""
+    from qlower.bench import StackResult, baseline_warnings, write_outputs
+    noisy = StackResult("cnn", "eager-fp32", True, median_ms=0.95, spread_ms=199.0,
+                        samples=[0.9, 0.95, 200.0, 180.0, 0.92], vs_eager=1.0, sqnr_db=99.0, cosine=1.0, prepare_s=0.0,
+                        rss_mb=0.0, peak_rss_mb=0.0)
+    steady = StackResult("vit", "eager-fp32", True, median_ms=1.0, spread_ms=0.04,
+                         samples=[1.0, 1.01, 0.99, 1.02, 0.98], vs_eager=1.0, sqnr_db=99.0, cosine=1.0, prepare_s=0.0,
+                         rss_mb=0.0, peak_rss_mb=0.0)
+    ours = StackResult("cnn", "qlower-onnxruntime", True, median_ms=0.1, samples=[0.1] * 5, spread_ms=0.0)
+    lines = baseline_warnings([noisy, steady, ours])
+    assert len(lines) == 1 and lines[0].startswith("cnn b1: the eager-fp32 baseline is noisy"), lines
+    write_outputs([noisy, steady], tmp_path, "qlower bench", chart=False)
+    assert "the eager-fp32 baseline is noisy" in (tmp_path / "bench.md").read_text()
+
+
+def test_threads_are_pinned_stated_and_restored(tmp_path):
+    """--threads sets every stack's intra-op threads (eager PyTorch's and the engines' defaults),
+    bench.json states it, and torch's count is restored afterwards."""
+    before = torch.get_num_threads()
+    result = CliRunner().invoke(app, ["bench", "--models", "cnn", "--stacks", "eager-fp32", "--quick",
+                                      "--threads", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "bench.json").read_text())["machine"]["threads"] == 1
+    assert torch.get_num_threads() == before
+    bad = CliRunner().invoke(app, ["bench", "--models", "cnn", "--stacks", "eager-fp32", "--threads", "0",
+                                   "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "threads must be a positive integer" in bad.output

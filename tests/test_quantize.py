@@ -309,3 +309,81 @@ def test_compile_leaves_a_state_writing_models_buffer_alone_and_starts_where_eag
         got, want = cm(x), eager(x)
         assert ((got - want).abs().max() / want.abs().max()).item() < 0.05
     assert model.n.item() == 0 and eager.n.item() == 3
+
+
+# ---------------------------------------------------------------------------- calibration data
+def _program_outputs(model, example, calibration, **kw):
+    cm = qlower.compile(model, example, quantize="int8", calibration=calibration, backend="reference", **kw)
+    probe = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(11))
+    return cm(probe)
+
+
+def test_calibration_batches_of_another_batch_size(small_net):
+    """The example fixes a static batch of 1 (2 below); calibration batches of 8, or of 5 rows,
+    are cut to it along dim 0 and calibrate exactly as the same rows handed over one piece at a
+    time (the last piece of 5 rows in pieces of 2 wraps around to the first row)."""
+    data = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    one = _program_outputs(small_net, (data[:1],), [(data[i:i + 1],) for i in range(8)])
+    assert torch.equal(_program_outputs(small_net, (data[:1],), [(data,)]), one)
+    assert torch.equal(_program_outputs(small_net, (data[:1],), [data[:3], data[3:]]), one)   # bare tensors
+    pieces = [(data[0:2],), (data[2:4],), (data[[4, 0]],)]
+    assert torch.equal(_program_outputs(small_net, (data[:2],), [(data[:5],)]),
+                       _program_outputs(small_net, (data[:2],), pieces))
+    # a batch that cannot be cut to the example (another dim differs) is named, typed
+    with pytest.raises(qlower.QuantizeError, match=r"calibration batch 1, input 0 \('x'\): dim 2 must be 8"):
+        qlower.compile(small_net, (data[:1],), quantize="int8", calibration=[(data,), (torch.randn(4, 3, 9, 8),)],
+                       backend="reference")
+
+
+def test_fit_batches_leaves_dynamic_and_matching_dims_alone():
+    from qlower.input_spec import InputSpec
+    from qlower.quantize.calibrate import fit_batches
+    x, mask = torch.randn(6, 4), torch.ones(1, 4)
+    static = [InputSpec("x", "float32", (2, 4)), InputSpec("mask", "float32", (1, 4))]
+    pieces = fit_batches([(x, mask)], static)
+    assert [p[0].shape[0] for p in pieces] == [2, 2, 2] and all(p[1] is mask for p in pieces)
+    assert torch.equal(torch.cat([p[0] for p in pieces]), x)
+    dynamic = [InputSpec("x", "float32", (None, 4)), InputSpec("mask", "float32", (1, 4))]
+    (same,) = fit_batches([(x, mask)], dynamic)
+    assert same[0] is x
+    # two inputs disagreeing on their row count: not cut, named in the user's batch numbering
+    with pytest.raises(qlower.QuantizeError, match=r"calibration batch 1, input 0 \('x'\): dim 0 must be 2"):
+        fit_batches([(x, mask), (x, torch.ones(3, 4))], static)
+
+
+def test_calibration_from_a_data_loader_with_a_transform(small_net):
+    """qlower.Calibration(loader, transform=fn), like nncf.Dataset(loader, transform_fn): a
+    DataLoader of (image, label) batches of 5 calibrates like the images in a list; `batches`
+    reads only the first batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+    images = torch.randn(10, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    loader = DataLoader(TensorDataset(images, torch.arange(10)), batch_size=5)
+    example = (images[:1],)
+    want = _program_outputs(small_net, example, [(images,)])
+    got = _program_outputs(small_net, example, qlower.Calibration(loader, transform=lambda batch: (batch[0],)))
+    assert torch.equal(got, want)
+    first = _program_outputs(small_net, example, qlower.Calibration(loader, lambda b: b[0], batches=1))
+    assert torch.equal(first, _program_outputs(small_net, example, [(images[:5],)]))
+    # a plain DataLoader of inputs needs no transform
+    assert torch.equal(_program_outputs(small_net, example, DataLoader(images, batch_size=4)), want)
+
+
+def test_calibration_batches_that_cannot_feed_the_model_are_typed(small_net):
+    from torch.utils.data import DataLoader, TensorDataset
+    images = torch.randn(4, 3, 8, 8)
+    loader = DataLoader(TensorDataset(images, torch.arange(4)), batch_size=2)
+    example = (images[:1],)
+
+    def compile_with(calibration):
+        return qlower.compile(small_net, example, quantize="int8", calibration=calibration, backend="reference")
+    with pytest.raises(qlower.QuantizeError, match=r"batch 0 has 2 input\(s\), the model takes 1") as info:
+        compile_with(loader)      # (images, labels) batches without a transform
+    assert "qlower.Calibration(loader, transform=" in info.value.hint
+    with pytest.raises(qlower.QuantizeError, match="transform raised TypeError on batch 0"):
+        compile_with(qlower.Calibration(loader, transform=lambda b: (b["pixels"],)))
+    with pytest.raises(qlower.QuantizeError, match=r"batch 0, input 0 \('x'\): dim 1 must be 3"):
+        compile_with(qlower.Calibration(loader, transform=lambda b: (b[0][:, :2],)))
+    with pytest.raises(qlower.QuantizeError, match="must be callable"):
+        qlower.Calibration(loader, transform="first")
+    with pytest.raises(qlower.QuantizeError, match="positive integer"):
+        qlower.Calibration(loader, batches=0)

@@ -5,11 +5,14 @@ import logging as _logging
 
 class _DropOptionalKernelNoise(_logging.Filter):
     """torchao logs a warning for each optional CUDA kernel library it cannot load, and torch
-    warns about a pytree registration inside torchao; both are noise on a CPU machine."""
+    warns about torchao's pytree registrations of its enums (KernelPreference,
+    ScaleCalculationMode) whenever torchao is imported (by qlower or, later, by transformers);
+    all noise on a CPU machine. (Noise during qlower's own calls: core/quiet.py.)"""
 
     def filter(self, record: _logging.LogRecord) -> bool:
         msg = record.getMessage()
-        return not (msg.startswith("Failed to load") and "torchao" in msg) and "KernelPreference" not in msg
+        return not (msg.startswith("Failed to load") and "torchao" in msg) and not any(
+            f"<enum '{name}'> is an Enum subclass" in msg for name in ("KernelPreference", "ScaleCalculationMode"))
 
 
 for _name in ("torchao", "torch.utils._pytree"):
@@ -22,11 +25,11 @@ from .capture import capture, load_pt2, save_pt2  # noqa: E402
 from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
                      PassError, QlowerError, QuantizeError)
 from .meta import QPARAMS_KEY, QParams  # noqa: E402
-from .quantize import AccuracyTarget, QuantConfig, SmoothQuant  # noqa: E402
+from .quantize import AccuracyTarget, Calibration, QuantConfig, SmoothQuant  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
 from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
 __all__ = ["__version__", "blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
-           "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY",
-           "QlowerError", "CaptureError",
+           "CompiledModule", "QuantConfig", "AccuracyTarget", "Calibration", "SmoothQuant", "verify", "QParams",
+           "QPARAMS_KEY", "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]

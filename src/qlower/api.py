@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import torch
@@ -9,7 +10,8 @@ import torch
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
-from .engine_choice import Program, auto_backends, default_selector, source_digest
+from .engine_choice import (Program, ProgramKey, auto_backends, candidate_label, default_selector,
+                            source_digest)
 from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
@@ -17,12 +19,15 @@ from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
 from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized, quantize as _quantize, _state_restored
 from .quantize.calibrate import prepare_calibration
+from .core.progress import PhaseProgress
+from .core.quiet import quiet
 from .core.types import CompileReport
 from .report.verify import ranked_layers
 from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
 
 
+@quiet
 @forgets_discarded_graphs
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
              dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
@@ -44,6 +49,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                      adjust_observers=getattr(chosen, "adjust_observers", None), ranked_layers=ranked_layers)
 
 
+@quiet
 @forgets_discarded_graphs
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
@@ -68,13 +74,14 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
               "ignore" (no check, no cost). Float models follow IEEE arithmetic and are not checked.
     The caller's model keeps its train/eval mode (it is compiled in eval mode)."""
     check_module(model)
-    with eval_mode(model):
+    started = time.perf_counter()
+    with eval_mode(model), PhaseProgress("qlower compile") as say:
         return _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile,
-                        backend_options, passes, nan_policy, auto_candidates)
+                        backend_options, passes, nan_policy, auto_candidates, started, say)
 
 
 def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile, backend_options,
-             passes, nan_policy, auto_candidates) -> CompiledModule:
+             passes, nan_policy, auto_candidates, started, say) -> CompiledModule:
     example_inputs = check_example_inputs(example_inputs)
     _check_quantize_arg(quantize, "quantize")
     notes: list[str] = []
@@ -106,18 +113,21 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
     def stages(chosen) -> tuple[str, ...]:
         return tuple(type(p).__name__ for p in pipeline_for(chosen))
 
-    def program_key(chosen) -> tuple:
+    def program_key(chosen) -> ProgramKey:
         """Equal keys: equal programs (onnxruntime snaps add scales, maybe 7-bit weights; a
-        backend may run a different pipeline)."""
+        backend may run a different pipeline). A backend adjusting no qparams shares another
+        candidate's program of the same config (engine_choice.ProgramKey)."""
         if not requantizes:
-            return (stages(chosen),)   # nothing is quantized here: the pipeline alone decides the program
+            return ProgramKey("", None, stages(chosen))   # nothing is quantized here: the pipeline decides
         config, _ = _config_for_backend(quantize, chosen)
         hook = getattr(chosen, "adjust_observers", None)
-        return (repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}", stages(chosen))
+        return ProgramKey(repr(config), None if hook is None else f"{hook.__module__}.{hook.__qualname__}",
+                          stages(chosen))
 
     @functools.cache
     def source() -> torch.export.ExportedProgram:
         """The model captured once; every candidate's program is built from it."""
+        say("capturing the model")
         return capture(model, example_inputs, dynamic_shapes)
 
     def build(chosen) -> Program:
@@ -126,6 +136,7 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
         program_notes, label = [], ""
         if quantizing:
             config, note = _config_for_backend(quantize, chosen)
+            say(f"quantizing for {chosen.name}" if requantizes else "reading the quantized program")
             program_notes += [note] if note else []
             hook = getattr(chosen, "adjust_observers", None)
             ep = _quantize(model if config.target is not None else source(), example_inputs, calibration, config,
@@ -139,20 +150,24 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
         else:
             ep = source()
         gm = _inference_state(ep.module())
+        say(f"lowering for {chosen.name}")
         ctx = PassManager(pipeline_for(chosen)).run(gm, PassContext(profile=profile))
         return Program(program_key(chosen), label, ep, gm, ctx, program_notes)
 
     if backend == "auto":
         selector = default_selector()
-        backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options)
+        backends, why = auto_backends(selector.candidate_names(auto_candidates), backend_options,
+                                      native=requantizes and profile == "float")
         selection = selector.select(backends, program_key, build, example_inputs, profile, why_unmeasured=why,
                                     float_outputs=lambda: (_float_outputs(model, example_inputs)
                                                            if requantizes or prequantized else None),
-                                    source_digest=lambda: source_digest(source(), calibration if requantizes else None))
+                                    source_digest=lambda: source_digest(source(), calibration if requantizes else None),
+                                    started=started, progress=say)
         chosen, program, executable = selection.backend, selection.program, selection.executable
     else:
         chosen = get_backend(backend, backend_options)
         program = build(chosen)
+        say(f"compiling for {chosen.name}")
         executable = compile_graph(chosen, program.gm)
     ep, gm, ctx = program.ep, program.gm, program.ctx
     notes += program.notes
@@ -160,7 +175,9 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
                            refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
     if backend == "auto":
-        report.notes.append(f"backend 'auto' chose '{chosen.name}'")
+        report.notes.append(f"backend 'auto' chose '{candidate_label(chosen)}'" if chosen.name != "reference" else
+                            "backend 'auto' chose to run the whole model in PyTorch (the reference backend): "
+                            "no candidate engine was correct and faster, or none is installed")
         report.engine_trials, report.engine_choice = selection.trials, selection.explanation
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes
@@ -209,6 +226,7 @@ def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[Qu
     return adapt(config, preset=not isinstance(quantize, QuantConfig))
 
 
+@quiet
 def export(model_or_cm, path: str | Path, format: str = "pt2", example_inputs=None, target: str | None = None,
            onnx_ops: str = "standard") -> Path:
     """Write a model to disk. The engine formats are lowered from the model's quantized program,

@@ -11,13 +11,14 @@ from rich.table import Table  # noqa: E402
 from . import zoo
 from .api import compile as qcompile, export as qexport
 from .backends import EXPORT_FORMATS, get_backend
-from .bench import machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
+from .bench import baseline_warnings, machine_info, ratio_lines, rich_table, run_plan, suites, write_outputs
 from .bench.device_check import prepare
 from .capture import load_pt2
 from .demo import run_demo
 from .errors import InputError, QlowerError
 from .fx import schema_of
 from .report.verify import verify as run_verify
+from .timing import pinned_threads
 from .runtime import load
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -35,22 +36,30 @@ def _fail(exc: Exception) -> None:
 def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo models"),
          backend: str = typer.Option("auto", help="auto (fastest correct engine, measured) | onnxruntime | openvino | "
                                      "iree | reference"),
-         runs: int = typer.Option(10, help="timed runs per stack (median reported)")):
-    """Quantize, compile and run the built-in models; print accuracy and latency."""
+         runs: int = typer.Option(10, help="timed runs per stack (median reported)"),
+         threads: Optional[int] = typer.Option(None, help="intra-op threads of eager PyTorch and the engines alike "
+                                               "(default: torch's current count)")):
+    """Quantize, compile and run the built-in models; print accuracy and latency (eager and
+    qlower timed on the same threads, their calls interleaved)."""
     names = [m.strip() for m in models.split(",") if m.strip()]
     try:
-        rows = run_demo(names, backend=backend, runs=runs)
+        rows = run_demo(names, backend=backend, runs=runs, threads=threads)
     except QlowerError as exc:
         _fail(exc)
-    table = Table(title="qlower demo: int8 vs eager fp32 (batch 1)")
+    used = rows[0].threads if rows else threads
+    table = Table(title=f"qlower demo: int8 vs eager fp32 (batch 1, {used} thread{'s' if used != 1 else ''} "
+                        "for both, medians)")
     for col in ("model", "backend", "clusters", "fallbacks", "int conv/linear/matmul",
                 "SQNR dB", "cosine", "eager ms", "qlower ms", "speed-up"):
         table.add_column(col, justify="right" if col not in ("model", "backend") else "left")
     for r in rows:
         table.add_row(r.model, r.backend, str(r.clusters), str(r.fallbacks), r.lowered,
                       f"{r.sqnr_db:.1f}", f"{r.cosine:.5f}", f"{r.eager_ms:.2f}", f"{r.qlower_ms:.2f}",
-                      f"{r.speedup:.2f}x")
+                      f"{r.speedup:.2f}x" + ("?" if r.warnings else ""))
     console.print(table)
+    for r in rows:
+        for line in r.warnings:
+            err.print(f"[yellow]warning:[/] {line}", highlight=False)
 
 
 @app.command()
@@ -63,6 +72,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
           quick: bool = typer.Option(False, help="same as --suite quick (2 models, fast stacks, 2 rounds, < 3 min)"),
           rounds: Optional[int] = typer.Option(None, help="interleaved timing rounds (default: the suite's)"),
           out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png / bench.log go"),
+          threads: Optional[int] = typer.Option(None, help="intra-op threads of every stack, eager PyTorch included "
+                                                "(default: torch's current count; stated in the output)"),
           partition_nodes: int = typer.Option(0, help="instead: time clustering a synthetic graph of N ops")):
     """Time zoo models on qlower and its peers side by side in one run (medians, ratios, accuracy).
     The terminal shows progress and the table; what libraries print or warn goes to OUT/bench.log."""
@@ -84,19 +95,27 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     except (QlowerError, ValueError) as exc:
         _fail(exc)
     stack_names = [s.strip() for s in stacks.split(",")] if stacks else list(chosen.stacks)
-    machine = machine_info()
     out.mkdir(parents=True, exist_ok=True)
-    err.print(f"qlower bench --suite {chosen.name}: {len(plan)} model/batch pairs x {len(stack_names)} stacks; "
-              f"library output goes to {out / 'bench.log'}", markup=False)
     command = "qlower bench " + " ".join(sys.argv[2:])
-    results = run_plan(plan, stack_names, rounds=rounds or chosen.rounds, block=chosen.block, warmup=chosen.warmup,
-                       log=lambda m: err.print(m, markup=False), block_ms=chosen.block_ms,
-                       log_file=out / "bench.log", calibration_batches=chosen.calibration_batches,
-                       canonical_inputs=chosen.canonical_inputs,
-                       on_pair=lambda so_far: write_outputs(so_far, out, command, machine, chart=False))
+    try:
+        with pinned_threads(threads) as used:
+            machine = machine_info()
+            err.print(f"qlower bench --suite {chosen.name}: {len(plan)} model/batch pairs x {len(stack_names)} "
+                      f"stacks, {used} thread(s) each (eager included); library output goes to {out / 'bench.log'}",
+                      markup=False)
+            results = run_plan(plan, stack_names, rounds=rounds or chosen.rounds, block=chosen.block,
+                               warmup=chosen.warmup, log=lambda m: err.print(m, markup=False),
+                               block_ms=chosen.block_ms, log_file=out / "bench.log",
+                               calibration_batches=chosen.calibration_batches,
+                               canonical_inputs=chosen.canonical_inputs,
+                               on_pair=lambda so_far: write_outputs(so_far, out, command, machine, chart=False))
+    except QlowerError as exc:
+        _fail(exc)
     console.print(rich_table(results, machine))
     for line in ratio_lines(results):
         console.print(line)
+    for line in baseline_warnings(results):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
     write_outputs(results, out, command, machine)
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'} and {out / 'bench.log'}")
 

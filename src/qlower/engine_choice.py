@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -50,8 +51,28 @@ from .core.cpu import fingerprint
 from .core.metrics import energy_ratio_db, sqnr_db
 from .quantize import is_quantized
 
-# Engines backend="auto" measures, in preference order (which one wins a tie).
-AUTO_CANDIDATES = ("onnxruntime", "openvino", "iree")
+# Engines backend="auto" measures, in this order, which is also the preference order (which one
+# wins a tie). iree comes second: it runs onnxruntime's program (no quantization of its own), and
+# a compile of it abandoned at the time budget still fills its cache for the next compile (the
+# openvino candidates each need a quantization of their own).
+AUTO_CANDIDATES = ("onnxruntime", "iree", "openvino", "openvino-native")
+# Engine-native candidates: a backend with the options of its engine-native numerics profile
+# (the Q/DQ program on the engine's own int8 kernels). Not bit-exact with the canonical numerics:
+# judged by their accuracy against the float model (`AutoSettings.accuracy_margin_db`), the
+# deviation from the canonical reference shown in their trial. Candidates by default when a model
+# is quantized with the "float" profile and no backend_options; naming the candidates
+# (auto_candidates=, $QLOWER_AUTO_BACKENDS) without them asks for canonical numerics only.
+NATIVE_CANDIDATES = {"openvino-native": ("openvino", {"numerics": "openvino"})}
+
+
+def candidate_label(backend: Backend) -> str:
+    """The name a candidate goes by in trials and decisions ("openvino-native" for OpenVINO with
+    its engine-native options)."""
+    return f"{backend.name}-native" if getattr(getattr(backend, "options", None), "native", False) else backend.name
+
+
+def is_native(backend: Backend) -> bool:
+    return candidate_label(backend) != backend.name
 
 # Ops whose float result every engine computes identically (data movement, selection, IEEE-exact
 # single operations): a quantized program holding no other float op is compared bit for bit.
@@ -94,12 +115,34 @@ class AutoSettings:
     # further from the reference than this times the reference's largest error vs float
     # (`_within_quantization_error`)
     max_error_factor: float = 2.0
+    # the user's time: once the first candidate is compiled (capture, quantization and its
+    # compile took T seconds since compile() began), the whole selection ends by budget_factor x T
+    # (at least min_budget_s); a later candidate that would end past it is skipped when its
+    # estimated compile time (from this process's earlier compiles) does not fit, or abandoned
+    # when its compile or check call is still running at the deadline
+    budget_factor: float = 2.0
+    min_budget_s: float = 2.0
+    # a candidate's check call may take at most this many times the reference backend's call
+    # on the same program (at least check_floor_s): an engine that slow cannot win
+    check_factor: float = 20.0
+    check_floor_s: float = 2.0
 
     @classmethod
     def from_env(cls, environ=None) -> "AutoSettings":
         """From qlower's settings (core/settings.py), or from `environ` where given."""
         s = settings() if environ is None else Settings.from_env(environ)
         return cls() if s.auto_backends is None else cls(candidates=s.auto_backends, source=s.auto_backends_source)
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """Which quantized program a candidate needs. Equal keys: equal programs. A candidate whose
+    backend adjusts no qparams (`adjust` None) runs the program of an earlier candidate with the
+    same config and stages: any canonical program is exact on every engine, so one quantization
+    serves both (`EngineSelector._resolve`)."""
+    config: str                 # the quantization config (repr); "" when nothing is quantized here
+    adjust: str | None          # the backend's qparam adjustment (observer hook), if any
+    stages: tuple[str, ...]     # the pass pipeline
 
 
 @dataclass
@@ -121,6 +164,9 @@ class Selection:
     trials: list[EngineTrial]
     explanation: str
     cached: bool = False
+    # a candidate's compile was abandoned while running: it may finish into the engine's cache,
+    # so the decision is not remembered and the next compile measures again
+    retry: bool = False
 
 
 @dataclass
@@ -131,6 +177,7 @@ class _Oracle:
     outputs: Any
     trial: EngineTrial
     exact: bool           # compare bit for bit (else within the float tolerance)
+    call_s: float = 0.0   # its call on the example inputs (bounds a candidate's check call)
 
 
 @dataclass
@@ -138,6 +185,35 @@ class _Decision:
     winner: str
     trials: list[EngineTrial]
     explanation: str
+
+
+class _Abandoned(Exception):
+    """A candidate's compile or check call ran past its time bound."""
+
+
+def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
+    """fn() in a worker thread, waited for at most `seconds` (None: called here, unbounded). Past
+    it, _Abandoned: the call is left to finish on its own (its result dropped; Python cannot stop
+    a running engine call), so the caller's time stays bounded. The thread is not a daemon: a
+    process that exits meanwhile waits for it (an engine killed inside native code at interpreter
+    shutdown aborted the process: measured with an abandoned iree compile)."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:   # handed to the caller below
+            box["error"] = exc
+    worker = threading.Thread(target=run, name=f"qlower-auto-{what}", daemon=False)
+    worker.start()
+    worker.join(max(seconds, 0.0))
+    if worker.is_alive():
+        raise _Abandoned(f"still running after {max(seconds, 0.0):.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 class EngineSelector:
@@ -148,6 +224,12 @@ class EngineSelector:
         self._settings = settings        # None: qlower's settings at each use
         self._decisions = LRUCache((settings or AutoSettings()).cache_entries)
         self.measured = 0      # selections that ran measurements (not served from the cache)
+        # seconds per graph node of each backend's compiles in this process (the latest): the
+        # cheap estimate that skips a compile which cannot end within the time budget
+        self._compile_rate: dict[str, float] = {}
+        # abandoned compiles still running (backend -> (start, graph nodes)): a lower bound on
+        # the estimate until they end and record their rate
+        self._inflight: dict[str, tuple[float, int]] = {}
         # persist: decisions are also written to qlower's disk cache ($QLOWER_CACHE_DIR, "off"
         # disables it), so a compile in a new process measures nothing it measured before
         self.persist = persist
@@ -170,40 +252,49 @@ class EngineSelector:
         if not names or not all(isinstance(n, str) for n in names):
             raise BackendError(f"{source}: expected a non-empty list of backend names, got {names!r}",
                                hint=f"e.g. ('onnxruntime', 'openvino'); known: {backend_names()}")
-        unknown = [n for n in names if n not in backend_names() or n == "auto"]
+        unknown = [n for n in names if (n not in backend_names() and n not in NATIVE_CANDIDATES) or n == "auto"]
         if unknown:
-            raise BackendError(f"{source} names unknown backend(s) {unknown}", hint=f"use some of {backend_names()}")
+            raise BackendError(f"{source} names unknown backend(s) {unknown}",
+                               hint=f"use some of {[*backend_names(), *NATIVE_CANDIDATES]}")
         return names
 
     # ---------------------------------------------------------------- selection
-    def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], tuple],
+    def select(self, backends: Sequence[Backend], program_key: Callable[[Backend], Any],
                build: Callable[[Backend], Program], example_inputs: tuple, profile: str,
                why_unmeasured: str | None = None, float_outputs: Callable[[], Any] | None = None,
-               source_digest: Callable[[], str] | None = None) -> Selection:
+               source_digest: Callable[[], str] | None = None, started: float | None = None,
+               progress: Callable[[str], None] | None = None) -> Selection:
         """`backends`: the available candidates, in preference order (the reference backend
         among them is the fallback, never measured). `program_key(b)`: which quantized program
-        b needs (cheap); `build(b)`: build it (quantize, lower). `float_outputs()`: the float
-        model's outputs on the example inputs, to compare the accuracy of different programs.
-        `source_digest()`: what every program is built from (captured graph, weights,
-        calibration); with it a remembered decision builds only the winner's program, without
-        it the first candidate's program is built to key the decision."""
+        b needs (cheap; a ProgramKey lets candidates share one); `build(b)`: build it (quantize,
+        lower). `float_outputs()`: the float model's outputs on the example inputs, to compare
+        the accuracy of different programs. `source_digest()`: what every program is built from
+        (captured graph, weights, calibration); with it a remembered decision builds only the
+        winner's program, without it the first candidate's program is built to key the decision.
+        `started`: when compile() began (perf_counter), the start of the time budget;
+        `progress(text)`: told each phase (compile's terminal display)."""
+        plain_from = time.perf_counter()   # what a plain compile would do (capture, build, compile) starts
         reference = next((b for b in backends if b.name == "reference"), None) or ReferenceBackend()
         measured = [b for b in backends if b.name != "reference"]
+        say = progress or (lambda text: None)
         if len(measured) < 2:
             chosen = measured[0] if measured else reference
             why = why_unmeasured or ("the only available candidate" if measured else
                                      "no candidate engine is available")
             program = build(chosen)
+            say(f"compiling for {chosen.name}")
             return Selection(chosen, program, compile_graph(chosen, program.gm), [],
                              f"{chosen.name}: {why}; not measured")
 
-        programs: dict[tuple, Program] = {}
+        programs: dict[Any, Program] = {}
+        resolve = functools.partial(self._resolve, program_key, measured)
 
         def program_for(b: Backend) -> Program:
-            key = program_key(b)
+            key, owner = resolve(b)
             if key not in programs:
-                programs[key] = build(b)
+                programs[key] = build(owner)
             return programs[key]
+        program_for.built = lambda b: resolve(b)[0] in programs
 
         source = source_digest() if source_digest is not None else graph_digest(program_for(measured[0]).gm)
         key = self._key(source, measured, program_key, example_inputs, profile)
@@ -211,9 +302,10 @@ class EngineSelector:
         if decision is None and self.persist:
             decision, where = _load_decision(key), "on this machine (qlower's disk cache)"
         if decision is not None:
-            chosen = next((b for b in [*measured, reference] if b.name == decision.winner), reference)
+            chosen = next((b for b in [*measured, reference] if candidate_label(b) == decision.winner), reference)
             program = program_for(chosen)
             try:
+                say(f"compiling for {chosen.name} (decided earlier)")
                 executable = compile_graph(chosen, program.gm)
                 self._decisions[key] = decision
                 return Selection(chosen, program, executable, [replace(t) for t in decision.trials],
@@ -223,43 +315,137 @@ class EngineSelector:
                 self._decisions.pop(key, None)
 
         self.measured += 1
-        selection = self._measure(measured, reference, program_for, example_inputs, float_outputs)
-        self._decisions[key] = _Decision(selection.backend.name, [replace(t) for t in selection.trials],
+        distinct = len({resolve(b)[0] for b in measured})
+        selection = self._measure(measured, reference, program_for, example_inputs, float_outputs, distinct,
+                                  started if started is not None else plain_from, say, plain_from)
+        if selection.retry:
+            # not remembered: a later compile measures again (the abandoned compile may have
+            # finished into the engine's cache meanwhile, and then fits the budget); candidates
+            # skipped before they started are remembered as such
+            return selection
+        self._decisions[key] = _Decision(candidate_label(selection.backend), [replace(t) for t in selection.trials],
                                          selection.explanation)
         if self.persist:
             _store_decision(key, self._decisions[key])
         return selection
 
+    def _estimate(self, backend: str, nodes: int) -> float:
+        """Seconds `backend` is expected to take compiling a graph of `nodes` nodes: its latest
+        compile in this process, scaled; at least as long as an abandoned one has been running."""
+        estimate = self._compile_rate.get(backend, 0.0) * nodes
+        running = self._inflight.get(backend)
+        if running is not None:
+            estimate = max(estimate, (time.perf_counter() - running[0]) / running[1] * nodes)
+        return estimate
+
+    @staticmethod
+    def _resolve(program_key, candidates: Sequence[Backend], backend: Backend) -> tuple[Any, Backend]:
+        """(the key of the program `backend` runs, the candidate that builds it): its own, or,
+        for a backend that adjusts no qparams, the first candidate's program of the same config
+        and stages (ProgramKey)."""
+        key = program_key(backend)
+        if isinstance(key, ProgramKey) and key.adjust is None:
+            for other in candidates:
+                theirs = program_key(other)
+                if isinstance(theirs, ProgramKey) and (theirs.config, theirs.stages) == (key.config, key.stages):
+                    return theirs, other
+        return key, backend
+
     def _measure(self, candidates: list[Backend], reference: Backend, program_for, example_inputs,
-                 float_outputs=None) -> Selection:
+                 float_outputs=None, distinct: int = 1, started: float | None = None,
+                 say: Callable[[str], None] = lambda text: None, plain_from: float | None = None) -> Selection:
+        """Every candidate compiled, checked and timed, within the time budget: `started` is when
+        compile() began, `plain_from` when the work a plain single-engine compile also does began
+        (what came between, like loading the engines' modules, is auto's own cost); the budget is
+        budget_factor x that plain work, counted from `started`."""
         s = self.settings
         trials: list[EngineTrial] = []
         oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
         results: dict[str, tuple[Executable, Program, EngineTrial]] = {}
-        programs = {id(program_for(b)) for b in candidates}
         want = functools.cache(float_outputs or (lambda: None))   # the float model's outputs, once
+        started = time.perf_counter() if started is None else started
+        plain_from = started if plain_from is None else plain_from
+        deadline: float | None = None   # set once the first candidate is compiled
+        build_s: float | None = None   # the first program's build (quantization and passes)
+        overhead = 0.0    # before the first candidate is compiled: time a plain compile does not spend
+        retry = False     # a compile abandoned while running (see Selection.retry)
         for backend in candidates:
-            program = program_for(backend)
-            if id(program) not in oracles:
-                oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
-                                                    label=program.label if len(programs) > 1 else None)
-            oracle = oracles[id(program)]
-            trial = EngineTrial(backend.name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
-                                program=program.label if len(programs) > 1 else None)
-            trials.append(trial)
+            name, native = candidate_label(backend), is_native(backend)
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and build_s is not None and not program_for.built(backend) and build_s > left:
+                trials.append(EngineTrial(name, "abandoned", reason=(
+                    f"not built: its program needs its own quantization, which took {build_s:.1f} s for the first "
+                    f"candidate, past the time budget ({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")))
+                continue
             start = time.perf_counter()
+            program = program_for(backend)
+            build_s = time.perf_counter() - start if build_s is None else build_s
+            if id(program) not in oracles:
+                say(f"running the reference backend ({program.label or 'the program'})")
+                t0 = time.perf_counter()
+                oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
+                                                    label=program.label if distinct > 1 else None)
+                overhead += time.perf_counter() - t0 if deadline is None else 0.0
+            oracle = oracles[id(program)]
+            trial = EngineTrial(name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
+                                program=program.label if distinct > 1 else None)
+            if native:
+                trial.check = "accuracy vs float (engine-native numerics)"
+            trials.append(trial)
+            nodes = max(1, len(program.gm.graph.nodes))
+            left = None if deadline is None else deadline - time.perf_counter()
+            estimate = self._estimate(name, nodes)
+            if left is not None and left <= 0:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = f"not compiled: the time budget of {deadline - started:.1f} s was spent"
+                continue
+            if left is not None and estimate > left:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"not compiled: its compile takes about {estimate:.1f} s here (measured on earlier "
+                                f"compiles in this process, or one still running), past the time budget "
+                                f"({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")
+                continue
+            say(f"compiling for {name}")
+            start = time.perf_counter()
+
+            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start, label=name):
+                executable = compile_graph(b, gm)
+                self._compile_rate[label] = (time.perf_counter() - t0) / n
+                self._inflight.pop(label, None)
+                return executable
             try:
-                executable = compile_graph(backend, program.gm)
+                executable = _bounded(compile_and_record, left, f"{name}-compile")
+            except _Abandoned as exc:
+                self._inflight[name] = (start, nodes)
+                retry = True
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its compile was {exc}, at the end of the time budget of "
+                                f"{deadline - started:.1f} s (budget_factor x the time to the first candidate's "
+                                "compile)")
+                continue
             except Exception as exc:
                 trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
                 continue
+            finally:
+                if deadline is None:   # the first candidate's capture, build and compile: a plain compile
+                    plain = time.perf_counter() - plain_from - overhead
+                    deadline = started + max(s.min_budget_s, s.budget_factor * plain)
             trial.compile_s = time.perf_counter() - start
             trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
             try:
                 state = _State(executable, program.gm)
-                got = state.call(example_inputs)
+                say(f"checking {name}")
+                bound = max(s.check_floor_s, s.check_factor * oracle.call_s)
+                left = deadline - time.perf_counter()
+                got = _bounded(lambda st=state: st.call(example_inputs), min(bound, max(left, s.check_floor_s)),
+                               f"{name}-check")
                 ok, trial.max_abs_diff, why = _compare(got, oracle.outputs, oracle.exact, s.rtol, s.atol)
-                if not ok and not oracle.exact and is_quantized_program(program) and want() is not None:
+                if native:   # its own arithmetic: judged against the float model, after all candidates
+                    ok, trial.sqnr_db = want() is not None, sqnr_db(want(), got) if want() is not None else None
+                    why = "no float model outputs to judge engine-native numerics against"
+                    trial.check = (f"engine-native numerics: SQNR vs float {trial.sqnr_db:.1f} dB; max |diff| "
+                                   f"{trial.max_abs_diff:.3g} from the reference on its Q/DQ program") if ok else None
+                elif not ok and not oracle.exact and is_quantized_program(program) and want() is not None:
                     ok, detail = _within_quantization_error(got, oracle.outputs, want(), s)
                     trial.check = detail if ok else trial.check
                     why = why if ok else f"{why}; {detail}"
@@ -267,23 +453,36 @@ class EngineSelector:
                     trial.status, trial.reason = "mismatch", why
                     state.restore()
                     continue
+                say(f"timing {name}")
                 trial.median_ms, trial.runs = _time(state, example_inputs, s)
                 state.restore()
+            except _Abandoned as exc:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its check call was {exc}, more than {s.check_factor:g}x the reference "
+                                f"backend's call ({oracle.call_s * 1e3:.1f} ms) or past the time budget")
+                continue
             except Exception as exc:
                 trial.reason = f"run raised {_brief(exc)}"
                 continue
             trial.status = "slower"   # until it wins
-            results[backend.name] = (executable, program, trial)
+            results[name] = (executable, program, trial)
 
-        if len(oracles) > 1 and want() is not None:
-            self._refuse_less_accurate_programs(oracles, results, want())
+        natives = {candidate_label(b) for b in candidates if is_native(b)}
+        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
+            self._refuse_less_accurate_programs(oracles, results, want(), natives)
 
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
         # on that program (its median can then only be slower too).
         for oracle in oracles.values():
             mine = [t for _, prog, t in results.values() if prog is oracle.program]
-            if mine:
+            if mine and oracle.call_s * 1e3 > 10 * max(t.median_ms for t in mine):
+                # its check call (cold) was over 10x slower than every candidate on the program: a
+                # warm call would be timed once and found slower too, at the cost of one more
+                # call, which on an interpreted program can take seconds; the cold call stands
+                oracle.trial.median_ms, oracle.trial.runs = oracle.call_s * 1e3, 1
+            elif mine:
+                say("timing the reference backend")
                 oracle.trial.median_ms, oracle.trial.runs = _time(
                     oracle.state, example_inputs, s, warmup=False, stop_above=max(t.median_ms for t in mine))
                 oracle.state.restore()
@@ -301,9 +500,10 @@ class EngineSelector:
                 executable = compile_graph(reference, program.gm)
             refused = ", ".join(f"{t.backend} {t.status}" for t in trials if t.status != "oracle")
             return Selection(reference, program, executable, trials,
-                             f"reference: no candidate was correct and faster than the reference backend ({refused})")
+                             f"reference: the whole model runs in PyTorch (qlower's reference backend): no "
+                             f"candidate engine was correct and faster ({refused})", retry=retry)
 
-        order = [b.name for b in candidates]
+        order = [candidate_label(b) for b in candidates]
         fastest = min(results.values(), key=lambda r: r[2].median_ms)[2]
         # noise guard: the earliest candidate within tie_margin of the fastest wins
         winner = next(n for n in order if n in results
@@ -320,25 +520,29 @@ class EngineSelector:
         else:
             why = (f"{winner}: within {s.tie_margin:.0%} of the fastest ({fastest.backend} {fastest.median_ms:.3f} ms "
                    f"vs {trial.median_ms:.3f} ms) and earlier in the preference order {order}")
-        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate")]
+        refused = [t for t in trials if t.status in ("failed", "mismatch", "not-faster", "less-accurate", "abandoned")]
         if refused:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
-        return Selection(self._backend(candidates, winner), program, executable, trials, why)
+        return Selection(self._backend(candidates, winner), program, executable, trials, why, retry=retry)
 
-    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want) -> None:
+    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset()) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
         float model (its reference outputs, on the example inputs) goes into its trials, and a
         candidate whose program is more than `accuracy_margin_db` below the best is refused
         ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
         for oracle in oracles.values():
             oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
-        best = max(oracles.values(), key=lambda o: o.trial.sqnr_db)
+        native_programs = {id(p) for name, (_, p, _) in results.items() if name in natives}
+        canonical = [o for o in oracles.values() if id(o.program) not in native_programs] or list(oracles.values())
+        best = max(canonical, key=lambda o: o.trial.sqnr_db)
         for name, (_, program, trial) in list(results.items()):
-            trial.sqnr_db = oracles[id(program)].trial.sqnr_db
+            if name not in natives:   # an engine-native candidate keeps its own measured SQNR
+                trial.sqnr_db = oracles[id(program)].trial.sqnr_db
             if trial.sqnr_db < best.trial.sqnr_db - self.settings.accuracy_margin_db:
                 trial.status = "less-accurate"
-                trial.reason = (f"its program is {best.trial.sqnr_db - trial.sqnr_db:.1f} dB less accurate vs "
-                                f"float than '{best.program.label}' on the example inputs")
+                trial.reason = (f"{'its outputs are' if name in natives else 'its program is'} "
+                                f"{best.trial.sqnr_db - trial.sqnr_db:.1f} dB less accurate vs float than "
+                                f"'{best.program.label}' on the example inputs")
                 del results[name]
 
     def _oracle(self, reference: Backend, program: Program, example_inputs, trials, label) -> "_Oracle":
@@ -350,14 +554,16 @@ class EngineSelector:
         trial = EngineTrial(reference.name, "oracle", compile_s=time.perf_counter() - start, program=label,
                             reason="candidates must match its outputs and be faster")
         state = _State(executable, program.gm)
+        start = time.perf_counter()
         outputs = state.call(example_inputs)
+        call_s = time.perf_counter() - start
         state.restore()
         trials.append(trial)
-        return _Oracle(program, executable, state, outputs, trial, exact)
+        return _Oracle(program, executable, state, outputs, trial, exact, call_s)
 
     @staticmethod
     def _backend(candidates, name):
-        return next(b for b in candidates if b.name == name)
+        return next(b for b in candidates if candidate_label(b) == name)
 
     def _key(self, source: str, backends: Sequence[Backend], program_key, example_inputs, profile: str) -> str:
         """The decision's cache key: the digest of what the programs are built from, the
@@ -623,23 +829,39 @@ def _brief(exc: BaseException) -> str:
 _DEFAULT = EngineSelector(persist=True)
 
 
-def auto_backends(names, options=None) -> tuple[list[Backend], str | None]:
+def auto_backends(names, options=None, native: bool = True) -> tuple[list[Backend], str | None]:
     """(backends, why not measured) for compile(backend="auto"): the available ones among
     `names` (validated, in order) plus the reference backend (the oracle and fallback, last).
-    `options` go to the backend they belong to; the others get their defaults. The second item
-    says why there is nothing to measure (fewer than two engines), else None."""
+    `options` go to the backend they belong to; the others get their defaults. Engine-native
+    candidates (NATIVE_CANDIDATES) are dropped where `native` is False (compile: a float model, a
+    numerics profile other than "float") or where options were given (the user chose the
+    engine's options). The second item says why there is nothing to measure (fewer than two
+    engines), else None."""
     owner = options_backend(options)
-    if owner is not None and owner not in names:
+    plain = [n for n in names if n not in NATIVE_CANDIDATES]
+    if owner is not None and owner not in plain:
         raise BackendError(f"backend_options are for {owner!r}, which is not an auto candidate {list(names)}",
                            hint=f"compile with backend={owner!r}, or add it to the candidates")
-    made = [make_backend(n, options if n == owner else None) for n in names if n != "reference"]
+    made = []
+    for n in names:
+        if n == "reference":
+            continue
+        if n in NATIVE_CANDIDATES:
+            if not native or options is not None:
+                continue
+            base, fields = NATIVE_CANDIDATES[n]
+            backend = make_backend(base)
+            made.append(make_backend(base, replace(backend.options, **fields)))
+        else:
+            made.append(make_backend(n, options if n == owner else None))
     available = [b for b in made if b.available()]
-    missing = [b.name for b in made if not b.available()]
+    missing = list(dict.fromkeys(b.name for b in made if not b.available()))
     why = None
     if len(available) < 2:
         why = ("the only candidate" if available else "no candidate engine") + \
             (f" among {list(names)}" if tuple(names) != AUTO_CANDIDATES else " installed") + \
-            (f" ({', '.join(missing)} not installed)" if missing else "")
+            (f" ({', '.join(missing)} not installed: pip install "
+             f"'qlower[{','.join(n for n in missing if n != 'onnxruntime') or 'onnxruntime'}]')" if missing else "")
     return available + [make_backend("reference")], why
 
 

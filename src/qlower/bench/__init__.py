@@ -10,13 +10,13 @@
 from .harness import StackResult, partition_scaling, run_bench, run_plan
 from .machine import machine_info
 from .logcapture import LogCapture
-from .output import (best_peer_ratios, canonical_cell, paired_ratios, ratio_lines, rich_table,
+from .output import (baseline_warnings, best_peer_ratios, canonical_cell, paired_ratios, ratio_lines, rich_table,
                      write_outputs)
 from .stacks import (DEFAULT_STACKS, FORMULATIONS, QUICK_STACKS, STACKS, PeerUnavailable, build_stack,
                      require)
 from .suites import SUITES, Suite
 
 __all__ = ["DEFAULT_STACKS", "FORMULATIONS", "QUICK_STACKS", "STACKS", "SUITES", "LogCapture", "PeerUnavailable",
-           "StackResult", "Suite", "best_peer_ratios", "build_stack", "canonical_cell", "machine_info",
-           "paired_ratios", "partition_scaling", "ratio_lines", "require", "rich_table", "run_bench", "run_plan",
-           "write_outputs"]
+           "StackResult", "Suite", "baseline_warnings", "best_peer_ratios", "build_stack", "canonical_cell",
+           "machine_info", "paired_ratios", "partition_scaling", "ratio_lines", "require", "rich_table", "run_bench",
+           "run_plan", "write_outputs"]

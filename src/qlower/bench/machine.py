@@ -78,7 +78,7 @@ def describe(info: dict) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     missing = [k for k, v in info["versions"].items() if not v]
     lines = [f"CPU: {info['cpu']}{mhz}; {info['usable_cpus']} usable of {info['logical_cpus']} logical CPUs; "
-             f"threads per stack: {info['threads']}",
+             f"threads per stack, eager PyTorch included: {info['threads']}",
              f"ISA: {isa}",
              f"Versions: {versions}" + (f" (not installed: {', '.join(missing)})" if missing else "")]
     return lines

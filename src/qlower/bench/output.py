@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .harness import StackResult
 from .machine import describe, machine_info
+from ..timing import NOISY_SPREAD, noisy
 
 
 # ------------------------------------------------------------------------------ ratios
@@ -93,6 +94,23 @@ def ratio_lines(results: list[StackResult]) -> list[str]:
     return lines
 
 
+def baseline_warnings(results: list[StackResult]) -> list[str]:
+    """One line per eager-fp32 row (the baseline of every 'vs eager' ratio) whose samples'
+    interquartile range is over NOISY_SPREAD of their median: its ratios say more about the
+    machine's load than about the stacks, and are flagged instead of taken as headlines."""
+    lines = []
+    for r in results:
+        if r.stack != "eager-fp32" or not r.ok or len(r.samples) < 2:
+            continue
+        q = statistics.quantiles(r.samples, n=4)
+        if noisy(statistics.median(r.samples), q[2] - q[0]):
+            lines.append(f"{r.model} b{r.batch}: the eager-fp32 baseline is noisy ({r.median_ms:.3f} ms median, "
+                         f"interquartile range {q[2] - q[0]:.3f} ms, over {NOISY_SPREAD:.0%} of the median): its "
+                         "'vs eager' ratios are unreliable; rerun on an idle machine, with more --rounds or "
+                         "fewer --threads")
+    return lines
+
+
 def canonical_cell(r: StackResult) -> str:
     """'0' (bit-exact), '12 (3.1e-07)' (elements differing, largest difference), '-' for peers."""
     if r.canonical_diff is None:
@@ -136,6 +154,9 @@ def write_outputs(results: list[StackResult], out: Path, command: str, machine: 
     if flops:
         lines += ["", "GFLOP per call (fp32 count, eager, 2 per multiply-add): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in flops.items())]
+    warnings = baseline_warnings(results)
+    if warnings:
+        lines += ["", "Warnings:", ""] + [f"- {line}" for line in warnings]
     lines += ["", "Latency ratios, qlower / peer (below 1: qlower faster; paired: the median over rounds of "
               "qlower's block time / the peer's in the same round; engine-native stacks run the engine's own "
               "int8 arithmetic, not the canonical numerics):", ""]

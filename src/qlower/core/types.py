@@ -29,7 +29,8 @@ class EngineTrial:
     # chosen | slower (correct, not the fastest) | not-faster (correct, not faster than the
     # reference backend) | mismatch (outputs differ from the reference backend) | failed (compile or
     # run raised) | less-accurate (its quantized program is less accurate vs float than another
-    # candidate's) | oracle (the reference backend: its outputs are the check, its time the baseline)
+    # candidate's) | abandoned (its compile or check would end past the time budget) | oracle (the
+    # reference backend: its outputs are the check, its time the baseline)
     status: str
     median_ms: float | None = None   # median of the timed calls on the example inputs
     runs: int = 0                    # timed calls behind the median

@@ -12,7 +12,7 @@ from ..passes.base import PassContext
 from ..passes.drop_eval_dropout import DropEvalDropout
 from ..shapes import dynamic_spec, user_input_values
 from .attention import decompose_attention, decompose_attention_in_module, writes_state
-from .calibrate import calibrate
+from .calibrate import Calibration, calibrate, fit_batches, user_input_specs
 from . import mixed_precision
 from .config import AccuracyTarget, QuantConfig, SmoothQuant
 from .quantizer import QlowerQuantizer
@@ -20,8 +20,8 @@ from .biascorrect import correct
 from .per_token import insert_run_time_qdq
 from .smoothquant import smooth
 
-__all__ = ["AccuracyTarget", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer", "quantize",
-           "is_quantized", "calibrate"]
+__all__ = ["AccuracyTarget", "Calibration", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer",
+           "quantize", "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
 # graph_module.meta key of a quantized program: the mixed-precision PrecisionChoice, if any
@@ -53,6 +53,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
     config = config or QuantConfig()
     example_inputs = check_example_inputs(example_inputs)
     calibration = calibration if hasattr(calibration, "__len__") else list(calibration)  # read more than once
+    calibration = _fitted(model, example_inputs, calibration, dynamic_shapes)
     if config.target is not None:
         if ranked_layers is None:
             raise QuantizeError("an accuracy target needs a layer ranking",
@@ -64,6 +65,19 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
         program.graph_module.meta[PRECISION_CHOICE_KEY] = choice
         return program
     return _quantize_once(model, example_inputs, calibration, config, dynamic_shapes, adjust_observers)
+
+
+def _fitted(model, example_inputs, calibration, dynamic_shapes) -> list:
+    """Calibration batches cut to the program's static batch size where theirs differs
+    (calibrate.fit_batches); the model is captured for its input specs only then."""
+    shapes = [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor)]
+
+    def same(batch) -> bool:
+        leaves = torch.utils._pytree.tree_leaves((batch,) if isinstance(batch, torch.Tensor) else batch)
+        return [tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)] == shapes
+    if all(same(b) for b in calibration):
+        return calibration
+    return fit_batches(list(calibration), user_input_specs(capture(model, example_inputs, dynamic_shapes)))
 
 
 def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dynamic_shapes,

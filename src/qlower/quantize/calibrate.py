@@ -1,5 +1,13 @@
 """Calibration: feed input tuples through an observed model, with a progress bar on a TTY.
 
+What `calibration=` accepts: any iterable of batches (a list, a generator, a torch DataLoader),
+or `Calibration(data, transform=fn)` for batches that are not yet the model's inputs (a
+DataLoader's `[images, labels]`, a dict of features), like `nncf.Dataset(loader, transform_fn)`.
+A batch is an input tuple, or a bare tensor for a one-input model. Batches may have any batch
+size: where the model's dim 0 is static (no `dynamic_shapes` for it), a batch of another size
+is cut into pieces of the example's size along dim 0 (`fit_batches`), rows of the last piece
+wrapping around to the batch's first rows when it does not divide; observers see every row.
+
 Every batch is checked before it runs (a tuple of tensors matching the example inputs' dtypes
 and static dims, all finite) so that a bad sample is reported as a QuantizeError naming the batch
 and input, not as a guard assertion or an observer's "min nan should be less than max nan".
@@ -8,7 +16,8 @@ silently dropping samples would change the calibration the user asked for."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import itertools
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.fx import Node
@@ -16,11 +25,72 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..capture import check_example_inputs
+from ..core import progress
 from ..errors import QlowerError, QuantizeError
 from ..fx import schema_name, source_of
 from ..input_spec import input_specs_of
 
-_HINT = "calibration must yield input tuples like the example inputs, e.g. [(x1,), (x2,)]"
+_HINT = ("calibration must yield input tuples like the example inputs, e.g. [(x1,), (x2,)]; for a data loader "
+         "whose batches are something else (e.g. [images, labels]) pass "
+         "qlower.Calibration(loader, transform=lambda batch: (batch[0],))")
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Calibration data with a transform, like `nncf.Dataset(loader, transform_fn)`:
+    `compile(..., calibration=qlower.Calibration(loader, transform=lambda b: (b[0],)))`.
+
+    data:      any iterable of batches (a torch DataLoader, a list, a generator), read once.
+    transform: batch -> the model's inputs (a tuple, or a tensor for a one-input model); None
+               takes each batch as it is.
+    batches:   read at most this many batches (None: all of them)."""
+    data: Iterable
+    transform: Callable | None = None
+    batches: int | None = None
+
+    def __post_init__(self):
+        if self.transform is not None and not callable(self.transform):
+            raise QuantizeError(f"Calibration transform must be callable, got {type(self.transform).__name__}",
+                                hint="pass a function batch -> input tuple, e.g. transform=lambda b: (b[0],)")
+        if self.batches is not None and (isinstance(self.batches, bool) or not isinstance(self.batches, int)
+                                         or self.batches < 1):
+            raise QuantizeError(f"Calibration batches must be a positive integer or None, got {self.batches!r}")
+        if isinstance(self.data, torch.Tensor):
+            raise QuantizeError("Calibration data is a bare tensor (iterating it would feed its rows)",
+                                hint="pass an iterable of batches, e.g. a DataLoader or [(x,)]")
+
+    def read(self) -> list:
+        """The batches, transformed; typed errors for data or a transform that raises."""
+        try:
+            iterator = iter(self.data)
+        except TypeError:
+            raise QuantizeError(f"Calibration data must be an iterable of batches, got {type(self.data).__name__}",
+                                hint=_HINT) from None
+        out = []
+        for i in itertools.count():
+            if self.batches is not None and i >= self.batches:
+                break
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            except QlowerError:
+                raise
+            except Exception as exc:  # a data loader that raises
+                raise QuantizeError(f"the calibration data raised {type(exc).__name__}: {str(exc)[:200]}",
+                                    hint="the calibration iterable itself failed while producing batches") from exc
+            if self.transform is not None:
+                try:
+                    batch = self.transform(batch)
+                except QlowerError:
+                    raise
+                except Exception as exc:
+                    raise QuantizeError(f"the calibration transform raised {type(exc).__name__} on batch {i}: "
+                                        f"{str(exc)[:200]}",
+                                        hint="transform must map one batch of the data to the model's inputs "
+                                             "(a tuple, or a tensor for a one-input model)") from exc
+            out.append(batch)
+        return out
 
 
 def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Console | None = None) -> int:
@@ -31,11 +101,15 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
     if total == 0:
         raise QuantizeError("calibration data is empty", hint="pass at least one input tuple")
     specs = _specs(observed)
+    shared = progress.active()    # inside compile: its one display line, not a second one
     columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    disable = shared is not None or not console.is_terminal
+    with Progress(*columns, console=console, transient=True, disable=disable) as bar:
         task = bar.add_task("calibrate", total=total)
         with torch.no_grad():
             for i, batch in enumerate(batches):
+                if shared is not None:
+                    shared.detail(f"calibrating, batch {i + 1} of {total}")
                 inputs = _checked_batch(i, batch, specs)
                 try:
                     observed(*inputs)
@@ -43,6 +117,8 @@ def calibrate(observed: torch.nn.Module, calibration: Iterable, *, console: Cons
                     raise QuantizeError(f"calibration batch {i} failed in the model: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}", hint=_HINT) from exc
                 bar.advance(task)
+    if shared is not None:
+        shared.detail("quantizing (converting the calibrated model)")
     _check_observed_ranges(observed)
     return total
 
@@ -84,9 +160,58 @@ def prepare_calibration(calibration, example_inputs) -> list:
         raise QuantizeError("calibration data is empty", hint="pass at least one input tuple")
     examples = [t for t in torch.utils._pytree.tree_leaves(check_example_inputs(example_inputs))]
     specs = [_LooseSpec(t) for t in examples] if all(isinstance(t, torch.Tensor) for t in examples) else []
+    return [_checked_batch(i, batch, specs) for i, batch in enumerate(batches)]
+
+
+def fit_batches(batches: list, specs: list) -> list:
+    """Batches of another size than the model's static dim 0, cut to it: for each batch whose
+    tensor inputs differ from `specs` (the program's inputs) only in a static dim 0, and all
+    such inputs by the same row count N against the same static size B, ceil(N / B) batches of
+    B rows each (the last one's missing rows taken from the batch's first rows); inputs that
+    already match are passed to every piece as they are. Any other batch is returned unchanged
+    (the checks then name what does not fit)."""
+    specs = [dataclasses.replace(s, bounds=()) for s in specs]   # dynamic ranges are export's to check
+    any_rows = [dataclasses.replace(s, shape=(None, *s.shape[1:])) if s.shape else s for s in specs]
+    out = []
     for i, batch in enumerate(batches):
-        _checked_batch(i, batch, specs)
-    return list(batches)
+        for piece in _fit(batch, specs):
+            _checked_batch(i, piece, any_rows)   # first what no cutting can mend, named in the user's numbering
+            out.append(_checked_batch(i, piece, specs))
+    return out
+
+
+def _fit(batch, specs: list) -> list:
+    leaves, tree = torch.utils._pytree.tree_flatten(batch)
+    if len(leaves) != len(specs) or not all(isinstance(v, torch.Tensor) for v in leaves):
+        return [batch]
+    cut: dict[int, tuple[int, int]] = {}    # input -> (rows N, static size B)
+    for j, (spec, value) in enumerate(zip(specs, leaves)):
+        shape = spec.shape
+        if value.dim() != len(shape) or value.dim() == 0 or shape[0] is None or value.shape[0] == shape[0]:
+            continue
+        if any(want is not None and want != got for want, got in zip(shape[1:], value.shape[1:])):
+            return [batch]
+        cut[j] = (value.shape[0], shape[0])
+    if not cut or len(set(cut.values())) != 1:
+        return [batch]
+    (rows, size), = set(cut.values())
+    if rows == 0 or size == 0:
+        return [batch]
+    pieces = []
+    for start in range(0, rows, size):
+        index = torch.arange(start, start + size) % rows   # wraps around in the last piece only
+        piece = [(v[start:start + size] if start + size <= rows else v.index_select(0, index)) if j in cut else v
+                 for j, v in enumerate(leaves)]
+        pieces.append(torch.utils._pytree.tree_unflatten(piece, tree))
+    return pieces
+
+
+def user_input_specs(ep: torch.export.ExportedProgram) -> list:
+    """The specs of an exported program's user inputs (not its parameters and buffers)."""
+    user = set(ep.graph_signature.user_inputs)
+    specs = input_specs_of(ep.graph_module, ep.range_constraints)
+    names = [n.name for n in ep.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    return [s for s, name in zip(specs, names) if name in user]
 
 
 class _LooseSpec:
@@ -109,6 +234,8 @@ class _LooseSpec:
 
 def _batches(calibration) -> list:
     """The calibration data as a list; typed errors for what cannot be one."""
+    if isinstance(calibration, Calibration):
+        return calibration.read()
     if isinstance(calibration, torch.Tensor):
         raise QuantizeError("calibration is a bare tensor (iterating it would feed its rows)",
                             hint="pass a list of input tuples, e.g. [(x,)] or [(x[i:i+1],) for i in range(n)]")
@@ -137,6 +264,8 @@ def _specs(observed: torch.nn.Module) -> list:
 
 
 def _checked_batch(i: int, batch, specs: list) -> tuple:
+    if isinstance(batch, torch.Tensor):   # a one-input model's batch, as a DataLoader yields it
+        batch = (batch,)
     try:
         inputs = check_example_inputs(batch)
     except QlowerError as exc:

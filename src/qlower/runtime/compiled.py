@@ -18,6 +18,7 @@ from ..core.version import __version__
 from ..errors import ArtifactError, InputError, NonFiniteInputError, NonFiniteInputWarning
 from ..backends.base import InputsRefused, compile_graph
 from ..fx import mutated_attributes
+from ..core.quiet import quiet
 from ..core.types import CompileReport
 from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
@@ -180,6 +181,7 @@ class CompiledModule:
         return {name: live[name].detach().clone() for name, buf in self.graph_module.named_buffers()
                 if name in live and live[name].shape == buf.shape and live[name] is not buf}
 
+    @quiet
     def save(self, path: str | Path) -> Path:
         """Write one .pt2 file: the lowered program with its current state, qlower's metadata and
         a sha256 manifest (see artifact/__init__.py), atomically. The caller's model is never
@@ -225,6 +227,7 @@ _MAX_RANK = 64
 _MAX_DIM = (1 << 31) - 1
 
 
+@quiet
 def load(path: str | Path, *, backend_options=None) -> CompiledModule:
     """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend.
     The file is checked before anything in it is deserialized and nothing in it is unpickled

@@ -152,6 +152,7 @@ def _reflection_pads_decomposed():
 
 class IreeBackend:
     name = "iree"
+    install_hint = "pip install 'qlower[iree]'  (or: pip install iree-base-compiler==3.13.0 iree-base-runtime==3.13.0)"
 
     def __init__(self, options: IreeOptions | None = None):
         self.options = options or IreeOptions()
