@@ -18,6 +18,7 @@ for _name in ("torchao", "torch.utils._pytree"):
 from . import blockops  # noqa: E402
 from .core.version import __version__  # noqa: E402
 from .api import compile, export, quantize  # noqa: E402
+from .generate import CompiledLM, compile_lm  # noqa: E402
 from .capture import capture, load_pt2, save_pt2  # noqa: E402
 from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
                      PassError, QlowerError, QuantizeError)
@@ -26,7 +27,8 @@ from .quantize import AccuracyTarget, QuantConfig, SmoothQuant  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
 from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
-__all__ = ["__version__", "blockops", "compile", "quantize", "export", "load", "capture", "load_pt2", "save_pt2",
+__all__ = ["__version__", "blockops", "compile", "quantize", "export", "compile_lm", "CompiledLM",
+           "load", "capture", "load_pt2", "save_pt2",
            "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY",
            "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]
