@@ -268,7 +268,14 @@ def compile_lm(model, quantize=None, calibration=None, backend: str = "onnxrunti
     example = step_inputs(step, torch.zeros(1, min(8, max_len), dtype=torch.int64))
     seq = torch.export.Dim("seq", min=1, max=max_len)
     dynamic = ({1: seq}, {1: seq}, {0: seq}, None) if padding else ({1: seq}, None)
-    calib = None if calibration is None else [step_inputs(step, c) for c in calibration]
+    calib = None
+    if calibration is not None:
+        calibration = [torch.as_tensor(c) for c in calibration]
+        long = [tuple(c.shape) for c in calibration if c.shape[-1] > max_len]
+        if long:
+            raise QuantizeError(f"calibration prompts {long} are longer than the KV cache ({max_len} positions)",
+                                hint="cut them to max_len tokens, or a larger cache: compile_lm(model, max_len=...)")
+        calib = [step_inputs(step, c) for c in calibration]
     with _state_kept(step), torch.no_grad():   # no autograd history in the cache buffers
         cm = _compile(step, example, quantize=quantize, calibration=calib, backend=backend, dynamic_shapes=dynamic,
                       backend_options=backend_options, **compile_kwargs)
