@@ -1,0 +1,75 @@
+"""`qlower bench --suite llm` (bench/llm.py) on a tiny random LLaMA: the rows, the floor, the
+functional step the ONNX peers run, the suite's registration."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from qlower.bench import llm, suites  # noqa: E402
+from qlower.generate import CompiledLM, lm_step  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return llm.build_model("tiny-llama")
+
+
+def test_run_times_each_stack_and_reports_the_unrunnable_with_a_reason(tiny):
+    results, info = llm.run_llm(["tiny-llama"], ("eager-fp32", "qlower-no-such-preset", "bogus-stack"), (1, 2),
+                                prompt=8, new=4, rounds=2, bandwidth_gbs=10.0, log=lambda m: None)
+    rows = {(r.stack, r.batch): r for r in results}
+    assert len(results) == 6
+    for batch in (1, 2):
+        eager = rows["eager-fp32", batch]
+        assert eager.ok and len(eager.samples) == 2 and all(calls == 4 for _, _, calls in eager.samples)
+        assert eager.prefill_tps > 0 and eager.decode_tps > 0 and eager.decode_vs_eager == 1.0
+        assert eager.same_tokens == 5   # 4 decode steps after the prefill's token
+        assert eager.floor_ms == pytest.approx(llm.floor_ms(llm.weight_params(tiny.lm), 32, 10.0))
+        preset = rows["qlower-no-such-preset", batch]
+        assert not preset.ok and preset.skipped and "not a preset" in preset.error
+        bogus = rows["bogus-stack", batch]
+        assert not bogus.ok and not bogus.skipped and "unknown LLM bench stack" in bogus.error
+    text = llm.table(results, info)
+    assert "| tiny-llama | 2 | eager-fp32 |" in text and "skipped: quantize='no-such-preset'" in text
+    assert "GB/s" in text and "CPU:" in text
+
+
+def test_functional_step_computes_the_stateful_steps_logits(tiny):
+    """The ONNX peers' model (KV cache as inputs/outputs) gives the compiled step's logits."""
+    lm, max_len = tiny.lm, 16
+    ids = tiny.prompt_ids(2, 6)
+    stateful = CompiledLM(lm_step(lm, 2, max_len), 2, max_len, padding=True)
+    want = stateful.generate(ids, max_new_tokens=5)[:, 6:]
+    runner = llm.FunctionalRunner(lambda feed: [t.numpy() for t in step(**{k: torch.from_numpy(v) for k, v in
+                                                                            feed.items()})],
+                                  lm, 2, max_len, lm.config.num_hidden_layers)
+    step_module = llm.FunctionalStep(lm, max_len).eval()
+
+    def step(token_ids, position_ids, cache_position, valid, **kv):
+        with torch.no_grad():
+            return step_module(token_ids, position_ids, cache_position, valid, *kv.values())
+    got, _, _, calls = runner.generate(ids, 5)
+    assert calls == 4 and got.tolist() == want.tolist()
+
+
+def test_floor_and_group_size():
+    # 1e9 4-bit weights in groups of 128 (a 4-byte scale + zero point each) at 10 GB/s
+    assert llm.floor_ms(10**9, 4, 10.0, group=128) == pytest.approx((0.5 + 4 / 128) * 1e9 / 1e10 * 1e3)
+    assert llm.floor_ms(10**9, 32, 10.0) == pytest.approx(400.0)
+    smol_like = torch.nn.Sequential(torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576))
+    assert llm.group_size(smol_like) == 64 and llm.group_size(torch.nn.Linear(1024, 8)) == 128
+    assert llm.copy_bandwidth(mb=8, repeats=2) > 0.1
+
+
+def test_llm_suite_is_registered():
+    suite = suites.get("llm")
+    assert suite.runner is llm.run_suite and suite.stacks == llm.LLM_STACKS
+    assert suite.plan() == [("smollm2-135m", 1), ("smollm2-135m", 4)]
+
+
+@pytest.mark.slow
+def test_onnx_peers_build_and_generate(tiny, tmp_path):
+    results, _ = llm.run_llm(["tiny-llama"], ("eager-fp32", "ort-int4"), (1,), prompt=8, new=4, rounds=1,
+                             bandwidth_gbs=10.0, log=lambda m: None, workdir=str(tmp_path))
+    ort = next(r for r in results if r.stack == "ort-int4")
+    assert ort.ok and ort.decode_tps > 0 and ort.same_tokens is not None
