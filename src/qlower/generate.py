@@ -18,6 +18,7 @@ Accepted models:
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -109,17 +110,18 @@ class CompiledLM:
     """A decoder LM compiled for generation (made by `compile_lm`). `step` is the compiled step
     module (a CompiledModule; an uncompiled step module runs eagerly, the same loop).
 
-    `compiles` counts the programs compiled for it: 1, whatever is generated afterwards."""
+    `compiles` counts the programs compiled for it: 1, whatever is generated afterwards.
+    Threads: one `generate` runs at a time (the calls share the KV cache)."""
 
     def __init__(self, step, batch: int, max_len: int, padding: bool, compiles: int = 0):
         self.step, self.batch, self.max_len, self.padding = step, batch, max_len, padding
         self.compiles = compiles
         self.last_stats: GenerationStats | None = None
+        self._lock = threading.Lock()
 
     def report(self):
         return self.step.report()
 
-    @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, eos_token_id=None, pad_token_id=None,
                  attention_mask=None, seed: int | None = None, generator: torch.Generator | None = None
@@ -133,6 +135,13 @@ class CompiledLM:
         row; a finished row continues with `pad_token_id` (default: the first stop id), and the
         call returns as soon as every row has finished. `attention_mask` [B, S]: 1 = token,
         0 = left padding. Timings of the call: `last_stats`."""
+        with self._lock, torch.no_grad():
+            return self._generate(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id,
+                                  pad_token_id, attention_mask, seed, generator)
+
+    def _generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id,
+                  attention_mask, seed, generator) -> torch.Tensor:
+        """`generate` under its lock, without autograd."""
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None]
