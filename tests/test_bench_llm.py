@@ -43,11 +43,11 @@ def test_functional_step_computes_the_stateful_steps_logits(tiny):
     runner = llm.FunctionalRunner(lambda feed: [t.numpy() for t in step(**{k: torch.from_numpy(v) for k, v in
                                                                             feed.items()})],
                                   lm, 2, max_len, lm.config.num_hidden_layers)
-    step_module = llm.FunctionalStep(lm, max_len).eval()
+    step_module = llm.FunctionalStep(lm).eval()
 
-    def step(token_ids, position_ids, cache_position, valid, **kv):
+    def step(token_ids, position_ids, **kv):
         with torch.no_grad():
-            return step_module(token_ids, position_ids, cache_position, valid, *kv.values())
+            return step_module(token_ids, position_ids, *kv.values())
     got, _, _, calls = runner.generate(ids, 5)
     assert calls == 4 and got.tolist() == want.tolist()
 

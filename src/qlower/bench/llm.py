@@ -173,64 +173,65 @@ class LMRunner(Runner):
 
 
 class FunctionalStep(torch.nn.Module):
-    """The step of `CausalLMStep` with the KV cache as inputs and outputs (ONNX has no state):
-    `forward(token_ids, position_ids, cache_position, valid, *kv) -> (logits [B, vocab], *kv')`,
-    kv = key_0, value_0, key_1, ... each [B, kv_heads, max_len, head_dim]."""
+    """A decode/prefill step with the KV cache as inputs and outputs (ONNX has no state), in the
+    form ONNX Runtime's and OpenVINO's LLM exports take: `forward(token_ids [B, S], position_ids
+    [B, S], *past) -> (logits [B, vocab], *present)` (unpadded rows), past = key_0,
+    value_0, key_1, ... each [B, kv_heads, P, head_dim] (P = 0 for the prefill), present the same
+    with P + S positions (the new entries appended). The output layer is a MatMul with a constant
+    [hidden, vocab] weight (the tied embedding transposed once here), so the peers' weight
+    quantizers see it as a weight."""
 
-    def __init__(self, lm, max_len: int):
+    def __init__(self, lm):
         super().__init__()
-        from transformers.cache_utils import StaticLayer
-        self.lm, self.max_len = lm, max_len
+        from transformers.cache_utils import DynamicLayer
+        self.lm = lm
         self.layers = lm.config.num_hidden_layers
+        self.head_t = torch.nn.Parameter(lm.get_output_embeddings().weight.detach().t().contiguous(),
+                                         requires_grad=False)
 
-        class Layer(StaticLayer):
-            """Writes the new entries out of place at `slots` (set per call)."""
-
+        class Layer(DynamicLayer):
             def update(self, key_states, value_states, *args, **kwargs):
-                self.keys = self.keys.index_copy(2, self.slots, key_states)
-                self.values = self.values.index_copy(2, self.slots, value_states)
+                self.keys = torch.cat([self.keys, key_states], dim=-2)
+                self.values = torch.cat([self.values, value_states], dim=-2)
                 return self.keys, self.values
         self.layer_class = Layer
 
-    def forward(self, token_ids, position_ids, cache_position, valid, *kv):
+    def forward(self, token_ids, position_ids, *past):
         from transformers.cache_utils import Cache
         layers = []
         for i in range(self.layers):
-            layer = self.layer_class(self.max_len)
-            layer.keys, layer.values, layer.slots = kv[2 * i], kv[2 * i + 1], cache_position
-            layer.is_initialized = True
+            layer = self.layer_class()
+            layer.keys, layer.values, layer.is_initialized = past[2 * i], past[2 * i + 1], True
             layers.append(layer)
         cache = Cache(layers=layers)
-        slots = torch.arange(self.max_len)
-        causal = slots[None, :] <= cache_position[:, None]
-        own = slots[None, :] == cache_position[:, None]
-        mask = (causal[None] & valid[:, None, :]) | own[None]
-        out = self.lm(input_ids=token_ids, position_ids=position_ids, attention_mask=mask[:, None],
-                      past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return (out.logits[:, -1], *[t for layer in layers for t in (layer.keys, layer.values)])
+        seen, seq = past[0].shape[2], token_ids.shape[1]
+        slots = torch.arange(seen + seq)
+        positions = torch.arange(seq) + seen
+        mask = (slots[None, :] <= positions[:, None]).expand(token_ids.shape[0], 1, seq, seen + seq)   # causal
+        hidden = self.lm.model(input_ids=token_ids, position_ids=position_ids, attention_mask=mask,
+                               past_key_values=cache, use_cache=True).last_hidden_state
+        return (hidden[:, -1] @ self.head_t, *[t for layer in layers for t in (layer.keys, layer.values)])
 
 
-def kv_shape(lm, batch: int, max_len: int) -> tuple[int, ...]:
+def kv_shape(lm, batch: int, length: int) -> tuple[int, ...]:
     c = lm.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return (batch, c.num_key_value_heads, max_len, head_dim)
+    return (batch, c.num_key_value_heads, length, head_dim)
 
 
 def export_functional(lm, max_len: int, path: Path) -> Path:
-    """The float model as ONNX (torch.onnx, dynamo), batch and sequence dynamic."""
+    """The float model as ONNX (torch.onnx, dynamo), batch, sequence and past length dynamic."""
     if path.exists():
         return path
-    step = FunctionalStep(lm, max_len).eval()
-    batch, seq = 2, 4
-    kv = [torch.zeros(kv_shape(lm, batch, max_len)) for _ in range(2 * step.layers)]
-    valid = torch.zeros(batch, max_len, dtype=torch.bool)
-    valid[:, :seq] = True
-    args = (torch.zeros(batch, seq, dtype=torch.int64), torch.arange(seq).expand(batch, seq).contiguous(),
-            torch.arange(seq), valid, *kv)
+    step = FunctionalStep(lm).eval()
+    batch, seq, seen = 2, 3, 4
+    past = [torch.zeros(kv_shape(lm, batch, seen)) for _ in range(2 * step.layers)]
+    args = (torch.zeros(batch, seq, dtype=torch.int64), torch.arange(seen, seen + seq).expand(batch, seq).contiguous(),
+            *past)
     b, s = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=max_len)
-    dynamic = ({0: b, 1: s}, {0: b, 1: s}, {0: s}, {0: b}, tuple({0: b} for _ in kv))   # *kv: one group
-    names = ["token_ids", "position_ids", "cache_position", "valid"] + [f"{w}_{i}" for i in range(step.layers)
-                                                                       for w in ("key", "value")]
+    p = torch.export.Dim("past", min=1, max=max_len)   # 0 at the prefill: the ONNX graph has no guard
+    dynamic = ({0: b, 1: s}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in past))   # *past: one group
+    names = ["token_ids", "position_ids"] + [f"{w}_{i}" for i in range(step.layers) for w in ("key", "value")]
     with torch.no_grad():
         torch.onnx.export(step, args, str(path), dynamo=True, dynamic_shapes=dynamic, input_names=names,
                           external_data=True, verbose=False)
@@ -238,25 +239,23 @@ def export_functional(lm, max_len: int, path: Path) -> Path:
 
 
 class FunctionalRunner(Runner):
-    """The greedy loop over an engine running `FunctionalStep` (`run(inputs dict) -> [logits, *kv]`)."""
+    """The greedy loop over an engine running `FunctionalStep` (`run(inputs dict) -> [logits, *present]`)."""
 
     def __init__(self, run: Callable, lm, batch: int, max_len: int, layers: int):
         self.run, self.batch, self.max_len, self.layers = run, batch, max_len, layers
-        self.shape = kv_shape(lm, batch, max_len)
+        self.lm = lm
 
-    def _feed(self, ids, positions, slots, valid, kv):
-        feed = {"token_ids": ids, "position_ids": positions, "cache_position": slots, "valid": valid}
+    def _feed(self, ids, positions, kv):
+        feed = {"token_ids": ids, "position_ids": positions}
         feed.update({f"{w}_{i // 2}": kv[i] for i, w in zip(range(2 * self.layers), ("key", "value") * self.layers)})
         return feed
 
     def generate(self, ids, new):
         ids = ids.numpy()
         b, seq = ids.shape
-        kv = [np.zeros(self.shape, dtype=np.float32) for _ in range(2 * self.layers)]
-        valid = np.zeros((b, self.max_len), dtype=bool)
-        valid[:, :seq] = True
+        kv = [np.zeros(kv_shape(self.lm, b, 0), dtype=np.float32) for _ in range(2 * self.layers)]
         start = time.perf_counter()
-        out = self.run(self._feed(ids, np.broadcast_to(np.arange(seq), (b, seq)).copy(), np.arange(seq), valid, kv))
+        out = self.run(self._feed(ids, np.broadcast_to(np.arange(seq), (b, seq)).copy(), kv))
         prefill = time.perf_counter() - start
         logits, kv = out[0], list(out[1:])
         tokens, calls, start = [], 0, time.perf_counter()
@@ -266,9 +265,7 @@ class FunctionalRunner(Runner):
             if i == new - 1:
                 break
             slot = seq + i
-            valid[:, slot] = True
-            out = self.run(self._feed(token[:, None].astype(np.int64), np.full((b, 1), slot, dtype=np.int64),
-                                      np.array([slot], dtype=np.int64), valid, kv))
+            out = self.run(self._feed(token[:, None].astype(np.int64), np.full((b, 1), slot, dtype=np.int64), kv))
             logits, kv = out[0], list(out[1:])
             calls += 1
         return torch.from_numpy(np.stack(tokens, 1)), prefill, time.perf_counter() - start, calls
@@ -326,12 +323,38 @@ def _torchao(model: LLMModel, batch: int, max_len: int, bits: int) -> Runner:
     return LMRunner(CompiledLM(probe, batch, max_len, padding=True))
 
 
+_LLAMA_PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_threads=1, verbose=False)
+llm.eval(list(range(100, 116)))
+"""
+
+
+def llama_cpp_batched_prefill_works(gguf: Path) -> tuple[bool, str]:
+    """Whether llama.cpp evaluates a 16-token batch here, tried in a child process: a build of
+    llama.cpp whose batched CPU kernels fault on this CPU kills its process (a signal, not an
+    exception)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, str(gguf)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode == 0:
+        return True, ""
+    why = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+    return False, (f"llama.cpp's batched prompt evaluation died ({why}) on this CPU: prompt evaluated one token "
+                   "at a time")
+
+
 class LlamaCppRunner(Runner):
     def __init__(self, gguf: Path, max_len: int):
         from llama_cpp import Llama
         threads = torch.get_num_threads()
-        self.llm = Llama(model_path=str(gguf), n_ctx=max_len, n_batch=max_len, n_threads=threads,
-                         n_threads_batch=threads, verbose=False)
+        batched, self.note = llama_cpp_batched_prefill_works(gguf)
+        self.llm = Llama(model_path=str(gguf), n_ctx=max_len, n_batch=max_len, n_ubatch=max_len if batched else 1,
+                         n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def generate(self, ids, new):
         llm = self.llm
@@ -391,6 +414,7 @@ class LLMResult:
     ok: bool = True
     error: str | None = None
     skipped: bool = False                # not run here (a missing peer, no kernel for this CPU, unknown preset)
+    note: str | None = None              # how the stack had to run here (e.g. llama.cpp's prompt token by token)
     prepare_s: float | None = None
     rss_mb: float | None = None          # resident memory added while building the stack
     prefill_tps: float | None = None     # tokens/s, median over rounds (batch x prompt / time)
@@ -447,6 +471,7 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                         runner = build_runner(stack, model, batch, max_len, work)
                         runner.generate(model.prompt_ids(batch, 8), 3)   # warm-up
                         runners[stack] = runner
+                        row.note = getattr(runner, "note", None) or None
                     except Exception as exc:   # a row with the reason, never fatal
                         row.ok, row.error, row.skipped = False, _error(exc), isinstance(exc, Skipped)
                         log(f"  {name} b{batch} {stack}: {row.error}")
@@ -507,7 +532,8 @@ def table(results: list[LLMResult], info: dict) -> str:
                      f" | {f(r.decode_tps, '.1f')} | {f(r.decode_ms, '.1f')} | {f(r.decode_vs_eager, '.2f')}"
                      f" | {f(r.floor_ms, '.1f')} | {f(r.rss_mb, '.0f')} | {f(r.same_tokens, 'd')} "
                      f"| {f(r.prepare_s, '.0f')} |")
-    return "\n".join(lines)
+    notes = [f"- {r.stack} (batch {r.batch}): {r.note}" for r in results if r.note]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def write(results: list[LLMResult], info: dict, out: Path, command: str) -> tuple[Path, Path]:
