@@ -35,7 +35,7 @@ class WeightOnly:
     method: "rtn" (round to nearest), "gptq" (each column's rounding error compensated on the
         columns not yet quantized, from the calibration inputs' second moments: quantize/gptq.py)
         or "awq" (activation-aware per-input-channel scales searched on the calibration inputs
-        and folded into the op before: quantize/awq.py).
+        and folded into the op before: quantize/awq.py), or "awq+gptq" (both, AWQ first).
     embeddings: also quantize embedding tables and the linears that share their weight (a tied
         lm_head); default False: they stay float (a linear with its own weight, e.g. an untied
         output projection, is quantized like every other linear).
@@ -44,7 +44,7 @@ class WeightOnly:
     bits: Literal[4, 8] = 4
     group_size: int | None = 128
     symmetric: bool = False
-    method: Literal["rtn", "gptq", "awq"] = "rtn"
+    method: Literal["rtn", "gptq", "awq", "awq+gptq"] = "rtn"
     embeddings: bool = False
     gptq_damping: float = 0.01
 
@@ -54,8 +54,9 @@ class WeightOnly:
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
             raise QuantizeError(f"group_size must be a positive int or None (per channel), got {self.group_size!r}",
                                 hint="e.g. WeightOnly(bits=4, group_size=128)")
-        if self.method not in ("rtn", "gptq", "awq"):
-            raise QuantizeError(f"unknown weight-only method {self.method!r}", hint="use 'rtn', 'gptq' or 'awq'")
+        if self.method not in ("rtn", "gptq", "awq", "awq+gptq"):
+            raise QuantizeError(f"unknown weight-only method {self.method!r}",
+                                hint="use 'rtn', 'gptq', 'awq' or 'awq+gptq'")
         if not 0.0 < self.gptq_damping < 1.0:
             raise QuantizeError(f"gptq_damping must be in (0, 1), got {self.gptq_damping}")
 

@@ -16,11 +16,11 @@ import torch
 
 from .. import numerics
 
-BLOCK = 128   # columns updated together (the lazy batch update of the paper)
+BLOCK = 32    # columns updated together (the lazy batch update of the paper)
 
 
 def damped_inverse_factor(h: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(upper Cholesky factor of H^-1, dead columns): H in float64 with `damping` times the mean
+    """(upper Cholesky factor of H^-1, dead columns): computed in float64 from H with `damping` times the mean
     diagonal added; an input feature never nonzero in calibration ("dead") gets H[i, i] = 1."""
     h = h.to(torch.float64).clone()
     dead = torch.diag(h) == 0
@@ -33,10 +33,12 @@ def damped_inverse_factor(h: torch.Tensor, damping: float) -> tuple[torch.Tensor
 
 def gptq(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, symmetric: bool,
          damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes uint8 [N, K], scale fp32 [N, G], zero point uint8 [N, G]) of weight w [N, K]."""
+    """(codes uint8 [N, K], scale fp32 [N, G], zero point uint8 [N, G]) of weight w [N, K]; the
+    updates in float32."""
     n, k = w.shape
     hinv, dead = damped_inverse_factor(h, damping)
-    work = w.detach().to(torch.float64).clone()
+    hinv = hinv.to(torch.float32)
+    work = w.detach().to(torch.float32).clone()
     work[:, dead] = 0.0
     groups = numerics.weight_groups(k, group_size)
     scale = torch.empty(n, groups, dtype=torch.float32)
@@ -53,12 +55,12 @@ def gptq(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, symmetric
             g = col // group_size
             if col % group_size == 0:
                 ahead = torch.cat([block[:, i:], work[:, end:]], dim=1)[:, :group_size]
-                s, z = numerics.weight_only_qparams(ahead.to(torch.float32), bits, group_size, symmetric)
+                s, z = numerics.weight_only_qparams(ahead, bits, group_size, symmetric)
                 scale[:, g], zp[:, g] = s[:, 0], z[:, 0]
-            column = block[:, i].to(torch.float32)
+            column = block[:, i]
             q = numerics.quantize(column, scale[:, g], zp[:, g].to(torch.int32), 0, qmax, torch.uint8, axis=0)
             codes[:, col] = q
-            dq = numerics.dequantize(q, scale[:, g], zp[:, g].to(torch.int32), axis=0).to(torch.float64)
+            dq = numerics.dequantize(q, scale[:, g], zp[:, g].to(torch.int32), axis=0)
             err = (block[:, i] - dq) / hblock[i, i]
             block[:, i:] -= err[:, None] * hblock[i, i:][None, :]
             errors[:, i] = err

@@ -1,8 +1,9 @@
 """Weight-only quantization of a captured float graph (QuantConfig.weight_only): the linears'
 weights become b-bit codes in groups (passes/weight_only_linear.py), the activations stay float.
 
-Order: AWQ scaling (method "awq", folded into the float constants), then the codes: GPTQ's
-(method "gptq", from the calibration inputs' Hessians) or round to nearest. No observers, no
+Order: AWQ scaling (method "awq" or "awq+gptq", folded into the float constants), then the
+codes: GPTQ's (method "gptq" or "awq+gptq", from the calibration inputs' Hessians) or round
+to nearest. No observers, no
 Q/DQ nodes: the program holds `qlower.linear_weight_only` ops, which every backend lowers to
 its weight-only kernel (docs/llm.md).
 """
@@ -55,11 +56,11 @@ def rewrite_weight_only(gm: GraphModule, calibration, config: QuantConfig) -> Pa
     scheme: WeightOnly = config.weight_only
     ctx = PassContext()
     targets = weight_targets(gm, scheme.embeddings, config.keep_float)
-    if scheme.method == "awq" and len(calibration):
+    if scheme.method in ("awq", "awq+gptq") and len(calibration):
         results = scale_activations(gm, calibration, scheme, set(targets))
         ctx.rewrites["AWQ: activation scales folded"] += sum(r.alpha > 0 for r in results)
     codes = {}
-    if scheme.method == "gptq" and len(calibration):
+    if scheme.method in ("gptq", "awq+gptq") and len(calibration):
         linears = [n for nodes in targets.values() for n in nodes if n.target is aten.linear.default]
         h = hessians(gm, linears, calibration)
         for target, nodes in targets.items():
