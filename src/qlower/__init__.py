@@ -23,12 +23,13 @@ from .capture import capture, load_pt2, save_pt2  # noqa: E402
 from .errors import (ArtifactError, BackendError, CaptureError, InputError, NumericsError,  # noqa: E402
                      PassError, QlowerError, QuantizeError)
 from .meta import QPARAMS_KEY, QParams  # noqa: E402
-from .quantize import AccuracyTarget, QuantConfig, SmoothQuant  # noqa: E402
+from .quantize import AccuracyTarget, QuantConfig, SmoothQuant, WeightOnly  # noqa: E402
 from .runtime import CompiledModule, load  # noqa: E402
 from .report.verify import verify  # noqa: E402  (float vs quantized report: `qlower verify`)
 
 __all__ = ["__version__", "blockops", "compile", "quantize", "export", "compile_lm", "CompiledLM",
            "load", "capture", "load_pt2", "save_pt2",
-           "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "verify", "QParams", "QPARAMS_KEY",
+           "CompiledModule", "QuantConfig", "AccuracyTarget", "SmoothQuant", "WeightOnly", "verify", "QParams",
+           "QPARAMS_KEY",
            "QlowerError", "CaptureError",
            "InputError", "QuantizeError", "NumericsError", "PassError", "BackendError", "ArtifactError"]
