@@ -73,3 +73,26 @@ def test_onnx_peers_build_and_generate(tiny, tmp_path):
                              bandwidth_gbs=10.0, log=lambda m: None, workdir=str(tmp_path))
     ort = next(r for r in results if r.stack == "ort-int4")
     assert ort.ok and ort.decode_tps > 0 and ort.same_tokens is not None
+
+
+@pytest.mark.slow
+def test_gguf_file_gives_llama_cpp_the_models_logits(tmp_path):
+    """write_gguf: llama.cpp (F32 weights) computes transformers' logits. q/k are scaled up so
+    attention is sharp: without the rotary row reordering the logits move by ~0.5 of 0.73."""
+    pytest.importorskip("llama_cpp")
+    from qlower.zoo import smollm2
+    if not smollm2.available():
+        pytest.skip(smollm2.INSTALL_HINT)
+    model = llm.build_model("tiny-llama")
+    with torch.no_grad():
+        for layer in model.lm.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+            layer.self_attn.k_proj.weight.mul_(30)
+    path = llm.write_gguf(model.lm, tmp_path / "tiny.gguf", smollm2.gguf_path(), qtype="F32")
+    ids = model.prompt_ids(1, 12)
+    with torch.no_grad():
+        want = model.lm(ids).logits[0, -1].numpy()
+    runner = llm.LlamaCppRunner(path, 64)
+    runner.llm.eval(ids[0].tolist())
+    got = runner._last_logits()
+    assert abs(got - want).max() < 5e-3 * abs(want).max() and got.argmax() == want.argmax()

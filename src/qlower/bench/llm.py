@@ -83,19 +83,20 @@ class LLMModel:
 
 def build_model(name: str) -> LLMModel:
     """smollm2-135m: the real SmolLM2-135M-Instruct (zoo/smollm2.py); llama-random-0.5b: a
-    LLaMA-architecture config of 0.55 B parameters with seeded random weights (decode past the
-    caches); tiny-llama: two layers, for the tests."""
+    LLaMA-architecture config of 0.58 B parameters with seeded random weights (decode past the
+    caches); tiny-llama: two layers, for the tests. The random ones take SmolLM2's vocabulary
+    size, so their GGUF files (`write_gguf`) carry SmolLM2's tokenizer."""
     from ..zoo import smollm2
     if name == "smollm2-135m":
         lm = smollm2.load_lm()
         return LLMModel(name, lm, smollm2.gguf_path(), _text_prompts(lm.config.vocab_size), _calibration(49152))
     from transformers import LlamaConfig, LlamaForCausalLM
     if name == "llama-random-0.5b":
-        config = LlamaConfig(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=20,
+        config = LlamaConfig(vocab_size=49152, hidden_size=1536, intermediate_size=4096, num_hidden_layers=20,
                              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
                              tie_word_embeddings=True)
     elif name == "tiny-llama":
-        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                              tie_word_embeddings=True)
     else:
@@ -126,8 +127,81 @@ def weight_params(lm: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in lm.modules() if isinstance(m, torch.nn.Linear))
 
 
+def write_gguf(lm, path: Path, vocab_from: Path, qtype: str = "Q4_0") -> Path:
+    """A LLaMA-architecture transformers model as a GGUF file llama.cpp runs, written with the
+    `gguf` package: the config as llama.* metadata, the tokenizer copied from `vocab_from` (a GGUF
+    of the same vocabulary: SmolLM2's, 49152 tokens), 2-D weights as `qtype` (Q4_0, Q8_0, F32),
+    norms as F32. q/k rows are reordered from transformers' half-split rotary layout to the
+    adjacent pairs llama.cpp's LLaMA rotary uses."""
+    import gguf
+    if path.exists():
+        return path
+    c = lm.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    reader = gguf.GGUFReader(str(vocab_from))
+
+    def field(key):
+        f = reader.fields[key]
+        return [f.parts[i] for i in f.data]
+    tokens = [bytes(p) for p in field("tokenizer.ggml.tokens")]
+    if len(tokens) != c.vocab_size:
+        raise ValueError(f"{vocab_from.name} has {len(tokens)} tokens, the model {c.vocab_size}")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(theta))
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_tokenizer_model(bytes(field("tokenizer.ggml.model")[0]).decode())
+    writer.add_tokenizer_pre(bytes(field("tokenizer.ggml.pre")[0]).decode())
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(p[0]) for p in field("tokenizer.ggml.token_type")])
+    writer.add_token_merges([bytes(p) for p in field("tokenizer.ggml.merges")])
+    writer.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id")[0][0]))
+    writer.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")[0][0]))
+    quant = gguf.GGMLQuantizationType[qtype]
+
+    def pairs(w: np.ndarray, n: int) -> np.ndarray:   # half-split rotary rows -> adjacent pairs
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    def add(name: str, t: torch.Tensor, q=None):
+        data = t.detach().float().numpy()
+        if q is None or q == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, np.ascontiguousarray(data))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, q), raw_shape=data.shape, raw_dtype=q)
+    model = lm.model
+    add("token_embd.weight", model.embed_tokens.weight, quant)
+    for i, layer in enumerate(model.layers):
+        a, m = layer.self_attn, layer.mlp
+        add(f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight)
+        add(f"blk.{i}.attn_q.weight", torch.from_numpy(pairs(a.q_proj.weight.detach().numpy(), heads)), quant)
+        add(f"blk.{i}.attn_k.weight", torch.from_numpy(pairs(a.k_proj.weight.detach().numpy(), kv_heads)), quant)
+        add(f"blk.{i}.attn_v.weight", a.v_proj.weight, quant)
+        add(f"blk.{i}.attn_output.weight", a.o_proj.weight, quant)
+        add(f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight)
+        add(f"blk.{i}.ffn_gate.weight", m.gate_proj.weight, quant)
+        add(f"blk.{i}.ffn_up.weight", m.up_proj.weight, quant)
+        add(f"blk.{i}.ffn_down.weight", m.down_proj.weight, quant)
+    add("output_norm.weight", model.norm.weight)
+    if not c.tie_word_embeddings:
+        add("output.weight", lm.lm_head.weight, quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 # ------------------------------------------------------------------------------ bandwidth
-def copy_bandwidth(mb: int = 512, repeats: int = 5) -> float:
+def copy_bandwidth(mb: int = 512, repeats: int = 8) -> float:
     """GB/s of one thread copying a `mb` MB float32 array with numpy (bytes read + written),
     the best of `repeats`: the rate at which this machine streams memory, far beyond its caches."""
     src = np.ones(mb * 2**20 // 4, dtype=np.float32)
@@ -356,6 +430,11 @@ class LlamaCppRunner(Runner):
         self.llm = Llama(model_path=str(gguf), n_ctx=max_len, n_batch=max_len, n_ubatch=max_len if batched else 1,
                          n_threads=threads, n_threads_batch=threads, verbose=False)
 
+    def _last_logits(self) -> np.ndarray:
+        """The last evaluated token's logits (`Llama.eval` keeps them only with logits_all)."""
+        import llama_cpp
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.llm.n_vocab(),))
+
     def generate(self, ids, new):
         llm = self.llm
         llm.reset()
@@ -364,7 +443,7 @@ class LlamaCppRunner(Runner):
         prefill = time.perf_counter() - start
         tokens, calls, start = [], 0, time.perf_counter()
         for i in range(new):
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(self._last_logits()))
             tokens.append(token)
             if i == new - 1:
                 break
@@ -389,10 +468,11 @@ def build_runner(stack: str, model: LLMModel, batch: int, max_len: int, workdir:
     if stack == "llama.cpp":
         if not installed("llama_cpp"):
             raise Skipped("llama_cpp not installed: pip install llama-cpp-python (built from its source distribution)")
-        if model.gguf is None:
-            raise Skipped(f"no GGUF file for {model.name}")
         if batch != 1:
             raise Skipped("llama-cpp-python's Llama decodes one sequence at a time")
+        if model.gguf is None:   # a random-weight config: its GGUF (Q4_0) written here
+            from ..zoo.smollm2 import gguf_path
+            model.gguf = write_gguf(model.lm, workdir / f"{model.name}-Q4_0.gguf", gguf_path())
         return LlamaCppRunner(model.gguf, max_len)
     if stack.startswith("qlower-"):
         preset = stack.removeprefix("qlower-")
@@ -451,12 +531,15 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
     bandwidth = bandwidth_gbs if bandwidth_gbs is not None else copy_bandwidth()
     log(f"memory bandwidth (numpy copy, one thread): {bandwidth:.1f} GB/s")
     results: list[LLMResult] = []
+    params_of: dict[str, int] = {}
+    groups: dict[str, int] = {}
     max_len = prompt + new + 1
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
         for name in models:
             model = build_model(name)
-            params = weight_params(model.lm)
+            params = params_of[name] = weight_params(model.lm)
+            groups[name] = group_size(model.lm)
             for batch in batches:
                 ids = model.prompt_ids(batch, prompt)
                 runners: dict[str, Runner] = {}
@@ -491,6 +574,14 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                 _summarize(rows, tokens, batch, prompt)
                 results += list(rows.values())
                 del runners
+    if bandwidth_gbs is None:   # again at the end: the best of both (a busy machine copies slower)
+        at_end = copy_bandwidth()
+        log(f"memory bandwidth at the end: {at_end:.1f} GB/s")
+        if at_end > bandwidth:
+            bandwidth = at_end
+            for row in results:
+                if row.stack in BITS:
+                    row.floor_ms = floor_ms(params_of[row.model], BITS[row.stack], bandwidth, groups[row.model])
     info = machine_info()
     info.update(bandwidth_gbs=bandwidth, prompt=prompt, new=new, rounds=rounds)
     return results, info
