@@ -574,6 +574,7 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                 _summarize(rows, tokens, batch, prompt)
                 results += list(rows.values())
                 del runners
+                gc.collect()   # this batch's stacks freed before the next batch's memory is measured
     if bandwidth_gbs is None:   # again at the end: the best of both (a busy machine copies slower)
         at_end = copy_bandwidth()
         log(f"memory bandwidth at the end: {at_end:.1f} GB/s")
@@ -639,8 +640,8 @@ def write(results: list[LLMResult], info: dict, out: Path, command: str) -> tupl
 def run_suite(models=None, stacks=None, batches=None, rounds=None, out: Path = Path("bench-out"),
               log: Callable[[str], None] = print, command: str = "qlower bench --suite llm") -> list[LLMResult]:
     """What `qlower bench --suite llm` runs (SmolLM2-135M at batch 1 and 4, every stack: about
-    15-25 minutes on a 2-core VM, most of it compiling qlower's presets and exporting the ONNX
-    model)."""
+    45 minutes on a busy 2-core VM, half of it compiling qlower's presets and exporting the ONNX
+    model; docs/llm.md)."""
     results, info = run_llm(models or LLM_MODELS, stacks or LLM_STACKS, batches or (1, 4), rounds=rounds or 3,
                             log=log)
     md, js = write(results, info, out, command)
