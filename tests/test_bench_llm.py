@@ -96,3 +96,15 @@ def test_gguf_file_gives_llama_cpp_the_models_logits(tmp_path):
     runner.llm.eval(ids[0].tolist())
     got = runner._last_logits()
     assert abs(got - want).max() < 5e-3 * abs(want).max() and got.argmax() == want.argmax()
+
+
+@pytest.mark.slow   # 128 + 128 tokens and two 512 MB bandwidth copies: ~40 s on a busy 2-core VM
+def test_cli_runs_the_llm_suite(tmp_path):
+    from typer.testing import CliRunner
+    from qlower.cli import app
+    result = CliRunner().invoke(app, ["bench", "--suite", "llm", "--models", "tiny-llama", "--stacks",
+                                      "eager-fp32,qlower-no-such-preset", "--batch", "1", "--rounds", "1",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "llm.md").read_text()
+    assert "| tiny-llama | 1 | eager-fp32 |" in text and "qlower-no-such-preset | skipped" in text
