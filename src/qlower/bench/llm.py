@@ -409,12 +409,10 @@ def llama_cpp_batched_prefill_works(gguf: Path) -> tuple[bool, str]:
     """Whether llama.cpp evaluates a 16-token batch here, tried in a child process: a build of
     llama.cpp whose batched CPU kernels fault on this CPU kills its process (a signal, not an
     exception)."""
-    import os
     import subprocess
     import sys
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, str(gguf)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    code = f"import sys\nsys.path[:0] = {[p for p in sys.path if p]!r}\n" + _LLAMA_PROBE   # this process's imports
+    done = subprocess.run([sys.executable, "-c", code, str(gguf)], capture_output=True, text=True, timeout=300)
     if done.returncode == 0:
         return True, ""
     why = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
