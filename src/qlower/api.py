@@ -221,7 +221,7 @@ def _config_for_backend(quantize: QuantConfig | str | None, backend) -> tuple[Qu
     them), with a note for the report; an explicit QuantConfig is passed as preset=False."""
     config = QuantConfig.from_name(quantize) if isinstance(quantize, str) else (quantize or QuantConfig())
     adapt = getattr(backend, "quant_config", None)
-    if adapt is None:
+    if adapt is None or config.weight_only is not None:   # backends adapt activation and int8 weight schemes
         return config, None
     return adapt(config, preset=not isinstance(quantize, QuantConfig))
 

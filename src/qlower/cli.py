@@ -68,7 +68,8 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
           batch: Optional[str] = typer.Option(None, help="comma-separated batch sizes, e.g. 1,8 "
                                               "(default: the suite's)"),
           suite: str = typer.Option("default", help="default: small zoo models, batch 1 | quick: smoke run | "
-                                    "real: MiniLM/BERT-base/ResNet-50/SmolLM2 sizes at batch 1 and 8"),
+                                    "real: MiniLM/BERT-base/ResNet-50/SmolLM2 sizes at batch 1 and 8 | "
+                                    "llm: SmolLM2-135M generation against llama.cpp, ORT, OpenVINO, torchao"),
           quick: bool = typer.Option(False, help="same as --suite quick (2 models, fast stacks, 2 rounds, < 3 min)"),
           rounds: Optional[int] = typer.Option(None, help="interleaved timing rounds (default: the suite's)"),
           out: Path = typer.Option(Path("bench-out"), help="where bench.json / bench.md / bench.png / bench.log go"),
@@ -85,6 +86,11 @@ def bench(models: Optional[str] = typer.Option(None, help="comma-separated zoo m
     try:
         chosen = suites.get("quick" if quick else suite)
         batches = tuple(int(b) for b in batch.split(",")) if batch else None
+        if chosen.runner is not None:   # a suite with its own run (llm)
+            split = lambda text: [t.strip() for t in text.split(",") if t.strip()] if text else None
+            chosen.runner(models=split(models), stacks=split(stacks), batches=batches, rounds=rounds, out=out,
+                          log=lambda m: err.print(m, markup=False), command="qlower bench " + " ".join(sys.argv[2:]))
+            return
         if models:
             names = [m.strip() for m in models.split(",") if m.strip()]
             for name in names:

@@ -37,6 +37,17 @@ Contract (all tensors on CPU):
 - table lookup (a float pointwise region between an 8-bit dequantize and an 8-bit quantize, e.g.
   DQ -> GELU -> Q): y = T[q - dtype_min(q)] with T = Q(f(DQ(c))) evaluated once per code c at
   compile time: exact integer data movement on every backend (tabulate_pointwise).
+- weight-only linear (W4A16 / W8A16: float activations, b-bit weight codes in groups of g
+  consecutive input features of one output row; per output channel: g = in_features; a last,
+  shorter group where g does not divide it):
+  asymmetric: lo = min(min w, 0), hi = max(max w, 0) over the group, s = max(fp32(hi - lo) /
+  (2^b - 1), FP32_EPS), zp = clamp(RNE(-lo / s), 0, 2^b - 1) (torchao's choose_qparams_affine,
+  ASYMMETRIC, integer zero point, preserve_zero); symmetric: s = max(fp32(max |w|) /
+  (2^(b-1) - 1), FP32_EPS), zp = 2^(b-1) (codes [1, 2^b - 1], the group's maximum magnitude
+  lands on a code); codes u = clamp(RNE(w / s) + zp, 0, 2^b - 1) (quantize above), stored
+  unsigned (uint8, one code each); w_fp = fp32(int32(u) - zp) * s (dequantize: exact but for
+  one rounding); y = fp32 matmul(x, w_fp^T) (+ b) — the engine's fp32 sum order, so an engine
+  agrees with the reference within the reordered-sum bound `reordered_sum_bound`.
 """
 from __future__ import annotations
 
@@ -68,7 +79,10 @@ def dtype_range(dtype: torch.dtype) -> tuple[int, int]:
 
 
 def _per_axis(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:
-    """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like`."""
+    """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like` (a
+    parameter of `like`'s own shape, one per element, is used as it is)."""
+    if t.dim() > 1 and t.shape == like.shape:
+        return t
     if axis is None or t.numel() == 1:
         return t.reshape(())
     shape = [1] * like.dim()
@@ -403,3 +417,100 @@ def max_centered(dtype: torch.dtype, zp: int) -> int:
     """max |q - zp| over the codes of `dtype`."""
     lo, hi = dtype_range(dtype)
     return max(abs(lo - zp), abs(hi - zp))
+
+
+# ---------------------------------------------------------------- weight-only (W4A16, W8A16)
+WEIGHT_ONLY_BITS = (4, 8)
+FP32_EPS = float(torch.finfo(torch.float32).eps)   # the smallest weight-only group scale
+
+
+def weight_only_qmax(bits: int) -> int:
+    """The largest code of b-bit unsigned weight codes: 2^b - 1."""
+    if bits not in WEIGHT_ONLY_BITS:
+        raise NumericsError(f"weight-only quantization takes 4 or 8 bits, got {bits}")
+    return (1 << bits) - 1
+
+
+def weight_groups(k: int, group_size: int) -> int:
+    """Groups of one row of k input features: ceil(k / group_size)."""
+    if group_size < 1:
+        raise NumericsError(f"a weight group holds at least one value, got group_size={group_size}")
+    return -(-k // group_size)
+
+
+def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N, K] -> [N, G, group_size], the last group padded with zeros (a zero changes neither a
+    range that holds 0 nor a maximum magnitude)."""
+    n, k = w.shape
+    g = weight_groups(k, group_size)
+    if g * group_size != k:
+        w = torch.nn.functional.pad(w, (0, g * group_size - k))
+    return w.reshape(n, g, group_size)
+
+
+def _expand_groups(p: torch.Tensor, k: int, group_size: int) -> torch.Tensor:
+    """[N, G] group parameters repeated over each group's input features: [N, K]."""
+    return p.repeat_interleave(group_size, dim=1)[:, :k]
+
+
+def weight_only_qparams(w: torch.Tensor, bits: int, group_size: int,
+                        symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale fp32 [N, G], zero point uint8 [N, G]) of a float weight [N, K] (module docstring)."""
+    qmax = weight_only_qmax(bits)
+    groups = _grouped(w.detach().to(torch.float32), group_size)
+    eps = torch.tensor(FP32_EPS, dtype=torch.float32)
+    if symmetric:
+        half = 1 << (bits - 1)
+        amax = groups.abs().amax(-1)
+        scale = torch.maximum(amax / torch.tensor(float(half - 1), dtype=torch.float32), eps)
+        return scale, torch.full_like(scale, half, dtype=torch.uint8)
+    zero = torch.zeros((), dtype=torch.float32)
+    lo = torch.minimum(groups.amin(-1), zero)
+    hi = torch.maximum(groups.amax(-1), zero)
+    scale = torch.maximum((hi - lo) / torch.tensor(float(qmax), dtype=torch.float32), eps)
+    zp = torch.clamp(torch.round(-lo / scale), 0, qmax)
+    return scale, zp.to(torch.uint8)
+
+
+def quantize_weight_groups(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,
+                           group_size: int) -> torch.Tensor:
+    """Codes uint8 [N, K] = clamp(RNE(w / s) + zp, 0, 2^b - 1) with each group's (s, zp)."""
+    k = w.shape[1]
+    return quantize(w, _expand_groups(scale, k, group_size), _expand_groups(zero_point.to(torch.int32), k, group_size),
+                    0, weight_only_qmax(bits), torch.uint8)
+
+
+def dequantize_weight_groups(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                             group_size: int) -> torch.Tensor:
+    """w_fp = fp32(int32(u) - zp) * s, fp32 [N, K]."""
+    k = codes.shape[1]
+    return dequantize(codes, _expand_groups(scale.to(torch.float32), k, group_size),
+                      _expand_groups(zero_point.to(torch.int32), k, group_size))
+
+
+def linear_weight_only(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                       bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """y = fp32 x @ w_fp^T (+ b): the weights dequantized, the matmul in fp32."""
+    w = dequantize_weight_groups(codes, scale, zero_point, group_size)
+    return torch.nn.functional.linear(x.to(torch.float32), w, None if bias is None else bias.to(torch.float32))
+
+
+def embedding_weight_only(ids: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                          group_size: int) -> torch.Tensor:
+    """Rows `ids` of a weight-only quantized table, dequantized: fp32 [..., K] (exact data
+    movement and one rounding per value, on every engine)."""
+    return dequantize_weight_groups(codes, scale, zero_point, group_size)[ids]
+
+
+def reordered_sum_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest |engine - reference| of fp32 x @ w^T when both sum the same fp32 products in
+    different orders: each lies within gamma_K * (|x| @ |w|^T) of the exact sum (gamma_K =
+    K*u / (1 - K*u), u = 2^-24; Higham, Accuracy and Stability, 3.1), so they differ by at most
+    twice that (computed in float64; a product's own rounding and the bias's addition are covered
+    by counting K + 1 operations over |x| @ |w|^T + |b|)."""
+    k = w.shape[-1]
+    u = 2.0 ** -24
+    gamma = (k + 1) * u / (1 - (k + 1) * u)
+    magnitude = torch.nn.functional.linear(x.to(torch.float64).abs(), w.to(torch.float64).abs(),
+                                           None if bias is None else bias.to(torch.float64).abs())
+    return 2 * gamma * magnitude

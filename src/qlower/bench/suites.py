@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .llm import LLM_MODELS, LLM_STACKS, run_suite as run_llm_suite
 from .stacks import DEFAULT_STACKS, QUICK_STACKS
 from .. import zoo
 from ..errors import QlowerError
@@ -27,6 +28,7 @@ class Suite:
     block_ms: float = 40.0          # ... and about this long
     calibration_batches: int = 8
     canonical_inputs: int = 8       # inputs compared with the reference backend (qlower stacks)
+    runner: Callable | None = None  # a suite with its own run (bench/llm.py): called instead of the harness
 
     def models(self) -> list[str]:
         return list(dict.fromkeys(name for name, _ in self.plan()))
@@ -54,6 +56,9 @@ SUITES: dict[str, Suite] = {
                           "decode step, batch 1 and 8, against every engine's own int8 pipeline",
                   _real_plan, REAL_STACKS, rounds=5, block=1, warmup=2, block_ms=200.0, calibration_batches=4,
                   canonical_inputs=2),
+    "llm": Suite("llm", "greedy generation of SmolLM2-135M (prompt 128, 128 decode steps, batch 1 and 4) on qlower's "
+                        "presets, llama.cpp, ONNX Runtime int4, OpenVINO + NNCF int4, torchao (bench/llm.py)",
+                 lambda: [(m, b) for m in LLM_MODELS for b in (1, 4)], LLM_STACKS, rounds=3, runner=run_llm_suite),
 }
 
 

@@ -1,2 +1,2 @@
 """torch.library ops in namespace `qlower`. Importing this package registers them."""
-from . import integer  # noqa: F401  (registration side effect)
+from . import integer, weight_only  # noqa: F401  (registration side effect)

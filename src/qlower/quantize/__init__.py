@@ -14,24 +14,27 @@ from ..shapes import dynamic_spec, user_input_values
 from .attention import decompose_attention, decompose_attention_in_module, writes_state
 from .calibrate import Calibration, calibrate, fit_batches, user_input_specs
 from . import mixed_precision
-from .config import AccuracyTarget, QuantConfig, SmoothQuant
+from .config import AccuracyTarget, QuantConfig, SmoothQuant, WeightOnly
 from .quantizer import QlowerQuantizer
 from .biascorrect import correct
 from .per_token import insert_run_time_qdq
 from .smoothquant import smooth
+from .weight_only import rewrite_weight_only
 
-__all__ = ["AccuracyTarget", "Calibration", "QuantConfig", "SmoothQuant", "rewrite_float", "QlowerQuantizer",
-           "quantize", "is_quantized", "calibrate"]
+__all__ = ["AccuracyTarget", "Calibration", "QuantConfig", "SmoothQuant", "WeightOnly", "rewrite_float",
+           "QlowerQuantizer", "quantize", "is_quantized", "calibrate"]
 
 _QDQ_NAMESPACES = ("quantized_decomposed",)
+_WEIGHT_ONLY_OPS = (torch.ops.qlower.linear_weight_only.default, torch.ops.qlower.embedding_weight_only.default)
 # graph_module.meta key of a quantized program: the mixed-precision PrecisionChoice, if any
 PRECISION_CHOICE_KEY = "qlower_precision_choice"
 
 
 def is_quantized(program) -> bool:
-    """True when the graph already holds Q/DQ nodes (an already-quantized program)."""
+    """True when the graph already holds Q/DQ nodes or weight-only ops (an already-quantized program)."""
     gm = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
-    return any(n.op == "call_function" and getattr(n.target, "namespace", None) in _QDQ_NAMESPACES
+    return any(n.op == "call_function" and (getattr(n.target, "namespace", None) in _QDQ_NAMESPACES
+                                            or n.target in _WEIGHT_ONLY_OPS)
                for n in gm.graph.nodes)
 
 
@@ -82,6 +85,8 @@ def _fitted(model, example_inputs, calibration, dynamic_shapes) -> list:
 
 def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dynamic_shapes,
                    adjust_observers) -> torch.export.ExportedProgram:
+    if config.weight_only is not None:
+        return _quantize_weight_only(model, example_inputs, calibration, config, dynamic_shapes)
     ep = capture(model, example_inputs, dynamic_shapes)
     if config.quantize_attention:
         ep = decompose_attention(ep)
@@ -102,6 +107,19 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
         insert_run_time_qdq(converted, config.activations)
     # Re-export so callers get a self-contained program with shape metadata on every node.
     return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
+
+
+def _quantize_weight_only(model, example_inputs, calibration, config: QuantConfig,
+                          dynamic_shapes) -> torch.export.ExportedProgram:
+    """Weight-only (quantize/weight_only.py): no observers, no Q/DQ; the linears become
+    `qlower.linear_weight_only` ops on the captured float graph, which is exported again."""
+    ep = capture(model, example_inputs, dynamic_shapes)
+    gm = ep.module()
+    _drop_eval_dropouts(gm)
+    state_names = [name for name, _ in gm.named_buffers()]
+    with _state_restored(gm, state_names):   # AWQ / GPTQ statistics run the model: caches untouched
+        rewrite_weight_only(gm, calibration, config)
+    return torch.export.export(gm, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
 
 
 def _drop_eval_dropouts(gm: torch.fx.GraphModule) -> None:

@@ -23,6 +23,49 @@ class SmoothQuant:
             raise QuantizeError(f"SmoothQuant rows must be >= 1, got {self.rows}")
 
 
+@dataclass(frozen=True)
+class WeightOnly:
+    """Weight-only quantization (float activations; numerics.py, "weight-only linear").
+
+    bits: 4 (W4A16) or 8 (W8A16).
+    group_size: input features sharing one scale and zero point (32, 64, 128, ...); None: one
+        group per output channel (the whole row).
+    symmetric: zero point 2^(bits-1) and scale max|w| / (2^(bits-1) - 1); else asymmetric
+        (the group's range, holding 0, over 2^bits - 1 codes, an integer zero point).
+    method: "rtn" (round to nearest), "gptq" (each column's rounding error compensated on the
+        columns not yet quantized, from the calibration inputs' second moments: quantize/gptq.py)
+        or "awq" (activation-aware per-input-channel scales searched on the calibration inputs
+        and folded into the op before: quantize/awq.py), or "awq+gptq" (both, AWQ first).
+    embeddings: also quantize embedding tables and the linears that share their weight (a tied
+        lm_head); default False: they stay float (a linear with its own weight, e.g. an untied
+        output projection, is quantized like every other linear).
+    gptq_damping: GPTQ's diagonal damping, a fraction of the mean of the Hessian's diagonal.
+    """
+    bits: Literal[4, 8] = 4
+    group_size: int | None = 128
+    symmetric: bool = False
+    method: Literal["rtn", "gptq", "awq", "awq+gptq"] = "rtn"
+    embeddings: bool = False
+    gptq_damping: float = 0.01
+
+    def __post_init__(self):
+        if self.bits not in (4, 8):
+            raise QuantizeError(f"weight-only bits must be 4 or 8, got {self.bits!r}")
+        if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
+            raise QuantizeError(f"group_size must be a positive int or None (per channel), got {self.group_size!r}",
+                                hint="e.g. WeightOnly(bits=4, group_size=128)")
+        if self.method not in ("rtn", "gptq", "awq", "awq+gptq"):
+            raise QuantizeError(f"unknown weight-only method {self.method!r}",
+                                hint="use 'rtn', 'gptq', 'awq' or 'awq+gptq'")
+        if not 0.0 < self.gptq_damping < 1.0:
+            raise QuantizeError(f"gptq_damping must be in (0, 1), got {self.gptq_damping}")
+
+    def describe(self) -> str:
+        groups = "per output channel" if self.group_size is None else f"groups of {self.group_size}"
+        return (f"{self.bits}-bit weights ({groups}, {'symmetric' if self.symmetric else 'asymmetric'}, "
+                f"{self.method}{', embeddings too' if self.embeddings else ''}), float activations")
+
+
 Observer = Literal["minmax", "histogram", "percentile", "mse"]
 
 
@@ -130,8 +173,16 @@ class QuantConfig:
     # Mixed precision: keep the most sensitive layers float until this accuracy holds
     # (AccuracyTarget, or a number: an SQNR target in dB). None: every supported layer is int8.
     target: AccuracyTarget | None = None
+    # Weight-only quantization (WeightOnly): linear weights only, activations stay float; the
+    # activation fields above do not apply. None: the int8 scheme above.
+    weight_only: WeightOnly | None = None
 
     def __post_init__(self):
+        if self.weight_only is not None and not isinstance(self.weight_only, WeightOnly):
+            raise QuantizeError(f"weight_only must be a WeightOnly, got {self.weight_only!r}",
+                                hint="e.g. QuantConfig(weight_only=WeightOnly(bits=4, group_size=64))")
+        if self.weight_only is not None and self.target is not None:
+            raise QuantizeError("an accuracy target is not available with weight-only quantization")
         if isinstance(self.target, (int, float)) and not isinstance(self.target, bool):
             object.__setattr__(self, "target", AccuracyTarget(float(self.target)))
         if self.target is not None and not isinstance(self.target, AccuracyTarget):
@@ -165,6 +216,8 @@ class QuantConfig:
 
     def describe_weights(self) -> str:
         """'8-bit weights', or '7-bit weights (8-bit in per-token linears)'."""
+        if self.weight_only is not None:
+            return self.weight_only.describe()
         if self.linear_weight_bits == self.weight_bits:
             return f"{self.weight_bits}-bit weights"
         return f"{self.weight_bits}-bit weights ({self.linear_weight_bits}-bit in {self.activations} linears)"
@@ -198,6 +251,10 @@ class QuantConfig:
                                                       activations="dynamic", requantize_outputs=False,
                                                       smoothquant=SmoothQuant(), quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
+                   # weight-only (docs/llm.md): W4A16 in asymmetric groups of 128 with GPTQ,
+                   # and W8A16 per output channel; embeddings (and a tied lm_head) stay float
+                   "int4-weight": QuantConfig(weight_only=WeightOnly(bits=4, group_size=128, method="gptq")),
+                   "int8-weight": QuantConfig(weight_only=WeightOnly(bits=8, group_size=None, symmetric=True)),
                    "int8-7bit-weights": QuantConfig(weight_bits=7)}
         if name not in presets:
             raise QuantizeError(f"unknown quantization preset {name!r}", hint=f"use one of {sorted(presets)}")

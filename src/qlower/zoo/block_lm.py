@@ -29,9 +29,10 @@ class BlockDecoderLayer(nn.Module):
         k, v = self.kv(h).reshape(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.rope(q, position), self.rope(k, position)
         keys, values = self.cache(k, v, position)
-        # Attend to filled slots only: positions > current are masked out additively.
+        # Causal over the cache: query i (at slot position + i) attends to slots 0 .. position + i.
         slots = torch.arange(self.max_len)
-        mask = torch.where(slots <= position + s - 1, 0.0, float("-inf")).reshape(1, 1, 1, self.max_len)
+        mask = torch.where(slots[None, :] <= position + torch.arange(s)[:, None], 0.0, float("-inf"))
+        mask = mask.reshape(1, 1, s, self.max_len)
         y = self.attn(q, keys, values, mask).transpose(1, 2).reshape(b, s, -1)
         x = x + self.o(y)
         return x + self.mlp(self.norm2(x))
@@ -47,7 +48,8 @@ class BlockDecoderLM(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, token, position):
-        """token [B, 1] int64, position 0-d int64 -> logits [B, 1, vocab]; caches updated."""
+        """token [B, S] int64 (S = 1: a decoding step), position 0-d int64 (the cache slot of the
+        first token) -> logits [B, S, vocab]; caches updated."""
         x = self.embed(token)
         for layer in self.layers:
             x = layer(x, position)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import blockops, integer  # noqa: F401  (modules register on import)
+from . import blockops, integer, weight_only  # noqa: F401  (modules register on import)
 from .table import PREDICATES, TABLE, Predicate, lowers
 
 __all__ = ["PREDICATES", "TABLE", "Predicate", "lowers", "translation_table"]
