@@ -75,10 +75,10 @@ def test_presets_parse():
 
 
 class Mlp(torch.nn.Module):
-    def __init__(self, k=96, hidden=80, bias=True):
+    def __init__(self, k=96, hidden=80, bias=True, out=40):
         super().__init__()
         self.up = torch.nn.Linear(k, hidden, bias=bias)
-        self.down = torch.nn.Linear(hidden, 40, bias=bias)
+        self.down = torch.nn.Linear(hidden, out, bias=bias)
 
     def forward(self, x):
         return self.down(torch.nn.functional.silu(self.up(x)))
@@ -149,14 +149,25 @@ def test_onnxruntime_matmulnbits_within_profile(scheme, tmp_path):
 
 
 @pytest.mark.skipif(not HAS_OPENVINO, reason='pip install "qlower[openvino]"')
-@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(8, None, symmetric=True)])
+@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(4, 64), WeightOnly(8, None, symmetric=True)])
 def test_openvino_compressed_weights_within_profile(scheme):
+    """The plugin's FullyConnected reads the u4 / u8 codes (its compressed-weight GEMM; with
+    groups of 64 over K = 224 too, the last group shorter), within the profile. (The plugin
+    decompresses weights below about 16k values at compile time: the layers here are larger.)"""
+    import openvino as ov
     torch.manual_seed(3)
-    model, x = Mlp().eval(), torch.randn(2, 5, 96)
+    model, x = Mlp(k=224, hidden=256, out=128).eval(), torch.randn(2, 5, 224)
     config = QuantConfig(weight_only=scheme)
     cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="openvino")
     ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
     assert [c.backend for c in cm.report().clusters] == ["openvino"]
+    core = ov.Core()
+    runtime = core.compile_model(core.read_model(cm.report().clusters[0].onnx, b""), "CPU",
+                                 {"INFERENCE_PRECISION_HINT": "f32"}).get_runtime_model()
+    weights = [str(op.input(1).get_element_type()) for op in runtime.get_ordered_ops()
+               if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+    code_type = "uint4_t" if scheme.bits == 4 else "uint8_t"
+    assert weights == [f"<Type: '{code_type}'>"] * 2, weights
     with torch.no_grad():
         _within_profile(cm(x), ref, x, model, scheme)
 

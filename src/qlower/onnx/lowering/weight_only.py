@@ -11,8 +11,10 @@
   fp32 sum, |engine - reference| <= numerics.reordered_sum_bound (docs/llm.md).
 - linear_weight_only, standard ONNX (OpenVINO): the compressed-weight pattern its CPU plugin
   fuses into its low-bit GEMM: Constant(u4 or u8 codes [N, G, g]) -> Cast(f32) -> Sub(zero
-  point [N, G, 1]) -> Mul(scale [N, G, 1]) -> Reshape [N, G*g] (-> Slice to K) -> MatMul with
-  the transposed weight. The dequantized weights are the reference's bit for bit; the GEMM's
+  point [N, G, 1]) -> Mul(scale [N, G, 1]) -> Reshape [N, G*g] -> MatMul with the transposed
+  weight (where g does not divide K, the input padded with zeros to G*g: OpenVINO folded a
+  sliced weight to f32). Measured: every such weight a u4 / u8 input of the plugin's
+  FullyConnected. The dequantized weights are the reference's bit for bit; the GEMM's
   sum order is the engine's (the same profile).
 - embedding_weight_only: Gather of the rows of codes, scales and zero points, the same
   dequantization per row: exact data movement and one rounding per value (bit-exact).
@@ -108,12 +110,18 @@ def linear_weight_only(x, codes, scale, zero_point, bias, bits: int, group_size:
             inputs.append(const(zps, np.uint8))
         y = MatMulNBits(*inputs, K=k, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_FP32)
     else:
-        y = op.MatMul(x, op.Transpose(_dequantized(u, s, z, bits, group_size), perm=[1, 0]))
+        w, padded_k = _dequantized(u, s, z, bits, group_size)
+        if padded_k != k:    # a last, shorter group: the input padded with zeros (exact products of 0)
+            rank = len(x.shape)
+            x = op.Pad(x, i64([0] * (2 * rank - 1) + [padded_k - k]))
+        y = op.MatMul(x, op.Transpose(w, perm=[1, 0]))
     return y if bias is None else op.Add(y, bias)
 
 
 def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_size: int):
-    """Constant(u4/u8 [N, G, g]) -> Cast -> Sub(zp) -> Mul(scale) -> [N, K] fp32."""
+    """(Constant(u4/u8 [N, G, g]) -> Cast -> Sub(zp) -> Mul(scale) -> [N, G*g] fp32, G*g): the
+    codes past K are the zero point's (weights of 0). A Slice of the weight to K would hide the
+    pattern from OpenVINO (it folded such a weight to f32); padding the input keeps it."""
     n, k = u.shape
     g = min(group_size, k)
     groups = s.shape[1]
@@ -125,8 +133,7 @@ def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_s
     zps = op.Constant(value=ir.tensor(z.reshape(n, groups, 1).astype(np.uint8), dtype=dtype))
     w = op.Mul(op.Sub(op.Cast(codes, to=_FLOAT), op.Cast(zps, to=_FLOAT)),
                const(s.reshape(n, groups, 1), np.float32))
-    w = op.Reshape(w, i64([n, groups * g]))
-    return w if groups * g == k else op.Slice(w, i64([0]), i64([k]), i64([1]))
+    return op.Reshape(w, i64([n, groups * g])), groups * g
 
 
 @lowers(q.embedding_weight_only.default, when=_constants)
