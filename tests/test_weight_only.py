@@ -228,6 +228,18 @@ def test_gptq_beats_round_to_nearest_on_correlated_inputs():
     assert errors["gptq"] < 0.7 * errors["rtn"], errors
 
 
+def test_gptq_batched_equals_one_by_one():
+    """Weights of one shape run through one column loop give each weight's own GPTQ codes."""
+    from qlower.quantize.gptq import gptq_batched
+    torch.manual_seed(8)
+    w, x = torch.randn(2, 40, 96), torch.randn(2, 300, 96)
+    h = x.double().transpose(1, 2) @ x.double()
+    codes, scale, zp = gptq_batched(w, h, 4, 32, False)
+    for i in range(2):
+        one = gptq(w[i], h[i], 4, 32, False)
+        assert torch.equal(one[0], codes[i]) and torch.equal(one[1], scale[i]) and torch.equal(one[2], zp[i])
+
+
 def test_awq_search_never_worse_than_unscaled():
     torch.manual_seed(6)
     x = torch.randn(256, 64)
