@@ -79,15 +79,17 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((ia - ib).abs().max())
 
 
-def engines(backends: tuple[str, ...] = ("onnxruntime", "openvino")) -> None:
-    """Logits of the held-out paragraph, each engine vs the reference backend on one program."""
+def engines(backends: tuple[str, ...] = ("onnxruntime", "openvino"),
+            configs: tuple[str, ...] = ("int4 g128 rtn", "int8-weight")) -> None:
+    """Logits of the held-out paragraph, each engine vs the reference backend on one program
+    (the engines' kernels do not depend on how the codes were chosen: round to nearest)."""
     torch.set_num_threads(1)
     model = smollm2.build_prefill()
     held, _ = texts()
-    for config in ("int4-weight", "int8-weight"):
-        want = compile_prefill(model, QuantConfig.from_name(config))(held)
+    for config in configs:
+        want = compile_prefill(model, CONFIGS[config])(held)
         for backend in backends:
-            got = compile_prefill(model, QuantConfig.from_name(config), backend)(held)
+            got = compile_prefill(model, CONFIGS[config], backend)(held)
             diff = (got - want).abs()
             print(f"{config} {backend}: {int((diff > 0).sum())} of {diff.numel()} logits differ, max abs "
                   f"{diff.max().item():.3g} (logits up to {want.abs().max().item():.3g}), max {ulps(got, want)} ulps; "
