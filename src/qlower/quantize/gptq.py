@@ -16,7 +16,7 @@ import torch
 
 from .. import numerics
 
-BLOCK = 32    # columns updated together (the lazy batch update of the paper)
+BLOCK = 16    # columns updated together (the lazy batch update of the paper)
 
 
 def damped_inverse_factor(h: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,33 +44,35 @@ def gptq_batched(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, s
                  damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GPTQ of L weights of one shape at once (w [L, N, K], h [L, K, K]; the same layer of
     every transformer block): the column loop runs once for all of them, the updates in
-    float32. Returns codes uint8 [L, N, K], scale fp32 [L, N, G], zero point uint8 [L, N, G]."""
+    float32 on the transposed weights (a column contiguous). Returns codes uint8 [L, N, K],
+    scale fp32 [L, N, G], zero point uint8 [L, N, G]."""
     layers, n, k = w.shape
     hinv, dead = damped_inverse_factor(h, damping)
     hinv = hinv.to(torch.float32)
-    work = torch.where(dead[:, None, :], 0.0, w.detach().to(torch.float32))
+    work = torch.where(dead[:, :, None], 0.0, w.detach().to(torch.float32).transpose(1, 2)).contiguous()  # [L, K, N]
     groups = numerics.weight_groups(k, group_size)
-    scale = torch.empty(layers, n, groups, dtype=torch.float32)
-    zp = torch.empty(layers, n, groups, dtype=torch.uint8)
-    codes = torch.empty(layers, n, k, dtype=torch.uint8)
+    scale = torch.empty(layers, groups, n, dtype=torch.float32)
+    zp = torch.empty(layers, groups, n, dtype=torch.uint8)
+    codes = torch.empty(layers, k, n, dtype=torch.uint8)
     qmax = numerics.weight_only_qmax(bits)
     for start in range(0, k, BLOCK):
         end = min(start + BLOCK, k)
-        block = work[:, :, start:end].clone()
+        block = work[:, start:end].clone()
         errors = torch.zeros_like(block)
         hblock = hinv[:, start:end, start:end]
         for i in range(end - start):
             col = start + i
             g = col // group_size
             if col % group_size == 0:
-                ahead = torch.cat([block[:, :, i:], work[:, :, end:]], dim=2)[:, :, :group_size]
-                s, z = numerics.weight_only_qparams(ahead.reshape(layers * n, -1), bits, group_size, symmetric)
-                scale[:, :, g], zp[:, :, g] = s.reshape(layers, n), z.reshape(layers, n)
-                s_g, z_g = scale[:, :, g], zp[:, :, g].to(torch.int32)
-            q = numerics.quantize(block[:, :, i], s_g, z_g, 0, qmax, torch.uint8)
-            codes[:, :, col] = q
-            err = (block[:, :, i] - numerics.dequantize(q, s_g, z_g)) / hblock[:, i, i][:, None]
-            block[:, :, i:] -= err[:, :, None] * hblock[:, i, i:][:, None, :]
-            errors[:, :, i] = err
-        work[:, :, end:] -= errors @ hinv[:, start:end, end:]
-    return codes, scale, zp
+                ahead = torch.cat([block[:, i:], work[:, end:]], dim=1)[:, :group_size]     # [L, g, N]
+                s, z = numerics.weight_only_qparams(ahead.transpose(1, 2).reshape(layers * n, -1), bits,
+                                                    group_size, symmetric)
+                scale[:, g], zp[:, g] = s.reshape(layers, n), z.reshape(layers, n)
+                s_g, z_g = scale[:, g], zp[:, g].to(torch.int32)
+            q = numerics.quantize(block[:, i], s_g, z_g, 0, qmax, torch.uint8)
+            codes[:, col] = q
+            err = (block[:, i] - numerics.dequantize(q, s_g, z_g)) / hblock[:, i, i][:, None]
+            block[:, i:] -= hblock[:, i, i:, None] * err[:, None, :]
+            errors[:, i] = err
+        work[:, end:] -= hinv[:, start:end, end:].transpose(1, 2) @ errors
+    return codes.transpose(1, 2).contiguous(), scale.transpose(1, 2).contiguous(), zp.transpose(1, 2).contiguous()
