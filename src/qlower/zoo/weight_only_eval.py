@@ -107,11 +107,12 @@ def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
     position = torch.zeros(1, dtype=torch.int64)
     calibration = [(smollm2.TextWindows(seq=1, stride=1).batch(1, i), torch.tensor([i])) for i in range(8)]
     compiled = {}
-    for name in names:
+    for name in names:   # "<preset>+int8": OrtOptions(weight_only_compute="int8")
+        preset, _, compute = name.partition("+")
         start = time.perf_counter()
-        compiled[name] = qlower.compile(model, (token, position), quantize=None if name == "fp32" else name,
+        compiled[name] = qlower.compile(model, (token, position), quantize=None if preset == "fp32" else preset,
                                         calibration=calibration, backend="onnxruntime",
-                                        backend_options=OrtOptions(threads=1))
+                                        backend_options=OrtOptions(threads=1, weight_only_compute=compute or "fp32"))
         clusters = [(c.backend, c.status) for c in compiled[name].report().clusters]
         print(f"{name}: compile {time.perf_counter() - start:.1f} s, clusters {clusters}", flush=True)
     times: dict[str, list[float]] = {n: [] for n in names}
