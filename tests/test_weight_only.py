@@ -63,7 +63,7 @@ def test_asymmetric_numerics_equal_torchao_affine():
 
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
-    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="gptq", embeddings=False)
+    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=False)
     int8 = QuantConfig.from_name("int8-weight").weight_only
     assert int8 == WeightOnly(bits=8, group_size=None, symmetric=True, method="rtn")
     assert "float activations" in QuantConfig.from_name("int4-weight").describe_weights()

@@ -110,7 +110,8 @@ def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
     for name in names:   # "<preset>+int8": OrtOptions(weight_only_compute="int8")
         preset, _, compute = name.partition("+")
         start = time.perf_counter()
-        compiled[name] = qlower.compile(model, (token, position), quantize=None if preset == "fp32" else preset,
+        config = None if preset == "fp32" else CONFIGS.get(preset, preset)
+        compiled[name] = qlower.compile(model, (token, position), quantize=config,
                                         calibration=calibration, backend="onnxruntime",
                                         backend_options=OrtOptions(threads=1, weight_only_compute=compute or "fp32"))
         clusters = [(c.backend, c.status) for c in compiled[name].report().clusters]
