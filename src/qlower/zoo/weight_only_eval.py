@@ -19,8 +19,8 @@ from . import smollm2
 CONFIGS = {
     "int8-weight": "int8-weight",
     "int4 g128 rtn": QuantConfig(weight_only=WeightOnly(4, 128, method="rtn")),
-    "int4 g128 gptq (int4-weight)": "int4-weight",
-    "int4 g128 awq": QuantConfig(weight_only=WeightOnly(4, 128, method="awq")),
+    "int4 g128 gptq": QuantConfig(weight_only=WeightOnly(4, 128, method="gptq")),
+    "int4 g128 awq (int4-weight)": "int4-weight",
     "int4 g128 awq+gptq": QuantConfig(weight_only=WeightOnly(4, 128, method="awq+gptq")),
     "int4 g64 rtn": QuantConfig(weight_only=WeightOnly(4, 64, method="rtn")),
     "int4 g64 gptq": QuantConfig(weight_only=WeightOnly(4, 64, method="gptq")),
