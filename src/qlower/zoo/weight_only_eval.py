@@ -3,6 +3,7 @@
     python -m qlower.zoo.weight_only_eval accuracy [name ...]   # perplexity / top-1, reference backend
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
     python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
+    python -m qlower.zoo.weight_only_eval kernels                # one MatMulNBits per compute type
 """
 from __future__ import annotations
 
@@ -132,6 +133,51 @@ def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
               f"({blocks} interleaved blocks of {calls})", flush=True)
 
 
+def kernels(k: int = 576, n: int = 1536, calls: int = 200) -> None:
+    """One [1, K] x [K, N] product on onnxruntime, one thread: fp32 MatMul, and MatMulNBits at 4
+    and 8 bits with fp32 (accuracy_level 1) and int8 (4) compute (random codes; SmolLM2's MLP
+    up-projection shape)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    a_info = helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, k])
+    y_info = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])
+
+    def model(nodes, inits, domains):
+        m = helper.make_model(helper.make_graph(nodes, "g", [a_info], [y_info], inits),
+                              opset_imports=[helper.make_opsetid(d, v) for d, v in domains])
+        m.ir_version = 10
+        return m.SerializeToString()
+
+    def nbits(bits: int, level: int, block: int = 128) -> bytes:
+        blocks = -(-k // block)
+        inits = [numpy_helper.from_array(rng.integers(0, 255, (n, blocks, block * bits // 8), dtype=np.uint8), "B"),
+                 numpy_helper.from_array((rng.random(n * blocks) * 0.01).astype(np.float32), "S"),
+                 numpy_helper.from_array(rng.integers(0, 255, (n, -(-blocks * bits // 8)), dtype=np.uint8), "Z")]
+        node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
+                                bits=bits, block_size=block, accuracy_level=level)
+        return model([node], inits, [("", 21), ("com.microsoft", 1)])
+
+    fp32 = model([helper.make_node("MatMul", ["A", "W"], ["Y"])],
+                 [numpy_helper.from_array(rng.random((k, n), dtype=np.float32), "W")], [("", 21)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    a = rng.random((1, k), dtype=np.float32)
+    for name, m in [("fp32 MatMul", fp32), ("4-bit, fp32 compute", nbits(4, 1)), ("4-bit, int8 compute", nbits(4, 4)),
+                    ("8-bit, fp32 compute", nbits(8, 1)), ("8-bit, int8 compute", nbits(8, 4))]:
+        session = ort.InferenceSession(m, options, providers=["CPUExecutionProvider"])
+        for _ in range(20):
+            session.run(None, {"A": a})
+        best = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                session.run(None, {"A": a})
+            best.append((time.perf_counter() - start) / calls * 1e6)
+        print(f"{name:22s} {min(best):8.1f} us (best of 5 x {calls})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     what, names = (argv[0] if argv else "accuracy"), argv[1:]
@@ -139,10 +185,12 @@ def main(argv: list[str] | None = None) -> None:
         accuracy(names or list(CONFIGS))
     elif what == "engines":
         engines(tuple(names) or ("onnxruntime", "openvino"))
+    elif what == "kernels":
+        kernels()
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, engines or speed")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, engines, speed or kernels")
 
 
 if __name__ == "__main__":
