@@ -288,3 +288,16 @@ def test_smollm2_int8_weight_accuracy():
     with torch.no_grad():
         want, got = ppl(model(ids)), ppl(cm(ids))
     assert abs(got / want - 1) < 0.01
+
+
+def test_quantized_program_compiles_saves_and_loads(tmp_path):
+    """qlower.quantize(config="int4-weight") gives a program compile takes as already quantized;
+    its artifact loads and computes the same bits."""
+    torch.manual_seed(10)
+    model, x = Mlp().eval(), torch.randn(2, 96)
+    ep = qlower.quantize(model, (x,), [(x,)], config="int4-weight")
+    cm = qlower.compile(ep, (x,), backend="onnxruntime")
+    assert cm.report().quantized and cm.report().op_counts.get("qlower::linear_weight_only") == 2
+    cm.save(tmp_path / "m.pt2")
+    with torch.no_grad():
+        assert torch.equal(qlower.load(tmp_path / "m.pt2")(x), cm(x))
