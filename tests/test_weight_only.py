@@ -194,6 +194,7 @@ def test_embedding_option():
                              calibration=[(ids,)], backend="reference")
     counts = default.report().op_counts
     assert counts.get("qlower::linear_weight_only") == 1 and "qlower::embedding_weight_only" not in counts
+    assert any("kept float" in note for note in default.report().notes), default.report().notes
     config = QuantConfig(weight_only=WeightOnly(4, 32, embeddings=True))
     ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
     counts = ref.report().op_counts

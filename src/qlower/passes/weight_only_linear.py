@@ -80,6 +80,11 @@ def weight_targets(gm: GraphModule, embeddings: bool, keep_float: tuple[str, ...
     return out
 
 
+def embedded_weights_kept(gm: GraphModule) -> int:
+    """Embedding tables (with the linears sharing them) that stay float without `embeddings`."""
+    return len(set(weight_targets(gm, True)) - set(weight_targets(gm, False)))
+
+
 def _other_uses(gm: GraphModule, target: str, rewritten: list[Node]) -> bool:
     """True when some node other than the rewritten ones reads the weight (it stays as well)."""
     for node in gm.graph.nodes:
@@ -100,6 +105,10 @@ class WeightOnlyLinear(Pass):
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
+        kept = 0 if self.embeddings else embedded_weights_kept(gm)
+        if kept:
+            ctx.rewrites["embedding tables (and a tied lm_head) kept float; WeightOnly(embeddings=True) "
+                         "quantizes them"] += kept
         for target, nodes in weight_targets(gm, self.embeddings, self.keep_float).items():
             w = constant(gm, target)
             group = self.group_size or w.shape[1]
