@@ -63,7 +63,7 @@ def test_asymmetric_numerics_equal_torchao_affine():
 
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
-    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="gptq", embeddings=False)
+    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=False)
     int8 = QuantConfig.from_name("int8-weight").weight_only
     assert int8 == WeightOnly(bits=8, group_size=None, symmetric=True, method="rtn")
     assert "float activations" in QuantConfig.from_name("int4-weight").describe_weights()
@@ -75,10 +75,10 @@ def test_presets_parse():
 
 
 class Mlp(torch.nn.Module):
-    def __init__(self, k=96, hidden=80, bias=True):
+    def __init__(self, k=96, hidden=80, bias=True, out=40):
         super().__init__()
         self.up = torch.nn.Linear(k, hidden, bias=bias)
-        self.down = torch.nn.Linear(hidden, 40, bias=bias)
+        self.down = torch.nn.Linear(hidden, out, bias=bias)
 
     def forward(self, x):
         return self.down(torch.nn.functional.silu(self.up(x)))
@@ -149,14 +149,25 @@ def test_onnxruntime_matmulnbits_within_profile(scheme, tmp_path):
 
 
 @pytest.mark.skipif(not HAS_OPENVINO, reason='pip install "qlower[openvino]"')
-@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(8, None, symmetric=True)])
+@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(4, 64), WeightOnly(8, None, symmetric=True)])
 def test_openvino_compressed_weights_within_profile(scheme):
+    """The plugin's FullyConnected reads the u4 / u8 codes (its compressed-weight GEMM; with
+    groups of 64 over K = 224 too, the last group shorter), within the profile. (The plugin
+    decompresses weights below about 16k values at compile time: the layers here are larger.)"""
+    import openvino as ov
     torch.manual_seed(3)
-    model, x = Mlp().eval(), torch.randn(2, 5, 96)
+    model, x = Mlp(k=224, hidden=256, out=128).eval(), torch.randn(2, 5, 224)
     config = QuantConfig(weight_only=scheme)
     cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="openvino")
     ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
     assert [c.backend for c in cm.report().clusters] == ["openvino"]
+    core = ov.Core()
+    runtime = core.compile_model(core.read_model(cm.report().clusters[0].onnx, b""), "CPU",
+                                 {"INFERENCE_PRECISION_HINT": "f32"}).get_runtime_model()
+    weights = [str(op.input(1).get_element_type()) for op in runtime.get_ordered_ops()
+               if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+    code_type = "uint4_t" if scheme.bits == 4 else "uint8_t"
+    assert weights == [f"<Type: '{code_type}'>"] * 2, weights
     with torch.no_grad():
         _within_profile(cm(x), ref, x, model, scheme)
 
@@ -183,6 +194,7 @@ def test_embedding_option():
                              calibration=[(ids,)], backend="reference")
     counts = default.report().op_counts
     assert counts.get("qlower::linear_weight_only") == 1 and "qlower::embedding_weight_only" not in counts
+    assert any("kept float" in note for note in default.report().notes), default.report().notes
     config = QuantConfig(weight_only=WeightOnly(4, 32, embeddings=True))
     ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
     counts = ref.report().op_counts
@@ -215,6 +227,18 @@ def test_gptq_beats_round_to_nearest_on_correlated_inputs():
         dq = numerics.dequantize_weight_groups(codes, s, z, 32)
         errors[method] = ((x @ w.T - x @ dq.T).pow(2).sum() / (x @ w.T).pow(2).sum()).item()
     assert errors["gptq"] < 0.7 * errors["rtn"], errors
+
+
+def test_gptq_batched_equals_one_by_one():
+    """Weights of one shape run through one column loop give each weight's own GPTQ codes."""
+    from qlower.quantize.gptq import gptq_batched
+    torch.manual_seed(8)
+    w, x = torch.randn(2, 40, 96), torch.randn(2, 300, 96)
+    h = x.double().transpose(1, 2) @ x.double()
+    codes, scale, zp = gptq_batched(w, h, 4, 32, False)
+    for i in range(2):
+        one = gptq(w[i], h[i], 4, 32, False)
+        assert torch.equal(one[0], codes[i]) and torch.equal(one[1], scale[i]) and torch.equal(one[2], zp[i])
 
 
 def test_awq_search_never_worse_than_unscaled():
@@ -265,3 +289,16 @@ def test_smollm2_int8_weight_accuracy():
     with torch.no_grad():
         want, got = ppl(model(ids)), ppl(cm(ids))
     assert abs(got / want - 1) < 0.01
+
+
+def test_quantized_program_compiles_saves_and_loads(tmp_path):
+    """qlower.quantize(config="int4-weight") gives a program compile takes as already quantized;
+    its artifact loads and computes the same bits."""
+    torch.manual_seed(10)
+    model, x = Mlp().eval(), torch.randn(2, 96)
+    ep = qlower.quantize(model, (x,), [(x,)], config="int4-weight")
+    cm = qlower.compile(ep, (x,), backend="onnxruntime")
+    assert cm.report().quantized and cm.report().op_counts.get("qlower::linear_weight_only") == 2
+    cm.save(tmp_path / "m.pt2")
+    with torch.no_grad():
+        assert torch.equal(qlower.load(tmp_path / "m.pt2")(x), cm(x))

@@ -17,7 +17,8 @@ from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
 from .passes import PassContext, PassManager, default_pipeline
-from .quantize import PRECISION_CHOICE_KEY, QuantConfig, is_quantized, quantize as _quantize, _state_restored
+from .quantize import (PRECISION_CHOICE_KEY, WEIGHT_ONLY_NOTES_KEY, QuantConfig, is_quantized, quantize as _quantize,
+                       _state_restored)
 from .quantize.calibrate import prepare_calibration
 from .core.progress import PhaseProgress
 from .core.quiet import quiet
@@ -143,6 +144,7 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
                            dynamic_shapes, adjust_observers=hook, ranked_layers=ranked_layers)
             choice = ep.graph_module.meta.get(PRECISION_CHOICE_KEY)
             program_notes += [str(choice)] if choice is not None else []
+            program_notes += ep.graph_module.meta.get(WEIGHT_ONLY_NOTES_KEY, [])
             adapted = passes is None and stages(chosen) != tuple(type(p).__name__ for p in default_pipeline())
             label = ", ".join([f"{config.describe_weights()}, {config.activations} activations"]
                               + ([f"qparams adjusted for {chosen.name}"] if hook is not None else [])

@@ -8,7 +8,8 @@ Preconditions: the graph is float (no Q/DQ); weights are `get_attr` constants ([
 BEFORE:  y = aten.linear(x, w, b)                       # w: get_attr, b: get_attr or None
 AFTER:   y = qlower.linear_weight_only(x, w_codes, w_scale, w_zero_point, b, bits, group_size)
          with w_codes uint8 [N, K], w_scale fp32 [N, G], w_zero_point uint8 [N, G] new buffers
-         next to w (numerics.weight_only_qparams / quantize_weight_groups).
+         next to w (numerics.weight_only_qparams / quantize_weight_groups); w itself is removed
+         from the module (under each of its names) once nothing reads it.
 With `embeddings`: e = aten.embedding(w, ids) ⇒ qlower.embedding_weight_only(ids, w_codes, ...)
          and a linear sharing w (a tied lm_head) reads the same codes.
 Not fired: a weight that is not a 2-D fp32 get_attr (a computed weight, a parameter of another
@@ -79,6 +80,11 @@ def weight_targets(gm: GraphModule, embeddings: bool, keep_float: tuple[str, ...
     return out
 
 
+def embedded_weights_kept(gm: GraphModule) -> int:
+    """Embedding tables (with the linears sharing them) that stay float without `embeddings`."""
+    return len(set(weight_targets(gm, True)) - set(weight_targets(gm, False)))
+
+
 def _other_uses(gm: GraphModule, target: str, rewritten: list[Node]) -> bool:
     """True when some node other than the rewritten ones reads the weight (it stays as well)."""
     for node in gm.graph.nodes:
@@ -99,6 +105,10 @@ class WeightOnlyLinear(Pass):
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
+        kept = 0 if self.embeddings else embedded_weights_kept(gm)
+        if kept:
+            ctx.rewrites["embedding tables (and a tied lm_head) kept float; WeightOnly(embeddings=True) "
+                         "quantizes them"] += kept
         for target, nodes in weight_targets(gm, self.embeddings, self.keep_float).items():
             w = constant(gm, target)
             group = self.group_size or w.shape[1]
@@ -129,14 +139,29 @@ class WeightOnlyLinear(Pass):
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
             if not keep:
-                for node in [n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target]:
-                    if not node.users:
-                        gm.graph.erase_node(node)
+                _drop_float_weight(gm, w)
             changed = True
         if changed:
             gm.graph.lint()
             gm.recompile()
         return changed
+
+
+def _drop_float_weight(gm: GraphModule, w: torch.Tensor) -> None:
+    """Remove the float weight (under every name it has: a tied weight has several) once no
+    node reads it, so the program does not hold it next to its codes."""
+    names = [n for n, t in [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
+             if t is w]
+    readers = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target in names]
+    if any(n.users for n in readers):
+        return
+    for node in readers:
+        gm.graph.erase_node(node)
+    for name in names:
+        *path, attr = name.split(".")
+        owner = gm.get_submodule(".".join(path))
+        owner._parameters.pop(attr, None)
+        owner._buffers.pop(attr, None)
 
 
 def _fake_like(node: Node, value: torch.Tensor):

@@ -28,6 +28,8 @@ _QDQ_NAMESPACES = ("quantized_decomposed",)
 _WEIGHT_ONLY_OPS = (torch.ops.qlower.linear_weight_only.default, torch.ops.qlower.embedding_weight_only.default)
 # graph_module.meta key of a quantized program: the mixed-precision PrecisionChoice, if any
 PRECISION_CHOICE_KEY = "qlower_precision_choice"
+# graph_module.meta key of a weight-only program: what was quantized and what stayed float (report notes)
+WEIGHT_ONLY_NOTES_KEY = "qlower_weight_only_notes"
 
 
 def is_quantized(program) -> bool:
@@ -118,8 +120,11 @@ def _quantize_weight_only(model, example_inputs, calibration, config: QuantConfi
     _drop_eval_dropouts(gm)
     state_names = [name for name, _ in gm.named_buffers()]
     with _state_restored(gm, state_names):   # AWQ / GPTQ statistics run the model: caches untouched
-        rewrite_weight_only(gm, calibration, config)
-    return torch.export.export(gm, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
+        ctx = rewrite_weight_only(gm, calibration, config)
+    program = torch.export.export(gm, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
+    program.graph_module.meta[WEIGHT_ONLY_NOTES_KEY] = [f"weight-only: {config.weight_only.describe()}"] + \
+        [f"{what}: {count}" for what, count in ctx.rewrites.items()]
+    return program
 
 
 def _drop_eval_dropouts(gm: torch.fx.GraphModule) -> None:

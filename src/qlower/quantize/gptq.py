@@ -16,16 +16,18 @@ import torch
 
 from .. import numerics
 
-BLOCK = 32    # columns updated together (the lazy batch update of the paper)
+BLOCK = 16    # columns updated together (the lazy batch update of the paper)
 
 
 def damped_inverse_factor(h: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(upper Cholesky factor of H^-1, dead columns): computed in float64 from H with `damping` times the mean
-    diagonal added; an input feature never nonzero in calibration ("dead") gets H[i, i] = 1."""
+    """(upper Cholesky factor of H^-1, dead columns) of H [L, K, K], in float64, with `damping`
+    times the mean diagonal added; an input feature never nonzero in calibration ("dead") gets
+    H[i, i] = 1."""
     h = h.to(torch.float64).clone()
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
-    h += damping * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)
+    dead = diag == 0
+    diag[dead] = 1.0
+    diag += damping * diag.mean(-1, keepdim=True)
     factor = torch.linalg.cholesky(h)
     inverse = torch.cholesky_inverse(factor)
     return torch.linalg.cholesky(inverse, upper=True), dead
@@ -33,36 +35,44 @@ def damped_inverse_factor(h: torch.Tensor, damping: float) -> tuple[torch.Tensor
 
 def gptq(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, symmetric: bool,
          damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes uint8 [N, K], scale fp32 [N, G], zero point uint8 [N, G]) of weight w [N, K]; the
-    updates in float32."""
-    n, k = w.shape
+    """(codes uint8 [N, K], scale fp32 [N, G], zero point uint8 [N, G]) of weight w [N, K]."""
+    codes, scale, zp = gptq_batched(w[None], h[None], bits, group_size, symmetric, damping)
+    return codes[0], scale[0], zp[0]
+
+
+def gptq_batched(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, symmetric: bool,
+                 damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ of L weights of one shape at once (w [L, N, K], h [L, K, K]; the same layer of
+    every transformer block): the column loop runs once for all of them, the updates in
+    float32 on the transposed weights (a column contiguous). Returns codes uint8 [L, N, K],
+    scale fp32 [L, N, G], zero point uint8 [L, N, G]."""
+    layers, n, k = w.shape
     hinv, dead = damped_inverse_factor(h, damping)
     hinv = hinv.to(torch.float32)
-    work = w.detach().to(torch.float32).clone()
-    work[:, dead] = 0.0
+    work = torch.where(dead[:, :, None], 0.0, w.detach().to(torch.float32).transpose(1, 2)).contiguous()  # [L, K, N]
     groups = numerics.weight_groups(k, group_size)
-    scale = torch.empty(n, groups, dtype=torch.float32)
-    zp = torch.empty(n, groups, dtype=torch.uint8)
-    codes = torch.empty(n, k, dtype=torch.uint8)
+    scale = torch.empty(layers, groups, n, dtype=torch.float32)
+    zp = torch.empty(layers, groups, n, dtype=torch.uint8)
+    codes = torch.empty(layers, k, n, dtype=torch.uint8)
     qmax = numerics.weight_only_qmax(bits)
     for start in range(0, k, BLOCK):
         end = min(start + BLOCK, k)
         block = work[:, start:end].clone()
         errors = torch.zeros_like(block)
-        hblock = hinv[start:end, start:end]
+        hblock = hinv[:, start:end, start:end]
         for i in range(end - start):
             col = start + i
             g = col // group_size
             if col % group_size == 0:
-                ahead = torch.cat([block[:, i:], work[:, end:]], dim=1)[:, :group_size]
-                s, z = numerics.weight_only_qparams(ahead, bits, group_size, symmetric)
-                scale[:, g], zp[:, g] = s[:, 0], z[:, 0]
-            column = block[:, i]
-            q = numerics.quantize(column, scale[:, g], zp[:, g].to(torch.int32), 0, qmax, torch.uint8, axis=0)
+                ahead = torch.cat([block[:, i:], work[:, end:]], dim=1)[:, :group_size]     # [L, g, N]
+                s, z = numerics.weight_only_qparams(ahead.transpose(1, 2).reshape(layers * n, -1), bits,
+                                                    group_size, symmetric)
+                scale[:, g], zp[:, g] = s.reshape(layers, n), z.reshape(layers, n)
+                s_g, z_g = scale[:, g], zp[:, g].to(torch.int32)
+            q = numerics.quantize(block[:, i], s_g, z_g, 0, qmax, torch.uint8)
             codes[:, col] = q
-            dq = numerics.dequantize(q, scale[:, g], zp[:, g].to(torch.int32), axis=0)
-            err = (block[:, i] - dq) / hblock[i, i]
-            block[:, i:] -= err[:, None] * hblock[i, i:][None, :]
+            err = (block[:, i] - numerics.dequantize(q, s_g, z_g)) / hblock[:, i, i][:, None]
+            block[:, i:] -= hblock[:, i, i:, None] * err[:, None, :]
             errors[:, i] = err
-        work[:, end:] -= errors @ hinv[start:end, end:]
-    return codes, scale, zp
+        work[:, end:] -= hinv[:, start:end, end:].transpose(1, 2) @ errors
+    return codes.transpose(1, 2).contiguous(), scale.transpose(1, 2).contiguous(), zp.transpose(1, 2).contiguous()

@@ -19,7 +19,7 @@ from ..passes.base import PassContext
 from ..passes.weight_only_linear import WeightOnlyLinear, constant, weight_targets
 from .awq import scale_activations
 from .config import QuantConfig, WeightOnly
-from .gptq import gptq
+from .gptq import gptq_batched
 
 aten = torch.ops.aten
 
@@ -50,6 +50,41 @@ def hessians(gm: GraphModule, linears: list[Node], calibration: Iterable) -> dic
     return rec.h
 
 
+def _gptq_codes(gm: GraphModule, targets: dict[str, list[Node]], calibration, scheme: WeightOnly) -> dict:
+    """GPTQ codes of every linear weight in `targets`. Weights read by one linear each and
+    sharing its input (q, k, v) are quantized as one matrix (their rows stacked: GPTQ treats rows
+    independently given H); matrices of one shape (the same layer of every block) run batched."""
+    linears = [n for nodes in targets.values() for n in nodes if n.target is aten.linear.default]
+    h = hessians(gm, linears, calibration)
+    units: dict[object, tuple[list[str], torch.Tensor]] = {}
+    for target, nodes in targets.items():
+        if any(n.target is aten.embedding.default for n in nodes):
+            continue   # an embedding's rows are read, not multiplied: round to nearest
+        if len(nodes) == 1:
+            key = nodes[0].args[0]
+            names, hess = units.get(key, ([], h[key]))
+            units[key] = (names + [target], hess)
+        else:
+            units[target] = ([target], sum(h[n.args[0]] for n in nodes))
+    buckets: dict[tuple, list[tuple[list[str], torch.Tensor, torch.Tensor]]] = {}
+    for names, hess in units.values():
+        w = torch.cat([constant(gm, t).detach().float() for t in names])
+        buckets.setdefault(tuple(w.shape), []).append((names, w, hess))
+    codes = {}
+    for (_, k), items in buckets.items():
+        group = scheme.group_size or k
+        c, s, z = gptq_batched(torch.stack([w for _, w, _ in items]), torch.stack([h for _, _, h in items]),
+                               scheme.bits, group, scheme.symmetric, scheme.gptq_damping)
+        for i, (names, _, _) in enumerate(items):
+            row = 0
+            for target in names:
+                rows = constant(gm, target).shape[0]
+                codes[target] = (c[i, row:row + rows].clone(), s[i, row:row + rows].clone(),
+                                 z[i, row:row + rows].clone())
+                row += rows
+    return codes
+
+
 def rewrite_weight_only(gm: GraphModule, calibration, config: QuantConfig) -> PassContext:
     """AWQ / GPTQ as `config.weight_only.method` says, then the rewrite; gm is changed in place
     (its constants replaced, never modified: ep.module() shares tensors with the user's model)."""
@@ -61,15 +96,7 @@ def rewrite_weight_only(gm: GraphModule, calibration, config: QuantConfig) -> Pa
         ctx.rewrites["AWQ: activation scales folded"] += sum(r.alpha > 0 for r in results)
     codes = {}
     if scheme.method in ("gptq", "awq+gptq") and len(calibration):
-        linears = [n for nodes in targets.values() for n in nodes if n.target is aten.linear.default]
-        h = hessians(gm, linears, calibration)
-        for target, nodes in targets.items():
-            if any(n.target is aten.embedding.default for n in nodes):
-                continue   # an embedding's rows are read, not multiplied: round to nearest
-            total = sum(h[n.args[0]] for n in nodes)
-            w = constant(gm, target).detach().float()
-            codes[target] = gptq(w, total, scheme.bits, scheme.group_size or w.shape[1], scheme.symmetric,
-                                 scheme.gptq_damping)
+        codes = _gptq_codes(gm, targets, calibration, scheme)
         ctx.rewrites["GPTQ: weights quantized with error compensation"] += len(codes)
     WeightOnlyLinear(scheme.bits, scheme.group_size, scheme.symmetric, scheme.embeddings, codes,
                      config.keep_float).run(gm, ctx)

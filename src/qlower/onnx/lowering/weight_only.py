@@ -1,23 +1,30 @@
 """ONNX translations of the weight-only ops (ops/weight_only.py).
 
-- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (bits 4 or 8, fp32 compute:
-  accuracy_level 1, float activations). B packed [N, blocks, block_size * bits / 8], values in
-  the low bits first; scales [N * blocks]; zero points packed likewise per row (omitted when
-  symmetric: the kernel's default 2^(bits-1) is the numerics' zero point). A block is a power of
-  two >= 16 dividing the group (a group of 48: blocks of 16 repeating its scale; per output
-  channel: blocks of 128 repeating the row's scale), padded with the zero point's code (a
-  weight of 0) past K. The kernel dequantizes exactly as the reference, fp32((u - zp) * s) is
-  one rounding, then sums the products in its own order: the declared profile is the reordered
-  fp32 sum, |engine - reference| <= numerics.reordered_sum_bound (docs/llm.md).
+- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (bits 4 or 8; fp32 compute,
+  accuracy_level 1, float activations; `OrtOptions(weight_only_compute="int8")`: accuracy_level
+  4, the engine's int8 activations, a declared non-canonical profile). B packed
+  [N, blocks, block_size * bits / 8], values in the low bits first; scales [N * blocks]; zero
+  points packed likewise per row (omitted when symmetric: the kernel's default 2^(bits-1) is
+  the numerics' zero point). A block is a power of two >= 16 dividing the group (a group of
+  48: blocks of 16 repeating its scale; per output channel: blocks of 128 repeating the row's
+  scale), padded with the zero point's code (a weight of 0) past K. The kernel dequantizes
+  exactly as the reference, fp32((u - zp) * s) is one rounding, then sums the products in its
+  own order: the declared profile is the reordered fp32 sum, |engine - reference| <=
+  numerics.reordered_sum_bound (docs/llm.md).
 - linear_weight_only, standard ONNX (OpenVINO): the compressed-weight pattern its CPU plugin
   fuses into its low-bit GEMM: Constant(u4 or u8 codes [N, G, g]) -> Cast(f32) -> Sub(zero
-  point [N, G, 1]) -> Mul(scale [N, G, 1]) -> Reshape [N, G*g] (-> Slice to K) -> MatMul with
-  the transposed weight. The dequantized weights are the reference's bit for bit; the GEMM's
+  point [N, G, 1]) -> Mul(scale [N, G, 1]) -> Reshape [N, G*g] -> MatMul with the transposed
+  weight (where g does not divide K, the input padded with zeros to G*g: OpenVINO folded a
+  sliced weight to f32). Measured: every such weight a u4 / u8 input of the plugin's
+  FullyConnected. The dequantized weights are the reference's bit for bit; the GEMM's
   sum order is the engine's (the same profile).
 - embedding_weight_only: Gather of the rows of codes, scales and zero points, the same
   dequantization per row: exact data movement and one rounding per value (bit-exact).
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import numpy as np
 import onnx_ir as ir
@@ -34,7 +41,22 @@ _FLOAT = 1
 MatMulNBits = contrib_op(MS, "MatMulNBits", ["A", "B", "scales", "zero_points"],
                          {"K": int, "N": int, "bits": int, "block_size": int, "accuracy_level": int},
                          optional=("zero_points",))
-ACCURACY_FP32 = 1      # MatMulNBits accuracy_level 1: fp32 activations and arithmetic
+# MatMulNBits' compute type (its accuracy_level): "fp32" (1: float activations, the reordered-sum
+# profile) or "int8" (4: ONNX Runtime quantizes each block of activations to int8 at run time and
+# runs an integer GEMM: its own numerics, not the reference's; measured in docs/llm.md). Set by
+# the onnxruntime backend from OrtOptions.weight_only_compute for one translation.
+COMPUTE_LEVELS = {"fp32": 1, "int8": 4}
+_COMPUTE: contextvars.ContextVar[str] = contextvars.ContextVar("qlower_weight_only_compute", default="fp32")
+
+
+@contextlib.contextmanager
+def weight_only_compute(kind: str):
+    """Translate MatMulNBits with compute type `kind` ("fp32" or "int8") within the block."""
+    token = _COMPUTE.set(kind)
+    try:
+        yield
+    finally:
+        _COMPUTE.reset(token)
 
 
 def _constants(node: Node) -> str | None:
@@ -106,14 +128,20 @@ def linear_weight_only(x, codes, scale, zero_point, bias, bits: int, group_size:
         inputs = [x, const(b, np.uint8), const(scales, np.float32)]
         if not bool((z == (1 << (bits - 1))).all()):
             inputs.append(const(zps, np.uint8))
-        y = MatMulNBits(*inputs, K=k, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_FP32)
+        y = MatMulNBits(*inputs, K=k, N=n, bits=bits, block_size=block, accuracy_level=COMPUTE_LEVELS[_COMPUTE.get()])
     else:
-        y = op.MatMul(x, op.Transpose(_dequantized(u, s, z, bits, group_size), perm=[1, 0]))
+        w, padded_k = _dequantized(u, s, z, bits, group_size)
+        if padded_k != k:    # a last, shorter group: the input padded with zeros (exact products of 0)
+            rank = len(x.shape)
+            x = op.Pad(x, i64([0] * (2 * rank - 1) + [padded_k - k]))
+        y = op.MatMul(x, op.Transpose(w, perm=[1, 0]))
     return y if bias is None else op.Add(y, bias)
 
 
 def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_size: int):
-    """Constant(u4/u8 [N, G, g]) -> Cast -> Sub(zp) -> Mul(scale) -> [N, K] fp32."""
+    """(Constant(u4/u8 [N, G, g]) -> Cast -> Sub(zp) -> Mul(scale) -> [N, G*g] fp32, G*g): the
+    codes past K are the zero point's (weights of 0). A Slice of the weight to K would hide the
+    pattern from OpenVINO (it folded such a weight to f32); padding the input keeps it."""
     n, k = u.shape
     g = min(group_size, k)
     groups = s.shape[1]
@@ -125,8 +153,7 @@ def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_s
     zps = op.Constant(value=ir.tensor(z.reshape(n, groups, 1).astype(np.uint8), dtype=dtype))
     w = op.Mul(op.Sub(op.Cast(codes, to=_FLOAT), op.Cast(zps, to=_FLOAT)),
                const(s.reshape(n, groups, 1), np.float32))
-    w = op.Reshape(w, i64([n, groups * g]))
-    return w if groups * g == k else op.Slice(w, i64([0]), i64([k]), i64([1]))
+    return op.Reshape(w, i64([n, groups * g])), groups * g
 
 
 @lowers(q.embedding_weight_only.default, when=_constants)
