@@ -138,7 +138,7 @@ def test_onnxruntime_matmulnbits_within_profile(scheme, tmp_path):
     cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="onnxruntime")
     ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
     assert [c.backend for c in cm.report().clusters] == ["onnxruntime"]
-    qlower.export(cm, tmp_path / "m.onnx", format="onnx")
+    qlower.export(cm, tmp_path / "m.onnx", format="onnx", onnx_ops="onnxruntime")   # the session's own kernels
     nodes = onnx.load(str(tmp_path / "m.onnx")).graph.node
     nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
     assert len(nbits) == 2
