@@ -10,7 +10,7 @@ from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
 from .engine_choice import Program, auto_backends, default_selector, source_digest
-from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2
+from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2, serialized
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
@@ -23,6 +23,7 @@ from .runtime import CompiledModule, input_specs_of
 from .runtime.compiled import NAN_POLICIES
 
 
+@serialized   # one compile at a time per process (capture.COMPILE_LOCK says why)
 @forgets_discarded_graphs
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
              dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
@@ -44,6 +45,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
                      adjust_observers=getattr(chosen, "adjust_observers", None), ranked_layers=ranked_layers)
 
 
+@serialized   # one compile at a time per process (capture.COMPILE_LOCK says why)
 @forgets_discarded_graphs
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,

@@ -23,6 +23,7 @@ from ..artifact import ARTIFACT_FORMAT, read_pt2, write_pt2
 from ..input_spec import InputSpec, check_inputs, flat_checker
 from . import saved_options
 from ..artifact.limits import load_json
+from ..capture import serialized
 from ..backends import backend_names, get_backend, options_backend
 
 _META_NAME = "qlower.json"
@@ -174,6 +175,7 @@ class CompiledModule:
         return {name: live[name].detach().clone() for name, buf in self.graph_module.named_buffers()
                 if name in live and live[name].shape == buf.shape and live[name] is not buf}
 
+    @serialized
     def save(self, path: str | Path) -> Path:
         """Write one .pt2 file: the lowered program with its current state, qlower's metadata and
         a sha256 manifest (see artifact/__init__.py), atomically. The caller's model is never
@@ -219,6 +221,7 @@ _MAX_RANK = 64
 _MAX_DIM = (1 << 31) - 1
 
 
+@serialized   # compiles the program again (capture.COMPILE_LOCK)
 def load(path: str | Path, *, backend_options=None) -> CompiledModule:
     """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend.
     The file is checked before anything in it is deserialized and nothing in it is unpickled
