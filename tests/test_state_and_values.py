@@ -211,3 +211,63 @@ def test_compile_from_four_threads_at_once_gives_four_right_models():
     assert sorted(results) == [0, 1, 2, 3]
     for got, want in results.values():
         torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------- int8 of unusual models
+class ConstantOutputs(torch.nn.Module):
+    def forward(self, x):
+        return (1.0, 2.0)             # Python numbers: no tensor for an observer
+
+
+class Float64Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3).double()
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+class HalfBmm(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+def test_int8_of_a_model_with_nothing_to_quantize_compiles_as_float_and_says_so():
+    """backend='auto' compared the candidates' SQNR over output tensors: with none, a raw
+    `ValueError: torch.cat(): expected a non-empty list of Tensors`."""
+    x = torch.randn(2, 3)
+    cm = qlower.compile(ConstantOutputs(), (x,), quantize="int8", calibration=[(x,)],
+                        auto_candidates=("onnxruntime",) + (("openvino",) if HAS_OPENVINO else ()))
+    assert cm(x) == (1.0, 2.0)
+    assert not cm.report().quantized
+    assert any("nothing to quantize" in n for n in cm.report().notes), cm.report().notes
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_int8_of_a_float64_model_is_a_quantize_error(backend):
+    x = torch.randn(2, 4, dtype=torch.float64)
+    with pytest.raises(qlower.QuantizeError, match="float64") as err:
+        qlower.compile(Float64Linear().eval(), (x,), backend=backend, quantize="int8", calibration=[(x,)])
+    assert "model.float()" in err.value.hint
+    model = Float64Linear().eval()   # float compiles keep float64
+    assert qlower.compile(model, (x,), backend=backend)(x).dtype == torch.float64
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_int8_keeps_a_float16_batched_matmuls_output_dtype(backend):
+    """The Q/DQ program dequantizes to float16, the integer lowering to float32: the output
+    came back float32."""
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 3, 4).half(), torch.randn(2, 4, 5).half()
+    cm = _compile(HalfBmm(), (a, b), backend, quantize="int8")
+    got, want = cm(a, b), HalfBmm()(a, b)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0)
+
+
+def test_a_size_computed_from_values_lost_in_the_int8_capture_gets_an_honest_hint():
+    from torch.fx.experimental.symbolic_shapes import PendingUnbackedSymbolNotFound
+    from qlower.capture import _hint_for
+    hint = _hint_for(PendingUnbackedSymbolNotFound("Pending unbacked symbols {u0} not in returned outputs"))
+    assert "without quantize" in hint and "rewrite the unsupported" not in hint

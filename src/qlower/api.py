@@ -161,6 +161,8 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
                            refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
+    if requantizes and not report.quantized:   # no tensor the quantizer annotates (e.g. constant outputs)
+        notes.append("nothing to quantize: no op of this model is quantized by int8, so it is compiled as float")
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{chosen.name}'")
         report.engine_trials, report.engine_choice = selection.trials, selection.explanation

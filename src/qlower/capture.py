@@ -203,6 +203,10 @@ def _hint_for(exc: BaseException) -> str:
     """The fix depends on why export failed: a branch on a tensor's value, a dtype mismatch
     between inputs and weights, or an op export cannot trace."""
     text = f"{type(exc).__name__}: {exc}".lower()
+    if "pendingunbackedsymbolnotfound" in text or "pending unbacked symbols" in text:
+        return ("a size computed from a tensor's values (e.g. narrow(x, 0, 0, n.item())) could not be "
+                "captured again after quantization: compile that model without quantize, or compute the "
+                "size from input shapes")
     if "data-dependent" in text or "datadependent" in text or "guardondatadependent" in text:
         return ("Python control flow on a tensor's value cannot be captured: use torch.cond(pred, "
                 "true_fn, false_fn, operands) or torch.where, or make the condition a constant")
@@ -222,9 +226,23 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
         return model
     example_inputs = check_example_inputs(example_inputs)
     _check_positional_forward(model, example_inputs)
+    with eval_mode(model):
+        ep = _export(model, example_inputs, dynamic_shapes, strict)
+    _check_operand_dtypes(ep)
+    return ep
+
+
+@serialized
+def capture_again(gm: torch.fx.GraphModule, example_inputs: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """torch.export a rewritten program's module (the quantizer's converted graph) into a
+    self-contained program, with capture's typed errors (no train/eval switch: an exported
+    module has none)."""
+    return _export(gm, example_inputs, dynamic_shapes, False)
+
+
+def _export(model, example_inputs, dynamic_shapes, strict: bool) -> torch.export.ExportedProgram:
     try:
-        with eval_mode(model):
-            ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         hint = _hint_for(exc)
@@ -233,8 +251,6 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
             cause, hint = violation
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
                            schema=op, source=source, hint=hint) from exc
-    _check_operand_dtypes(ep)
-    return ep
 
 
 def _check_positional_forward(model: torch.nn.Module, example_inputs: tuple) -> None:
