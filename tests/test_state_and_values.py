@@ -266,8 +266,24 @@ def test_int8_keeps_a_float16_batched_matmuls_output_dtype(backend):
     torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0)
 
 
-def test_a_size_computed_from_values_lost_in_the_int8_capture_gets_an_honest_hint():
+class NarrowAtATensor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, start):
+        return self.fc(torch.narrow(x, 0, start, 2))   # a start that is a tensor: an unbacked offset
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"], ids=["float", "int8"])
+def test_a_narrow_at_a_tensor_offset_is_a_capture_error_with_an_honest_hint(quantize):
+    """Plain torch.export raises PendingUnbackedSymbolNotFound for it; the generic hint ("rewrite
+    the unsupported code path") did not say what to change."""
     from torch.fx.experimental.symbolic_shapes import PendingUnbackedSymbolNotFound
-    from qlower.capture import _hint_for
-    hint = _hint_for(PendingUnbackedSymbolNotFound("Pending unbacked symbols {u0} not in returned outputs"))
-    assert "without quantize" in hint and "rewrite the unsupported" not in hint
+    ex = (torch.randn(5, 3), torch.tensor(2))
+    with pytest.raises(PendingUnbackedSymbolNotFound):
+        torch.export.export(NarrowAtATensor(), ex)
+    with pytest.raises(qlower.CaptureError, match="Pending unbacked symbols") as err:
+        qlower.compile(NarrowAtATensor().eval(), ex, backend="reference", quantize=quantize,
+                       calibration=[ex] if quantize else None)
+    assert "Python int" in err.value.hint and "rewrite the unsupported" not in err.value.hint

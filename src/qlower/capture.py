@@ -204,9 +204,10 @@ def _hint_for(exc: BaseException) -> str:
     between inputs and weights, or an op export cannot trace."""
     text = f"{type(exc).__name__}: {exc}".lower()
     if "pendingunbackedsymbolnotfound" in text or "pending unbacked symbols" in text:
-        return ("a size computed from a tensor's values (e.g. narrow(x, 0, 0, n.item())) could not be "
-                "captured again after quantization: compile that model without quantize, or compute the "
-                "size from input shapes")
+        # measured: torch.narrow(x, 0, start_tensor, 2) fails in plain torch.export as well
+        return ("torch.export loses a size or offset read from a tensor's value here (a narrow whose start "
+                "is a tensor, a length from .item()): pass it as a Python int, or select the rows with "
+                "torch.index_select or a mask instead")
     if "data-dependent" in text or "datadependent" in text or "guardondatadependent" in text:
         return ("Python control flow on a tensor's value cannot be captured: use torch.cond(pred, "
                 "true_fn, false_fn, operands) or torch.where, or make the condition a constant")
