@@ -287,3 +287,26 @@ def test_a_narrow_at_a_tensor_offset_is_a_capture_error_with_an_honest_hint(quan
         qlower.compile(NarrowAtATensor().eval(), ex, backend="reference", quantize=quantize,
                        calibration=[ex] if quantize else None)
     assert "Python int" in err.value.hint and "rewrite the unsupported" not in err.value.hint
+
+
+class Rows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(10, 4))
+
+    def forward(self, i):
+        return self.table[i] * 2          # Python indexing: -10..9 are rows, as in eager
+
+
+@pytest.mark.parametrize("backend", CHECKING)
+def test_negative_indices_eager_accepts_stay_in_the_engine_and_match(backend):
+    torch.manual_seed(0)
+    model = Rows().eval()
+    cm = _compile(model, (torch.tensor([1, 2, 3]),), backend)
+    (cluster,) = _engine_clusters(cm, backend)
+    assert [(kind, lo, hi) for _, kind, lo, hi in cluster.argument_check.checks] == [("index", -10, 10)]
+    i = torch.tensor([-10, -1, 9])
+    torch.testing.assert_close(cm(i), model(i))
+    assert cluster.argument_check(cluster._all_args((i,)) if backend == "openvino" else (i,))
+    with pytest.raises(IndexError):
+        cm(torch.tensor([0, 10, 1]))
