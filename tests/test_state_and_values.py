@@ -52,7 +52,8 @@ def _engine_clusters(cm, backend: str) -> list:
 def _compile(model, example, backend, quantize=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return qlower.compile(model.eval(), example, backend=backend, quantize=quantize,
+        model = model.eval() if isinstance(model, torch.nn.Module) else model
+        return qlower.compile(model, example, backend=backend, quantize=quantize,
                               calibration=[example] if quantize else None)
 
 
@@ -65,7 +66,9 @@ def test_embedding_index_out_of_range_raises_as_in_eager_not_a_row(backend, bad,
     good, wrong = torch.tensor([1, 2, 3]), torch.tensor([1, bad, 3])
     with pytest.raises(IndexError):
         model(wrong)
-    cm = _compile(model, (good,), backend, quantize)
+    program = model if quantize is None else qlower.quantize(model, (good,), [(good,)], config=quantize,
+                                                              backend=backend)
+    cm = _compile(program, (good,), backend)
     (cluster,) = _engine_clusters(cm, backend)
     assert cluster.argument_check is not None          # the embedding runs in the engine, checked on the host
     assert all(c.status == "compiled" for c in cm.report().clusters)
@@ -75,7 +78,8 @@ def test_embedding_index_out_of_range_raises_as_in_eager_not_a_row(backend, bad,
     cluster.argument_check = check
     with pytest.raises(IndexError, match="index out of range"):
         cm(wrong)
-    torch.testing.assert_close(cm(good), model(good), atol=0.2 if quantize else 1e-6, rtol=0)
+    want = model(good) if quantize is None else _compile(program, (good,), "reference")(good)
+    torch.testing.assert_close(cm(good), want, atol=0, rtol=0)
     assert all(c.status == "compiled" for c in cm.report().clusters)   # a refused call changes nothing
 
 
@@ -260,10 +264,11 @@ def test_int8_keeps_a_float16_batched_matmuls_output_dtype(backend):
     came back float32."""
     torch.manual_seed(0)
     a, b = torch.randn(2, 3, 4).half(), torch.randn(2, 4, 5).half()
-    cm = _compile(HalfBmm(), (a, b), backend, quantize="int8")
-    got, want = cm(a, b), HalfBmm()(a, b)
-    assert got.dtype == torch.float16
-    torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0)
+    assert HalfBmm()(a, b).dtype == torch.float16
+    program = qlower.quantize(HalfBmm(), (a, b), [(a, b)], config="int8", backend=backend)
+    got, want = _compile(program, (a, b), backend)(a, b), _compile(program, (a, b), "reference")(a, b)
+    assert got.dtype == torch.float16 and want.dtype == torch.float16
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 class NarrowAtATensor(torch.nn.Module):
