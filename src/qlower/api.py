@@ -12,7 +12,7 @@ from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
 from .engine_choice import (Program, ProgramKey, auto_backends, candidate_label, default_selector,
                             source_digest)
-from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2
+from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2, serialized
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
 from .numerics import PROFILES
@@ -29,6 +29,7 @@ from .runtime.compiled import NAN_POLICIES
 
 
 @quiet
+@serialized   # one compile at a time per process (capture.COMPILE_LOCK says why)
 @forgets_discarded_graphs
 def quantize(model, example_inputs, calibration=None, config: QuantConfig | str | None = None,
              dynamic_shapes=None, backend: str | None = None, backend_options=None) -> torch.export.ExportedProgram:
@@ -51,6 +52,7 @@ def quantize(model, example_inputs, calibration=None, config: QuantConfig | str 
 
 
 @quiet
+@serialized   # one compile at a time per process (capture.COMPILE_LOCK says why)
 @forgets_discarded_graphs
 def compile(model, example_inputs, quantize=None, calibration=None, backend: str = "auto",
             dynamic_shapes=None, profile: str = "float", backend_options=None, passes=None,
@@ -176,6 +178,8 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
     report = CompileReport(backend=chosen.name, profile=profile, quantized=is_quantized(ep),
                            clusters=executable.clusters, rewrites=dict(ctx.rewrites),
                            refusals=[str(r) for r in ctx.refusals], op_counts=op_counts(gm))
+    if requantizes and not report.quantized:   # no tensor the quantizer annotates (e.g. constant outputs)
+        notes.append("nothing to quantize: no op of this model is quantized by int8, so it is compiled as float")
     if backend == "auto":
         report.notes.append(f"backend 'auto' chose '{candidate_label(chosen)}'" if chosen.name != "reference" else
                             "backend 'auto' chose to run the whole model in PyTorch (the reference backend): "

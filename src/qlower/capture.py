@@ -2,14 +2,35 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
+import threading
 from pathlib import Path
 
 import torch
 
 from .errors import ArtifactError, CaptureError, InputError
 from .artifact import read_pt2, write_pt2
+from .input_spec import storage_hint, storage_problem
+
+# torch.export, dynamo and the tracing qlower's passes and quantizer do keep global state (the
+# dispatch mode stack, export's module hierarchy, fake modes): two threads capturing at once
+# corrupt each other (measured: "Trying to pop empty mode stack", "_EXPORT_MODULE_HIERARCHY must
+# not be None" in every round of 4 threads). compile / quantize / capture / load take this lock,
+# re-entrant (compile captures), so they are safe from several threads and run one at a time;
+# calling a compiled model does not take it.
+COMPILE_LOCK = threading.RLock()
+
+
+def serialized(fn):
+    """`fn` holding COMPILE_LOCK."""
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with COMPILE_LOCK:
+            return fn(*args, **kwargs)
+    return locked
+
 
 _SOURCE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _OP_NAME = re.compile(r"\b((?:aten|qlower|prims|quantized_decomposed)::?\.?[\w.]+|torch\.ops\.[\w.]+)")
@@ -23,6 +44,11 @@ def check_example_inputs(example_inputs) -> tuple:
     if not isinstance(example_inputs, (tuple, list)):
         raise InputError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}",
                          hint="pass the positional inputs of forward() as a tuple, e.g. (x,)")
+    leaves = torch.utils._pytree.tree_leaves(tuple(example_inputs))
+    for index, value in enumerate(leaves):
+        problem = storage_problem(value) if isinstance(value, torch.Tensor) else None
+        if problem:   # torch.export would fail on a device mix, or capture a sparse program no engine runs
+            raise InputError(f"example input {index} {problem}", hint=storage_hint(value))
     return tuple(example_inputs)
 
 
@@ -177,6 +203,11 @@ def _hint_for(exc: BaseException) -> str:
     """The fix depends on why export failed: a branch on a tensor's value, a dtype mismatch
     between inputs and weights, or an op export cannot trace."""
     text = f"{type(exc).__name__}: {exc}".lower()
+    if "pendingunbackedsymbolnotfound" in text or "pending unbacked symbols" in text:
+        # measured: torch.narrow(x, 0, start_tensor, 2) fails in plain torch.export as well
+        return ("torch.export loses a size or offset read from a tensor's value here (a narrow whose start "
+                "is a tensor, a length from .item()): pass it as a Python int, or select the rows with "
+                "torch.index_select or a mask instead")
     if "data-dependent" in text or "datadependent" in text or "guardondatadependent" in text:
         return ("Python control flow on a tensor's value cannot be captured: use torch.cond(pred, "
                 "true_fn, false_fn, operands) or torch.where, or make the condition a constant")
@@ -186,6 +217,7 @@ def _hint_for(exc: BaseException) -> str:
     return "rewrite the unsupported code path, or wrap it in a torch.library custom op"
 
 
+@serialized
 def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
             ) -> torch.export.ExportedProgram:
     """torch.export the model (eval mode) into an ExportedProgram of core ATen + qlower ops.
@@ -195,9 +227,23 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
         return model
     example_inputs = check_example_inputs(example_inputs)
     _check_positional_forward(model, example_inputs)
+    with eval_mode(model):
+        ep = _export(model, example_inputs, dynamic_shapes, strict)
+    _check_operand_dtypes(ep)
+    return ep
+
+
+@serialized
+def capture_again(gm: torch.fx.GraphModule, example_inputs: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """torch.export a rewritten program's module (the quantizer's converted graph) into a
+    self-contained program, with capture's typed errors (no train/eval switch: an exported
+    module has none)."""
+    return _export(gm, example_inputs, dynamic_shapes, False)
+
+
+def _export(model, example_inputs, dynamic_shapes, strict: bool) -> torch.export.ExportedProgram:
     try:
-        with eval_mode(model):
-            ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # torch raises many types; all mean "could not capture"
         cause, op, source = _describe_export_failure(exc)
         hint = _hint_for(exc)
@@ -206,8 +252,6 @@ def capture(model, example_inputs, dynamic_shapes=None, *, strict: bool = False
             cause, hint = violation
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {cause}",
                            schema=op, source=source, hint=hint) from exc
-    _check_operand_dtypes(ep)
-    return ep
 
 
 def _check_positional_forward(model: torch.nn.Module, example_inputs: tuple) -> None:
@@ -251,12 +295,14 @@ def _check_operand_dtypes(ep: torch.export.ExportedProgram) -> None:
                                     "(e.g. x.float() for a float model)")
 
 
+@serialized
 def save_pt2(ep: torch.export.ExportedProgram, path: str | Path) -> Path:
     """Write a program as a .pt2 that torch.export.load reads too, atomically and with a sha256
     manifest (the sample inputs, a pickle, are left out)."""
     return write_pt2(ep, path)
 
 
+@serialized
 def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
     """A torch.export program from a .pt2 file, without unpickling or running anything in it
     (artifact/__init__.py): files of other tools load when they hold plain tensors, else a typed

@@ -35,6 +35,9 @@ class InputSpec:
     def problem(self, value) -> str | None:
         if not isinstance(value, torch.Tensor):
             return f"expected a tensor {self.describe()}, got {type(value).__name__}"
+        storage = storage_problem(value)
+        if storage:
+            return storage
         dtype = str(value.dtype).removeprefix("torch.")
         if dtype != self.dtype:
             return f"expected dtype {self.dtype}, got {dtype}"
@@ -54,6 +57,8 @@ class InputSpec:
         """The fix for `problem(value)`: each kind of mismatch has its own."""
         if not isinstance(value, torch.Tensor):
             return "call the compiled model with tensors, as the original model was called"
+        if storage_problem(value):
+            return storage_hint(value)
         if str(value.dtype).removeprefix("torch.") != self.dtype:
             return f"convert the input with .to(torch.{self.dtype}), or compile with example inputs of that dtype"
         if value.dim() != len(self.shape):
@@ -67,6 +72,27 @@ class InputSpec:
         if outside:
             return "recompile with a wider torch.export.Dim(min=..., max=...) in dynamic_shapes="
         return "dims that vary must be declared with dynamic_shapes= at compile time"
+
+
+def storage_problem(value: torch.Tensor) -> str | None:
+    """Why a tensor cannot be an input at all, whatever its dtype and shape: it has no values
+    (meta device), is not a dense strided tensor (sparse, mkldnn), or is not in CPU memory.
+    Engines would read garbage, fail deep inside, or (IREE) hand back a meta tensor."""
+    if value.is_meta:
+        return "is on the meta device (it has no values)"
+    if value.layout is not torch.strided:
+        return f"is a {str(value.layout).removeprefix('torch.')} tensor, not a dense (strided) one"
+    if not value.is_cpu:
+        return f"is on device {value.device}, not the CPU"
+    return None
+
+
+def storage_hint(value: torch.Tensor) -> str:
+    if value.is_meta:
+        return "pass a tensor with values, e.g. torch.empty_like(x, device='cpu') filled with the data"
+    if value.layout is not torch.strided:
+        return "convert it with .to_dense()"
+    return "move it with .cpu()"
 
 
 def _within(bound: tuple[int, int | None], size: int) -> bool:
@@ -109,7 +135,7 @@ def flat_checker(specs: list[InputSpec]):
     dtype and an accepted shape. Precomputed per model, so a call pays one comparison per input
     (measured on the zoo LSTM, 3 inputs: 1.2 us, `check_inputs` 4.4 us). False sends the call to
     `check_inputs`, which names the problem or accepts a nested call."""
-    n, tensor = len(specs), torch.Tensor
+    n, tensor, strided = len(specs), torch.Tensor, torch.strided
     if all(s.static for s in specs):
         wanted = tuple((s.torch_dtype, torch.Size(s.shape)) for s in specs)
 
@@ -117,7 +143,8 @@ def flat_checker(specs: list[InputSpec]):
             if len(args) != n:
                 return False
             for value, (dtype, shape) in zip(args, wanted):
-                if type(value) is not tensor or value.dtype is not dtype or value.shape != shape:
+                if type(value) is not tensor or value.dtype is not dtype or value.shape != shape \
+                        or not value.is_cpu or value.layout is not strided:
                     return False
             return True
         return static_ok
@@ -144,7 +171,8 @@ def check_inputs(specs: list[InputSpec], args: tuple) -> None:
 
 
 def _fast_ok(spec: InputSpec, value) -> bool:
-    if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype:
+    if not isinstance(value, torch.Tensor) or value.dtype is not spec.torch_dtype \
+            or not value.is_cpu or value.layout is not torch.strided:   # meta, sparse, another device
         return False
     if spec.static:
         return value.shape == spec.shape  # torch.Size compares with a tuple

@@ -8,6 +8,8 @@ import torch
 
 def _flat(outputs) -> torch.Tensor:
     leaves = torch.utils._pytree.tree_leaves(outputs)
+    if not any(isinstance(t, torch.Tensor) for t in leaves):   # only Python numbers: nothing to compare
+        return torch.zeros(0, dtype=torch.float64)
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in leaves if isinstance(t, torch.Tensor)])
 
 

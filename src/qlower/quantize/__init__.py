@@ -6,7 +6,7 @@ import contextlib
 import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from ..capture import capture, check_example_inputs
+from ..capture import capture, capture_again, check_example_inputs
 from ..errors import QuantizeError
 from ..passes.base import PassContext
 from ..passes.drop_eval_dropout import DropEvalDropout
@@ -90,6 +90,8 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     if config.weight_only is not None:
         return _quantize_weight_only(model, example_inputs, calibration, config, dynamic_shapes)
     ep = capture(model, example_inputs, dynamic_shapes)
+    _refuse_float64(ep)
+    output_dtypes = _output_dtypes(ep.graph_module)
     if config.quantize_attention:
         ep = decompose_attention(ep)
     gm = ep.module()
@@ -107,8 +109,54 @@ def _quantize_once(model, example_inputs, calibration, config: QuantConfig, dyna
     with _state_restored(observed, state_names):  # convert runs a buffer update (`self.n += 1`) once
         converted = convert_pt2e(observed, fold_quantize=True)
         insert_run_time_qdq(converted, config.activations)
-    # Re-export so callers get a self-contained program with shape metadata on every node.
-    return torch.export.export(converted, example_inputs, dynamic_shapes=_flat_spec(ep, example_inputs, dynamic_shapes))
+    _keep_output_dtypes(converted, output_dtypes)
+    # Re-export so callers get a self-contained program with shape metadata on every node
+    # (capture: a failure is a CaptureError with a hint, e.g. for a size computed from values).
+    return capture_again(converted, example_inputs, _flat_spec(ep, example_inputs, dynamic_shapes))
+
+
+def _refuse_float64(ep: torch.export.ExportedProgram) -> None:
+    """PT2E's quantize ops take float32, bfloat16 and float16 values only (float64 was a raw
+    AssertionError inside convert): a float64 model is a typed error; float compiles keep it."""
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor) and val.dtype is torch.float64:
+            raise QuantizeError(f"'{node.name}' is float64: int8 quantization takes float32, float16 or "
+                                "bfloat16 models",
+                                hint="quantize a float32 copy (model.float() and x.float()), or compile without "
+                                     "quantize (float64 runs as float64)")
+
+
+def _output_dtypes(gm: torch.fx.GraphModule) -> list:
+    """The dtype of each output leaf of the captured float program (None: not a tensor)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    leaves = torch.utils._pytree.tree_leaves(out.args[0])
+    return [getattr(getattr(v, "meta", {}).get("val"), "dtype", None) for v in leaves]
+
+
+def _keep_output_dtypes(gm: torch.fx.GraphModule, dtypes: list) -> None:
+    """The float model's output dtypes, kept: a float16 output produced by a dequantize is
+    float16 in the Q/DQ form (`out_dtype`), but the integer lowering dequantizes to float32 (a
+    float16 `torch.bmm` came back float32). Each float output that is not float32 is cast to its
+    dtype explicitly here (a no-op in the Q/DQ form), so every lowering keeps it."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    leaves, spec = torch.utils._pytree.tree_flatten(out.args[0])
+    if len(leaves) != len(dtypes):
+        return
+    changed = False
+    for i, (value, dtype) in enumerate(zip(leaves, dtypes)):
+        val = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else None
+        if dtype is None or not dtype.is_floating_point or dtype is torch.float32 \
+                or not isinstance(value, torch.fx.Node):
+            continue
+        with gm.graph.inserting_before(out):
+            cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype})
+        if isinstance(val, torch.Tensor):
+            cast.meta["val"] = val.to(dtype)
+        leaves[i], changed = cast, True
+    if changed:
+        out.args = (torch.utils._pytree.tree_unflatten(leaves, spec),)
+        gm.recompile()
 
 
 def _quantize_weight_only(model, example_inputs, calibration, config: QuantConfig,

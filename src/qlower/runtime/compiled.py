@@ -25,6 +25,7 @@ from ..input_spec import InputSpec, check_inputs, flat_checker
 from ..onnx.io_names import input_names, output_names
 from . import saved_options
 from ..artifact.limits import load_json
+from ..capture import serialized
 from ..backends import backend_names, get_backend, options_backend
 
 _META_NAME = "qlower.json"
@@ -182,6 +183,7 @@ class CompiledModule:
                 if name in live and live[name].shape == buf.shape and live[name] is not buf}
 
     @quiet
+    @serialized
     def save(self, path: str | Path) -> Path:
         """Write one .pt2 file: the lowered program with its current state, qlower's metadata and
         a sha256 manifest (see artifact/__init__.py), atomically. The caller's model is never
@@ -228,6 +230,7 @@ _MAX_DIM = (1 << 31) - 1
 
 
 @quiet
+@serialized   # compiles the program again (capture.COMPILE_LOCK)
 def load(path: str | Path, *, backend_options=None) -> CompiledModule:
     """Load a CompiledModule written by `CompiledModule.save` and recompile it for its backend.
     The file is checked before anything in it is deserialized and nothing in it is unpickled

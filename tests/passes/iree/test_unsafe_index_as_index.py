@@ -25,6 +25,13 @@ def test_unsafe_index_pass_contract():
     assert torch.ops.aten._unsafe_index.Tensor not in targets and targets.count(torch.ops.aten.index.Tensor) == 2
     assert torch.equal(gm(x, i), want)
     assert not PassManager([UnsafeIndexAsIndex()]).run(gm, PassContext()).rewrites   # idempotent
+    # the rewritten gather is marked in range by construction: no eager bounds check is asked of it
+    # (backends/argument_checks.py), while the user's own index is
+    from qlower.backends.argument_checks import requirements
+    from qlower.passes.iree.unsafe_index_as_index import UNCHECKED_INDEX
+    index_nodes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.index.Tensor]
+    assert sorted(bool(n.meta.get(UNCHECKED_INDEX)) for n in index_nodes) == [False, True]
+    assert sorted(len(requirements(n)) for n in index_nodes) == [0, 1]
 
 
 class _IndexAlready(torch.nn.Module):

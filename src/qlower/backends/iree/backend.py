@@ -28,6 +28,7 @@ from ...partition import Capability, cluster_graph
 from ...passes.functionalize_state import WRITE_BACK
 from ...core.types import ClusterInfo
 from ...passes.scatter_into_neutral import ScatterIntoNeutral
+from ..argument_checks import CHECKED_OPS, ArgumentCheck, checkable
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
@@ -80,7 +81,18 @@ def iree_capability() -> Capability:
     for name, lowering in TOSA_LOWERINGS.items():
         cap.register(name, lowering.check if name.startswith("qlower::") else _either(lowering.check, name))
     cap.register(SIZE_OPS, symbolic_size)
+    # eager's IndexError / division by zero: checked on the host (IreeCluster), or the op stays in PyTorch
+    for name in CHECKED_OPS:
+        cap.register(name, _also(cap.ops.get(name, cap.ops["*"]), checkable))
     return cap
+
+
+def _also(predicate, check):
+    """`predicate`, then `check`; `qlower ops` shows both conditions."""
+    def both(node: Node) -> str | None:
+        return predicate(node) or check(node)
+    both.__doc__ = f"{(predicate.__doc__ or 'always').strip().splitlines()[0]}; {check.__doc__.strip().splitlines()[0]}"
+    return both
 
 
 # A float batch matmul whose batch, M and K are all dynamic (attention's probs @ V inside an int8
@@ -396,7 +408,8 @@ class IreeBackend:
                                                   compiled.command if compiled else None,
                                                   float_inputs(fused, p.runtime_args),
                                                   self.options.runtime_driver(),
-                                                  engine_sums=bool(p.emitted is not None and p.emitted.input_sums)))
+                                                  engine_sums=bool(p.emitted is not None and p.emitted.input_sums),
+                                                  argument_check=ArgumentCheck(p.sub)))
         p.call.args = tuple(p.runtime_args)
 
 

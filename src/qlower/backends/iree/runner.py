@@ -65,7 +65,7 @@ class IreeCluster(torch.nn.Module):
     def __init__(self, fallback: GraphModule, function, output_dtypes: list[torch.dtype], single: bool,
                  info: ClusterInfo, kind: str, mlir: str | None, vmfb: bytes | None = None,
                  command: str | None = None, finite_checks: dict[int, str] | None = None,
-                 driver: str = "local-sync", engine_sums: bool = False):
+                 driver: str = "local-sync", engine_sums: bool = False, argument_check=None):
         super().__init__()
         self.fallback = fallback   # what the engine was given
         self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
@@ -87,6 +87,10 @@ class IreeCluster(torch.nn.Module):
         # checked inputs (computed in the engine); else they are checked here before the call
         self.engine_sums = engine_sums and bool(self.finite_checks)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
+        # argument_checks.ArgumentCheck (None: nothing to check): an index out of range or an
+        # integer divisor of 0 among the arguments runs the call in PyTorch, which raises eager's
+        # error (IREE would return a row, zeros or -9223372036854775807)
+        self.argument_check = argument_check if argument_check is not None and argument_check.needed else None
         # inputs read in place and results handed over without copies (CPU drivers): off for
         # good after the first call it fails (then numpy copies, as on GPUs)
         self.zero_copy = hasattr(function, "call_zero_copy") and getattr(function, "_host_local", False)
@@ -95,6 +99,8 @@ class IreeCluster(torch.nn.Module):
         return run_in_pytorch(self.in_pytorch, args)
 
     def forward(self, *args):
+        if self.argument_check is not None and not self.argument_check(args):
+            return self._pytorch(args)
         if self.function is None:
             if self.finite_checks and self.on_nonfinite is not None:
                 arrays = {pos: _to_numpy(args[pos]) for pos in self.finite_checks}

@@ -32,6 +32,7 @@ from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..base import Executable, decompose_unsupported_block_ops, op_counts
 from ..input_sums import with_input_sums
 from .int64_bounds import RangeCheck
+from ..argument_checks import ArgumentCheck
 from ..clusters import (compile_isolating_rejected, float_inputs, install_constant, pytorch_infos, scalar_kinds,
                         split_inputs)
 from .capability import NATIVE_DEVIATION, NUMERICS, openvino_capability
@@ -228,8 +229,10 @@ class OpenVinoBackend:
             if rejected is not None and model_bytes is not None:
                 rejected.update(rejected_nodes(exc, model_bytes, sub))
         range_check = RangeCheck(sub, inputs.by_position)
+        argument_check = ArgumentCheck(sub, inputs.by_position)
         setattr(fused, call.target, OvCluster(sub, compiled, inputs.by_position, inputs.arity, dtypes, single, info,
-                                              feed, checks, range_check if range_check.needed else None))
+                                              feed, checks, range_check if range_check.needed else None,
+                                              argument_check if argument_check.needed else None))
         call.args = tuple(inputs.runtime_args)
         return info
 

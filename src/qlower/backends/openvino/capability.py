@@ -23,6 +23,8 @@ import math
 import torch
 from torch.fx import Node
 
+from ..argument_checks import CHECKED_OPS, checkable
+
 from ...numerics import EXACT_SUM, max_centered
 from ...fx import constant_value, full_args, node_tensors, schema_name
 from ...partition import Capability, holds_empty_tensor
@@ -254,6 +256,11 @@ def openvino_capability(numerics: str = "canonical") -> Capability:
     refine(list(cap.ops), _no_data_dependent_size)
     refine(list(cap.ops), _no_float64)
     refine(list(cap.ops), _no_bfloat16)
+    # eager's IndexError / division by zero: checked on the host, or the op stays in PyTorch
+    for name in CHECKED_OPS:   # (most of them under "*": refined from what "*" now is)
+        predicate = cap.ops.get(name, cap.ops.get("*"))
+        if predicate is not None:
+            cap.register(name, _refine(predicate, checkable))
     return cap
 
 

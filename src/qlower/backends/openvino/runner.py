@@ -88,7 +88,7 @@ class OvCluster(torch.nn.Module):
     def __init__(self, fallback: GraphModule, compiled, constants: dict[int, torch.Tensor], arity: int,
                  output_dtypes: list[torch.dtype], single: bool, info: ClusterInfo,
                  feed: list[int] | None = None, finite_checks: dict[int, str | None] | None = None,
-                 int64_range=None):
+                 int64_range=None, argument_check=None):
         super().__init__()
         # runtime argument positions of the compiled model's inputs, in its order; None: all of
         # them in order (OpenVINO drops ONNX inputs nothing reads, e.g. a KV-cache step's sizes)
@@ -101,6 +101,10 @@ class OvCluster(torch.nn.Module):
         # int64 values could leave int32 runs in PyTorch (measured: an int64 5e9 came back from a
         # reshape as 705032704)
         self.int64_range = int64_range
+        # argument_checks.ArgumentCheck, or None: an index out of range or an integer divisor of 0
+        # among the arguments runs the call in PyTorch, which raises eager's error (OpenVINO
+        # would return a row, zeros or -2147483647)
+        self.argument_check = argument_check
         self.fallback = fallback   # what the engine was given
         self.in_pytorch = pytorch_graph(fallback)   # block ops an engine lacked called again
         self.constants = constants
@@ -130,6 +134,8 @@ class OvCluster(torch.nn.Module):
 
     def forward(self, *args):
         if self.compiled is None:
+            return self._pytorch(args)
+        if self.argument_check is not None and not self.argument_check(self._all_args(args)):
             return self._pytorch(args)
         if self.int64_range is not None and not self.int64_range(self._all_args(args)):
             self.info.int64_overflow_calls = (self.info.int64_overflow_calls or 0) + 1

@@ -12,7 +12,8 @@ BEFORE:  y = aten._unsafe_index.Tensor(x, [None, None, h, w])
 AFTER:   y = aten.index.Tensor(x, [None, None, h, w])
 Near misses left alone: `aten.index.Tensor` already; `_unsafe_index_put`.
 Postconditions: the same values for in-range indices (out of range, `index` raises where
-`_unsafe_index` read any memory). Idempotent: no `_unsafe_index` is left.
+`_unsafe_index` read any memory); the node's meta marks it (`UNCHECKED_INDEX`), so the
+capability does not take it for a user's index that needs eager's bounds check. Idempotent: no `_unsafe_index` is left.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from torch.fx import GraphModule
 from ..base import Pass, PassContext
 
 _aten = torch.ops.aten
+# node meta key: an index whose values its producer keeps in range (not checked against eager's IndexError)
+UNCHECKED_INDEX = "qlower_unchecked_index"
 
 
 class UnsafeIndexAsIndex(Pass):
@@ -32,6 +35,7 @@ class UnsafeIndexAsIndex(Pass):
         for node in gm.graph.nodes:
             if node.op == "call_function" and node.target is _aten._unsafe_index.Tensor:
                 node.target = _aten.index.Tensor
+                node.meta[UNCHECKED_INDEX] = True   # (argument_checks: in range by construction)
                 changed += 1
         if changed:
             ctx.rewrites["_unsafe_index written as index (torch-mlir lowers only that)"] += changed
