@@ -10,8 +10,7 @@ import torch
 from . import blockops, ops  # noqa: F401  (registers qlower ops and block ops)
 from .backends import EXPORT_FORMATS, get_backend, op_counts
 from .backends.base import compile_graph
-from .engine_choice import (Program, ProgramKey, auto_backends, candidate_label, default_selector,
-                            source_digest)
+from .engine_choice import Program, ProgramKey, auto_backends, choice_note, default_selector, source_digest
 from .capture import capture, check_example_inputs, check_module, eval_mode, save_pt2, serialized
 from .fx import forgets_discarded_graphs
 from .errors import InputError, QlowerError, QuantizeError
@@ -181,9 +180,7 @@ def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shap
     if requantizes and not report.quantized:   # no tensor the quantizer annotates (e.g. constant outputs)
         notes.append("nothing to quantize: no op of this model is quantized by int8, so it is compiled as float")
     if backend == "auto":
-        report.notes.append(f"backend 'auto' chose '{candidate_label(chosen)}'" if chosen.name != "reference" else
-                            "backend 'auto' chose to run the whole model in PyTorch (the reference backend): "
-                            "no candidate engine was correct and faster, or none is installed")
+        report.notes.append(choice_note(chosen))
         report.engine_trials, report.engine_choice = selection.trials, selection.explanation
     report.notes += notes + executable.notes
     dyn = tuple(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else dynamic_shapes

@@ -71,6 +71,15 @@ def candidate_label(backend: Backend) -> str:
     return f"{backend.name}-native" if getattr(getattr(backend, "options", None), "native", False) else backend.name
 
 
+def choice_note(chosen: Backend) -> str:
+    """The compile report's line for auto's choice; choosing the reference backend is named as
+    running the whole model in PyTorch."""
+    if isinstance(chosen, ReferenceBackend):
+        return ("backend 'auto' chose to run the whole model in PyTorch (the reference backend): "
+                "no candidate engine was correct and faster, or none is installed")
+    return f"backend 'auto' chose '{candidate_label(chosen)}'"
+
+
 def is_native(backend: Backend) -> bool:
     return candidate_label(backend) != backend.name
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 
 from ..errors import ArtifactError
+from ..onnx.lowering.weight_only import COMPUTE_LEVELS
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]{1,64}")          # a CPU / GPU architecture name
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # an ONNX Runtime optimizer name
@@ -69,7 +70,8 @@ def _ort_fields() -> dict[str, Callable]:
     return {"threads": _int(0, 4096),
             "optimization": _one_of("disabled", "basic", "extended", "all"),
             "disabled_optimizers": _names,
-            "min_cluster_size": _int(0, 1 << 20)}
+            "min_cluster_size": _int(0, 1 << 20),
+            "weight_only_compute": _one_of(*COMPUTE_LEVELS)}
 
 
 def _ov_fields() -> dict[str, Callable]:
