@@ -16,8 +16,9 @@ AFTER:   t = scatter_reduce.two(zeros_like(x), d, i, s, "sum", include_self=Fals
          n = scatter_reduce.two(zeros_like(x), d, i, ones_like(s), "sum", include_self=False)
          y = where(n > 0, (x + t) / (n + 1), x)          # x alone where nothing was scattered
   "sum" with include_self (and scatter_add): where(n > 0, x + t, x); "prod": where(n > 0, x * p, x)
-  with p the product scattered into ones; "mean" without include_self: t / n. Integer means
-  divide with floor, as eager.
+  with p the product scattered into ones; "mean" without include_self: t / max(n, 1) (the
+  positions with n == 0 take x; never an integer division by zero). Integer means divide with
+  floor, as eager.
 Near misses left alone: include_self=False sums and products, amax / amin, plain scatter.
 Postconditions: eager's values up to float rounding (the scattered values are summed before the
 input joins them, where eager adds them one by one into it); idempotent (what it writes is
@@ -92,7 +93,10 @@ class ScatterIntoNeutral(Pass):
             total = scatter(zeros, src, "sum")
             combined = call(gm, _aten.add.Tensor, (x, total), like=node) if include_self else total
             if reduce == "mean":
-                divisor = call(gm, _aten.add.Scalar, (count, 1), like=node) if include_self else count
+                # without include_self, positions nothing reaches divide by 1, not 0 (they take x below;
+                # an integer division by zero would raise)
+                divisor = call(gm, _aten.add.Scalar, (count, 1), like=node) if include_self else \
+                    call(gm, _aten.clamp_min.default, (count, 1), like=node)
                 floor = not x.meta["val"].dtype.is_floating_point
                 combined = call(gm, _aten.div.Tensor_mode, (combined, divisor), {"rounding_mode": "floor"}, like=node) \
                     if floor else call(gm, _aten.div.Tensor, (combined, divisor), like=node)
