@@ -37,8 +37,9 @@ def demo(models: str = typer.Option("cnn,transformer", help="comma-separated zoo
          backend: str = typer.Option("auto", help="auto (fastest correct engine, measured) | onnxruntime | openvino | "
                                      "iree | reference"),
          runs: int = typer.Option(10, help="timed runs per stack (median reported)"),
-         threads: Optional[int] = typer.Option(None, help="intra-op threads of eager PyTorch and the engines alike "
-                                               "(default: torch's current count)")):
+         threads: int = typer.Option(1, help="intra-op threads of eager PyTorch and the engines alike (one: "
+                                     "small models' eager timings on several threads swing by 10x on shared "
+                                     "machines)")):
     """Quantize, compile and run the built-in models; print accuracy and latency (eager and
     qlower timed on the same threads, their calls interleaved)."""
     names = [m.strip() for m in models.split(",") if m.strip()]
