@@ -4,6 +4,7 @@ meta-device and sparse tensors are typed errors at compile and at call; compile 
 threads; int8 compiles of models with nothing to quantize, float64 inputs, data-dependent
 lengths and float16 batched matmuls."""
 import threading
+import time
 import warnings
 
 import pytest
@@ -315,3 +316,29 @@ def test_negative_indices_eager_accepts_stay_in_the_engine_and_match(backend):
     assert cluster.argument_check(cluster._all_args((i,)) if backend == "openvino" else (i,))
     with pytest.raises(IndexError):
         cm(torch.tensor([0, 10, 1]))
+
+
+def test_a_compile_left_running_by_auto_finishes_before_the_next_compile_starts():
+    """auto abandons a candidate's compile at its time budget but cannot stop it (engine_choice
+    ._bounded); its passes trace, so the next compile waits for it instead of tracing beside it."""
+    from qlower.capture import _LEFT_RUNNING, leave_running, serialized
+    finished = threading.Event()
+
+    def slow_compile() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    worker = threading.Thread(target=slow_compile)
+    worker.start()
+    leave_running(worker)
+    seen = []
+    serialized(lambda: seen.append(finished.is_set()))()
+    assert seen == [True] and not _LEFT_RUNNING
+    nested = threading.Thread(target=time.sleep, args=(0.3,))
+    # inside a compile (the lock held by this thread) a call does not wait: the compile that left
+    # the work running is the caller, and it waits at its next outermost call
+    serialized(lambda: (nested.start(), leave_running(nested),
+                                serialized(lambda: seen.append(nested.is_alive()))()))()
+    assert seen == [True, True]
+    serialized(lambda: seen.append(nested.is_alive()))()
+    assert seen == [True, True, False]

@@ -21,14 +21,39 @@ from .input_spec import storage_hint, storage_problem
 # re-entrant (compile captures), so they are safe from several threads and run one at a time;
 # calling a compiled model does not take it.
 COMPILE_LOCK = threading.RLock()
+# compiles auto abandoned at its time budget, still running in their threads (engine_choice): the
+# next outermost entry waits for them, so they never run beside another compile's tracing
+_LEFT_RUNNING: list[threading.Thread] = []
+_DEPTH = threading.local()
+
+
+def leave_running(worker: threading.Thread) -> None:
+    """Record a compile left running past auto's budget (see _LEFT_RUNNING)."""
+    _LEFT_RUNNING.append(worker)
 
 
 def serialized(fn):
-    """`fn` holding COMPILE_LOCK."""
+    """`fn` holding COMPILE_LOCK; an outermost call first waits (without the lock, which such a
+    compile never takes) for the compiles left running."""
     @functools.wraps(fn)
     def locked(*args, **kwargs):
-        with COMPILE_LOCK:
+        depth = getattr(_DEPTH, "n", 0)
+        while True:
+            while depth == 0 and _LEFT_RUNNING:
+                worker = _LEFT_RUNNING[0]
+                worker.join()
+                with contextlib.suppress(ValueError):   # another thread may have removed it
+                    _LEFT_RUNNING.remove(worker)
+            COMPILE_LOCK.acquire()
+            if depth > 0 or not _LEFT_RUNNING:
+                break
+            COMPILE_LOCK.release()   # one was left running meanwhile: wait for it too
+        _DEPTH.n = depth + 1
+        try:
             return fn(*args, **kwargs)
+        finally:
+            _DEPTH.n = depth
+            COMPILE_LOCK.release()
     return locked
 
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.fx import GraphModule
 
+from .capture import leave_running
 from .errors import BackendError
 from .fx import mutated_attributes, schema_name
 from .core.types import EngineTrial
@@ -219,6 +220,8 @@ def _bounded(fn: Callable[[], Any], seconds: float | None, what: str):
     worker.start()
     worker.join(max(seconds, 0.0))
     if worker.is_alive():
+        if what.endswith("-compile"):   # its passes trace: the next compile waits for it
+            leave_running(worker)
         raise _Abandoned(f"still running after {max(seconds, 0.0):.1f} s")
     if "error" in box:
         raise box["error"]
