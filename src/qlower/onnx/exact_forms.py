@@ -89,6 +89,16 @@ def _scalar_qparams(consts, node) -> tuple[float, int, np.dtype] | None:
 _TORCH = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
 
 
+def _replaced(graph: onnx.GraphProto, nodes: list, inits: list, rewritten: int) -> int:
+    """A rewrite's end: where it rewrote anything, the graph's nodes become `nodes` (in order)
+    and `inits` join its initializers. Returns `rewritten`."""
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(inits)
+    return rewritten
+
+
 def _table(op: str, qa, qb, qy) -> np.ndarray:
     """y[i * 256 + j] = qlower's canonical add/mul of a = i + lo_a, b = j + lo_b."""
     import torch
@@ -150,10 +160,7 @@ def table_add_mul(model: onnx.ModelProto) -> int:
             nodes += replace[i]
         elif i not in drop:
             nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(inits)
-    return len(replace)
+    return _replaced(graph, nodes, inits, len(replace))
 
 
 def _power_of_two(v: float) -> bool:
@@ -199,11 +206,7 @@ def exact_quantize(model: onnx.ModelProto) -> int:
         to = TensorProto.UINT8 if qp[2] == np.uint8 else TensorProto.INT8
         nodes.append(helper.make_node("Cast", [y], [node.output[0]], to=to))
         rewritten += 1
-    if rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(inits)
-    return rewritten
+    return _replaced(graph, nodes, inits, rewritten)
 
 
 def ieee_softmax(model: onnx.ModelProto) -> int:
@@ -231,10 +234,7 @@ def ieee_softmax(model: onnx.ModelProto) -> int:
                   helper.make_node("Mul", [f"{base}_sum", f"{base}_zero_t"], [f"{base}_nan"]),
                   helper.make_node("Add", [f"{base}_y", f"{base}_nan"], [out])]
         rewritten += 1
-    if rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return rewritten
+    return _replaced(graph, nodes, [], rewritten)
 
 
 def legalize(model: onnx.ModelProto) -> dict[str, int]:
@@ -273,8 +273,4 @@ def exact_dequantize(model: onnx.ModelProto) -> int:
                   helper.make_node("Cast", [f"{base}_c"], [f"{base}_f"], to=TensorProto.FLOAT),
                   helper.make_node("Mul", [f"{base}_f", f"{base}_s"], [node.output[0]])]
         rewritten += 1
-    if rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(inits)
-    return rewritten
+    return _replaced(graph, nodes, inits, rewritten)
