@@ -242,6 +242,13 @@ def test_smollm2_text_windows_are_fixed_token_ids():
     assert not torch.equal(windows.window(0), windows.window(1))
 
 
+def test_smollm2_held_out_text_is_long_enough_for_perplexity():
+    """The issue's perplexity needs >= 1,000 held-out tokens after the calibration paragraph;
+    `evaluate` reads only the second paragraph (4 windows of 64: accuracy.md's table)."""
+    assert len(smollm2.TOKEN_IDS) - smollm2.SPLIT >= 1000
+    assert [w[0].shape[-1] for w in smollm2.evaluation_windows()] == [64] * 4
+
+
 needs_smollm2 = pytest.mark.skipif(not smollm2.available(),
                                    reason=f"optional SmolLM2 weights not installed ({smollm2.INSTALL_HINT})")
 
