@@ -9,6 +9,7 @@ import torch
 
 import qlower
 from qlower import QuantConfig, QuantizeError, WeightOnly, numerics
+from qlower.quantize.awq import clip_ratios
 from qlower.quantize.awq import search as awq_search
 from qlower.quantize.gptq import gptq
 from qlower.zoo.block_lm import BlockDecoderLM
@@ -250,6 +251,80 @@ def test_awq_search_never_worse_than_unscaled():
     assert err <= base and alpha > 0 and err < base
 
 
+def _output_error(x, w, scheme, ratio=None):
+    """||X W^T - X Q(clip(W))^T||^2 / ||X W^T||^2 with round to nearest."""
+    from qlower.quantize.awq import fake_quant
+    g = scheme.group_size or w.shape[1]
+    clipped = w if ratio is None else numerics.clip_weight_groups(w, ratio, g)
+    return ((x @ w.T - x @ fake_quant(clipped, scheme).T).pow(2).sum() / (x @ w.T).pow(2).sum()).item()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_awq_clip_clamps_outliers_of_quiet_inputs(symmetric):
+    """One large weight per group on an input channel that calibration barely drives: clamping it
+    costs almost nothing and gives the group's other weights a finer step, so the search clips
+    (ratio < 1) and the output error drops well below round to nearest's."""
+    torch.manual_seed(11)
+    scheme = WeightOnly(4, 32, symmetric=symmetric)
+    x, w = torch.randn(256, 96), torch.randn(24, 96)
+    quiet = torch.arange(5, 96, 32)            # one column in each of the 3 groups
+    x[:, quiet] *= 0.01
+    w[:, quiet] = 12.0
+    h = x.double().T @ x.double()
+    ratio = clip_ratios(w, h, scheme)
+    assert ratio.shape == (24, 3) and bool((ratio < 1).all()) and float(ratio.min()) >= 0.5
+    clipped = numerics.clip_weight_groups(w, ratio, 32)
+    assert float(clipped.max()) < 12.0 and torch.equal(clipped[:, 0:5], w[:, 0:5])   # only the outliers move
+    assert _output_error(x, w, scheme, ratio) < 0.5 * _output_error(x, w, scheme)
+
+
+def test_awq_clip_keeps_weights_already_on_the_grid():
+    """Near miss: weights that are exactly 4-bit codes of their group's own grid (both ends of the
+    range on a code) quantize without error, so every clip ratio stays 1 and the weight is
+    unchanged bit for bit."""
+    torch.manual_seed(12)
+    codes = torch.randint(0, 16, (24, 96))
+    codes[:, 0::32], codes[:, 1::32] = 0, 15   # each group spans its whole grid
+    w = (codes - 4).float() * 0.125            # s = (1.375 + 0.5) / 15 = 0.125, zp = 4: exact
+    x = torch.randn(256, 96)
+    assert _output_error(x, w, WeightOnly(4, 32)) == 0.0
+    ratio = clip_ratios(w, x.double().T @ x.double(), WeightOnly(4, 32))
+    assert bool((ratio == 1).all())
+    assert torch.equal(numerics.clip_weight_groups(w, ratio, 32), w)
+    with pytest.raises(qlower.errors.NumericsError):
+        numerics.clip_weight_groups(w, torch.zeros_like(ratio), 32)
+
+
+def test_awq_clip_in_compile_lowers_the_error():
+    """method="awq" clips by default (the report counts the clipped weights) and, with outlier
+    weights on quiet input channels, its outputs on held-out inputs are closer to float than
+    with awq_clip=False; the clip is deterministic (two compiles give the same bits)."""
+    torch.manual_seed(13)
+    model = Mlp().eval()
+    quiet = torch.arange(7, 96, 32)
+    with torch.no_grad():
+        model.up.weight[:, quiet] = 1.5
+
+    def inputs(n):
+        x = torch.randn(n, 96)
+        x[:, quiet] *= 0.01
+        return x
+    calibration, x = [(inputs(32),) for _ in range(4)], inputs(64)
+    with torch.no_grad():
+        want = model(x)
+        got = {}
+        for clip in (True, False, True):
+            config = QuantConfig(weight_only=WeightOnly(4, 32, method="awq", awq_clip=clip))
+            cm = qlower.compile(model, (x,), quantize=config, calibration=calibration, backend="reference")
+            notes = " ".join(cm.report().notes)
+            assert ("clipped" in notes) == clip, notes
+            if clip in got:
+                assert torch.equal(cm(x), got[clip])
+            got[clip] = cm(x)
+    errors = {clip: (y - want).pow(2).sum().item() for clip, y in got.items()}
+    assert errors[True] < 0.7 * errors[False], errors
+
+
 def test_block_lm_int4_weight_one_cluster():
     """The block-op LM (KV cache, attention, rotary as block ops) with int4-weight: one
     onnxruntime cluster, block ops unchanged, every linear a MatMulNBits, within the profile of
@@ -273,22 +348,31 @@ def test_block_lm_int4_weight_one_cluster():
 
 @pytest.mark.slow
 def test_smollm2_int8_weight_accuracy():
-    """Real SmolLM2-135M weights: int8-weight perplexity on the held-out bundled paragraph
-    within 1% of fp32 (docs/llm.md's table has the measured numbers)."""
+    """Real SmolLM2-135M weights, the held-out bundled text (1,076 tokens): int8-weight
+    perplexity within 0.5% of fp32 (the issue's target; docs/llm.md has the measured numbers),
+    and the compiled program's logits equal an independent plain-PyTorch fake quantization of
+    every nn.Linear but the tied lm_head (per output channel, symmetric, s = max|w| / 127, round
+    half to even) up to float rounding, with the same next token everywhere: its top-1 agreement
+    with fp32 (96%, below the issue's 99%) is the model's own sensitivity, not qlower's."""
+    import copy
+
     from qlower.zoo import smollm2
+    from qlower.zoo.weight_only_eval import compile_prefill, perplexity, texts
     if not smollm2.available():
         pytest.skip(smollm2.INSTALL_HINT)
     model = smollm2.build_prefill()
-    ids = torch.tensor(smollm2.TOKEN_IDS[smollm2.SPLIT:])[None]
-    cm = qlower.compile(model, (ids,), quantize="int8-weight", calibration=smollm2.calibration_windows(),
-                        backend="reference")
-
-    def ppl(logits):
-        lp = torch.log_softmax(logits[0, :-1].double(), -1)
-        return torch.exp(-lp.gather(1, ids[0, 1:, None]).mean()).item()
+    ids, _ = texts()
+    cm = compile_prefill(model, "int8-weight")
+    fake = copy.deepcopy(model)
+    for name, m in fake.named_modules():
+        if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head"):
+            s = m.weight.detach().abs().amax(1, keepdim=True) / 127
+            m.weight = torch.nn.Parameter(torch.round(m.weight.detach() / s) * s, requires_grad=False)
     with torch.no_grad():
-        want, got = ppl(model(ids)), ppl(cm(ids))
-    assert abs(got / want - 1) < 0.01
+        want, got, independent = model(ids), cm(ids), fake(ids)
+    assert abs(perplexity(got, ids) / perplexity(want, ids) - 1) < 0.005
+    assert (got - independent).abs().max().item() < 1e-3 * independent.abs().max().item()
+    assert torch.equal(got.argmax(-1), independent.argmax(-1))
 
 
 def test_quantized_program_compiles_saves_and_loads(tmp_path):

@@ -48,6 +48,8 @@ Contract (all tensors on CPU):
   unsigned (uint8, one code each); w_fp = fp32(int32(u) - zp) * s (dequantize: exact but for
   one rounding); y = fp32 matmul(x, w_fp^T) (+ b) — the engine's fp32 sum order, so an engine
   agrees with the reference within the reordered-sum bound `reordered_sum_bound`.
+  Clipping (AWQ's, before the qparams): each group clamped to [-r * max |w|, r * max |w|], r in
+  (0, 1] per group (fp32 product): with a one-sided outlier only that side of the range shrinks.
 """
 from __future__ import annotations
 
@@ -453,20 +455,38 @@ def _expand_groups(p: torch.Tensor, k: int, group_size: int) -> torch.Tensor:
     return p.repeat_interleave(group_size, dim=1)[:, :k]
 
 
+def weight_group_ranges(w: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) fp32 [N, G]: the range a group's codes span (module docstring): symmetric
+    (-max |w|, max |w|), else (min(min w, 0), max(max w, 0))."""
+    groups = _grouped(w.detach().to(torch.float32), group_size)
+    if symmetric:
+        amax = groups.abs().amax(-1)
+        return -amax, amax
+    zero = torch.zeros((), dtype=torch.float32)
+    return torch.minimum(groups.amin(-1), zero), torch.maximum(groups.amax(-1), zero)
+
+
+def clip_weight_groups(w: torch.Tensor, ratio: torch.Tensor, group_size: int) -> torch.Tensor:
+    """w fp32 [N, K] with each group clamped to +-r * max |w| of the group, r = ratio [N, G] in
+    (0, 1] (AWQ's weight clipping, quantize/awq.py); r = 1 leaves the group unchanged."""
+    if not bool(((ratio > 0) & (ratio <= 1)).all()):
+        raise NumericsError("clip ratios must lie in (0, 1]")
+    k = w.shape[1]
+    _, amax = weight_group_ranges(w, group_size, symmetric=True)
+    bound = _expand_groups(amax * ratio.to(torch.float32), k, group_size)
+    return torch.clamp(w.detach().to(torch.float32), -bound, bound)
+
+
 def weight_only_qparams(w: torch.Tensor, bits: int, group_size: int,
                         symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale fp32 [N, G], zero point uint8 [N, G]) of a float weight [N, K] (module docstring)."""
     qmax = weight_only_qmax(bits)
-    groups = _grouped(w.detach().to(torch.float32), group_size)
+    lo, hi = weight_group_ranges(w, group_size, symmetric)
     eps = torch.tensor(FP32_EPS, dtype=torch.float32)
     if symmetric:
         half = 1 << (bits - 1)
-        amax = groups.abs().amax(-1)
-        scale = torch.maximum(amax / torch.tensor(float(half - 1), dtype=torch.float32), eps)
+        scale = torch.maximum(hi / torch.tensor(float(half - 1), dtype=torch.float32), eps)
         return scale, torch.full_like(scale, half, dtype=torch.uint8)
-    zero = torch.zeros((), dtype=torch.float32)
-    lo = torch.minimum(groups.amin(-1), zero)
-    hi = torch.maximum(groups.amax(-1), zero)
     scale = torch.maximum((hi - lo) / torch.tensor(float(qmax), dtype=torch.float32), eps)
     zp = torch.clamp(torch.round(-lo / scale), 0, qmax)
     return scale, zp.to(torch.uint8)

@@ -8,6 +8,16 @@ those channels more of the group's levels. s = mean|X_c|^a, normalized to a geom
 1; the strength a is searched per group of linears sharing the input by the measured output
 error ||X W^T - (X/s) Q(W s)^T||^2 on calibration rows, Q the numerics' round-to-nearest
 group quantization; a = 0 (no scaling) is a candidate.
+
+Then clipping (AWQ's auto_clip; `WeightOnly.awq_clip`): a group's largest weights set its step,
+and rounding every other weight of the group on a coarse step can cost more output error than
+clamping the few largest. Per output row and group, the weights are clamped to +-r times the
+group's largest magnitude (numerics.clip_weight_groups), r in {1, 0.95, ..., 0.5} chosen by the
+group's share of the output error d H_g d^T (d = w - Q(clip_r(w)) over the group's inputs,
+H_g = X_g^T X_g the group's block of the calibration inputs' second moment; the cross terms
+between groups are left out, as in AWQ); r = 1 (no clipping) is a candidate and wins ties. The
+clamped weights replace the float constants; the codes come from them (round to nearest, or
+GPTQ).
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ from .config import WeightOnly
 from .smoothquant import collect, find_groups, fold, get_constant
 
 ALPHAS = tuple(i / 10 for i in range(11))   # 0 (no scaling) ... 1
+CLIP_RATIOS = tuple(1 - i / 20 for i in range(11))   # 1 (no clipping) ... 0.5
 ROWS = 512
 
 
@@ -80,3 +91,27 @@ def scale_activations(gm: GraphModule, calibration, scheme: WeightOnly, quantize
             fold(gm, g, channel_scales(mean_abs, alpha))
         results.append(AwqResult(g.act.name, alpha, err, base))
     return results
+
+
+def clip_ratios(w: torch.Tensor, h: torch.Tensor, scheme: WeightOnly) -> torch.Tensor:
+    """The clip ratio [N, G] of each output row and group of weight w [N, K] (module docstring),
+    from h [K, K] = X^T X of the linear's calibration inputs."""
+    n, k = w.shape
+    group = scheme.group_size or k
+    groups = numerics.weight_groups(k, group)
+    pad = groups * group - k
+    # diagonal blocks of H, [G, g, g] (the padded features have zero rows: no error counted)
+    blocks = torch.nn.functional.pad(h.to(torch.float64), (0, pad, 0, pad)).reshape(groups, group, groups, group)
+    blocks = blocks[torch.arange(groups), :, torch.arange(groups), :]
+    w = w.detach().to(torch.float32)
+    best = torch.ones(n, groups, dtype=torch.float32)
+    best_error = torch.full((n, groups), float("inf"), dtype=torch.float64)
+    for r in CLIP_RATIOS:
+        ratio = torch.full((n, groups), r, dtype=torch.float32)
+        d = (w - fake_quant(numerics.clip_weight_groups(w, ratio, group), scheme)).to(torch.float64)
+        d = torch.nn.functional.pad(d, (0, pad)).reshape(n, groups, group).transpose(0, 1)   # [G, N, g]
+        error = ((d @ blocks) * d).sum(-1).T                                                   # [N, G]
+        better = error < best_error
+        best = torch.where(better, ratio, best)
+        best_error = torch.where(better, error, best_error)
+    return best

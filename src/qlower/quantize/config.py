@@ -40,6 +40,9 @@ class WeightOnly:
         lm_head); default False: they stay float (a linear with its own weight, e.g. an untied
         output projection, is quantized like every other linear).
     gptq_damping: GPTQ's diagonal damping, a fraction of the mean of the Hessian's diagonal.
+    awq_clip: with "awq" / "awq+gptq", also clip each group's weights to the range (a ratio in
+        0.5 ... 1 of it, per output row and group) that minimizes the calibration inputs' output
+        error before the codes are chosen (AWQ's auto_clip: quantize/awq.py).
     """
     bits: Literal[4, 8] = 4
     group_size: int | None = 128
@@ -47,6 +50,7 @@ class WeightOnly:
     method: Literal["rtn", "gptq", "awq", "awq+gptq"] = "rtn"
     embeddings: bool = False
     gptq_damping: float = 0.01
+    awq_clip: bool = True
 
     def __post_init__(self):
         if self.bits not in (4, 8):
@@ -62,8 +66,9 @@ class WeightOnly:
 
     def describe(self) -> str:
         groups = "per output channel" if self.group_size is None else f"groups of {self.group_size}"
+        unclipped = " without clipping" if "awq" in self.method and not self.awq_clip else ""
         return (f"{self.bits}-bit weights ({groups}, {'symmetric' if self.symmetric else 'asymmetric'}, "
-                f"{self.method}{', embeddings too' if self.embeddings else ''}), float activations")
+                f"{self.method}{unclipped}{', embeddings too' if self.embeddings else ''}), float activations")
 
 
 Observer = Literal["minmax", "histogram", "percentile", "mse"]

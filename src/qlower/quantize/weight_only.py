@@ -1,9 +1,11 @@
 """Weight-only quantization of a captured float graph (QuantConfig.weight_only): the linears'
 weights become b-bit codes in groups (passes/weight_only_linear.py), the activations stay float.
 
-Order: AWQ scaling (method "awq" or "awq+gptq", folded into the float constants), then the
-codes: GPTQ's (method "gptq" or "awq+gptq", from the calibration inputs' Hessians) or round
-to nearest. No observers, no
+Order: AWQ scaling (method "awq" or "awq+gptq", folded into the float constants), AWQ's
+clipping (`awq_clip`: the clamped weights replace the float constants), then the codes: GPTQ's
+(method "gptq" or "awq+gptq", from the calibration inputs' Hessians) or round to nearest. The
+Hessians X^T X (clipping and GPTQ) are measured once, on the float graph after AWQ's scaling.
+No observers, no
 Q/DQ nodes: the program holds `qlower.linear_weight_only` ops, which every backend lowers to
 its weight-only kernel (docs/llm.md).
 """
@@ -14,12 +16,14 @@ from collections.abc import Iterable
 import torch
 from torch.fx import GraphModule, Node
 
+from .. import numerics
 from ..capture import check_example_inputs
 from ..passes.base import PassContext
 from ..passes.weight_only_linear import WeightOnlyLinear, constant, weight_targets
-from .awq import scale_activations
+from .awq import clip_ratios, scale_activations
 from .config import QuantConfig, WeightOnly
 from .gptq import gptq_batched
+from .smoothquant import set_constant
 
 aten = torch.ops.aten
 
@@ -50,12 +54,30 @@ def hessians(gm: GraphModule, linears: list[Node], calibration: Iterable) -> dic
     return rec.h
 
 
-def _gptq_codes(gm: GraphModule, targets: dict[str, list[Node]], calibration, scheme: WeightOnly) -> dict:
+def _linears(targets: dict[str, list[Node]]) -> list[Node]:
+    return [n for nodes in targets.values() for n in nodes if n.target is aten.linear.default]
+
+
+def _clip(gm: GraphModule, targets: dict[str, list[Node]], h: dict[Node, torch.Tensor], scheme: WeightOnly) -> int:
+    """AWQ's clipping of every weight in `targets` read only by linears (an embedding's rows are
+    read, not multiplied); the clamped weight replaces the constant. Returns how many changed."""
+    changed = 0
+    for target, nodes in targets.items():
+        if any(n.target is aten.embedding.default for n in nodes):
+            continue
+        w = constant(gm, target).detach().float()
+        ratio = clip_ratios(w, sum(h[n.args[0]] for n in nodes), scheme)
+        if bool((ratio < 1).any()):
+            set_constant(gm, target, numerics.clip_weight_groups(w, ratio, scheme.group_size or w.shape[1]))
+            changed += 1
+    return changed
+
+
+def _gptq_codes(gm: GraphModule, targets: dict[str, list[Node]], h: dict[Node, torch.Tensor],
+                scheme: WeightOnly) -> dict:
     """GPTQ codes of every linear weight in `targets`. Weights read by one linear each and
     sharing its input (q, k, v) are quantized as one matrix (their rows stacked: GPTQ treats rows
     independently given H); matrices of one shape (the same layer of every block) run batched."""
-    linears = [n for nodes in targets.values() for n in nodes if n.target is aten.linear.default]
-    h = hessians(gm, linears, calibration)
     units: dict[object, tuple[list[str], torch.Tensor]] = {}
     for target, nodes in targets.items():
         if any(n.target is aten.embedding.default for n in nodes):
@@ -94,9 +116,14 @@ def rewrite_weight_only(gm: GraphModule, calibration, config: QuantConfig) -> Pa
     if scheme.method in ("awq", "awq+gptq") and len(calibration):
         results = scale_activations(gm, calibration, scheme, set(targets))
         ctx.rewrites["AWQ: activation scales folded"] += sum(r.alpha > 0 for r in results)
+    clip = scheme.awq_clip and scheme.method in ("awq", "awq+gptq") and len(calibration)
+    compensate = scheme.method in ("gptq", "awq+gptq") and len(calibration)
+    h = hessians(gm, _linears(targets), calibration) if clip or compensate else {}
+    if clip:
+        ctx.rewrites["AWQ: weights clipped"] += _clip(gm, targets, h, scheme)
     codes = {}
-    if scheme.method in ("gptq", "awq+gptq") and len(calibration):
-        codes = _gptq_codes(gm, targets, calibration, scheme)
+    if compensate:
+        codes = _gptq_codes(gm, targets, h, scheme)
         ctx.rewrites["GPTQ: weights quantized with error compensation"] += len(codes)
     WeightOnlyLinear(scheme.bits, scheme.group_size, scheme.symmetric, scheme.embeddings, codes,
                      config.keep_float).run(gm, ctx)
