@@ -21,13 +21,16 @@ CONFIGS = {
     "int8-weight": "int8-weight",
     "int4 g128 rtn": QuantConfig(weight_only=WeightOnly(4, 128, method="rtn")),
     "int4 g128 gptq": QuantConfig(weight_only=WeightOnly(4, 128, method="gptq")),
+    "int4 g128 awq, no clip": QuantConfig(weight_only=WeightOnly(4, 128, method="awq", awq_clip=False)),
     "int4 g128 awq (int4-weight)": "int4-weight",
     "int4 g128 awq+gptq": QuantConfig(weight_only=WeightOnly(4, 128, method="awq+gptq")),
     "int4 g64 rtn": QuantConfig(weight_only=WeightOnly(4, 64, method="rtn")),
     "int4 g64 gptq": QuantConfig(weight_only=WeightOnly(4, 64, method="gptq")),
+    "int4 g64 awq, no clip": QuantConfig(weight_only=WeightOnly(4, 64, method="awq", awq_clip=False)),
     "int4 g64 awq": QuantConfig(weight_only=WeightOnly(4, 64, method="awq")),
     "int4 g32 rtn": QuantConfig(weight_only=WeightOnly(4, 32, method="rtn")),
     "int4 g32 gptq": QuantConfig(weight_only=WeightOnly(4, 32, method="gptq")),
+    "int4 g32 awq": QuantConfig(weight_only=WeightOnly(4, 32, method="awq")),
 }
 
 
