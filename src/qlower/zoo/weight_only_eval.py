@@ -1,6 +1,8 @@
 """SmolLM2-135M with weight-only quantization: the measurements of docs/llm.md.
 
     python -m qlower.zoo.weight_only_eval accuracy [name ...]   # perplexity / top-1, reference backend
+    python -m qlower.zoo.weight_only_eval nncf "awq+se g128" ...  # the peer: NNCF compress_weights
+    python -m qlower.zoo.weight_only_eval grid                   # Q4_1's own g32 grid, eager
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
     python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
     python -m qlower.zoo.weight_only_eval kernels                # one MatMulNBits per compute type
@@ -72,6 +74,74 @@ def accuracy(names: list[str]) -> None:
         top_f = (g_f.argmax(-1) == ref_f.argmax(-1)).double().mean().item()
         print(f"{name:30s} ppl {q_h:.3f} ({100 * (q_h / p_h - 1):+.2f}%)  [{q_f:.3f} ({100 * (q_f / p_f - 1):+.2f}%)]"
               f"  top-1 {100 * top_h:.1f}% [{100 * top_f:.1f}%]  compile {seconds:.0f} s", flush=True)
+
+
+NNCF_OPTIONS = {"rtn": {}, "awq+se": dict(awq=True, scale_estimation=True),
+                "gptq+se": dict(gptq=True, scale_estimation=True)}
+
+
+def nncf_peer(names: list[str]) -> None:
+    """NNCF's `compress_weights` (torch backend, INT4_ASYM, every linear 4-bit, the embedding and
+    tied lm_head float as in qlower) on the same model, held-out text and calibration windows.
+    Names "<options> g<group>", options from NNCF_OPTIONS (e.g. "awq+se g128"). NNCF has no
+    shorter last group: where the group size does not divide a layer's inputs (SmolLM2's 576 at
+    128) it uses a divisor (64) there."""
+    import copy
+
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+    torch.set_num_threads(1)
+    base = smollm2.build_prefill()
+    held, _ = texts()
+    calibration = [w[0] for w in smollm2.calibration_windows()]
+    with torch.no_grad():
+        ref = base(held)
+    p0 = perplexity(ref, held)
+    print(f"{'fp32':30s} ppl {p0:.3f}", flush=True)
+    for name in names:
+        options, _, group = name.partition(" g")
+        start = time.perf_counter()
+        model = nncf.compress_weights(
+            copy.deepcopy(base), mode=nncf.CompressWeightsMode.INT4_ASYM, ratio=1.0, group_size=int(group),
+            backup_mode=nncf.BackupMode.NONE, dataset=nncf.Dataset(calibration),   # the torch backend traces with it
+            advanced_parameters=AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST),
+            **NNCF_OPTIONS[options])
+        seconds = time.perf_counter() - start
+        with torch.no_grad():
+            got = model(held)
+        p = perplexity(got, held)
+        top = (got.argmax(-1) == ref.argmax(-1)).double().mean().item()
+        print(f"{'NNCF ' + name:30s} ppl {p:.3f} ({100 * (p / p0 - 1):+.2f}%)  top-1 {100 * top:.1f}%  "
+              f"compress {seconds:.0f} s", flush=True)
+
+
+def native_grid() -> None:
+    """Eager check of the weights' own format (GGUF Q4_1: groups of 32, w = u·s + min with a
+    float min, s = (max − min) / 15): re-quantizing every linear but the tied lm_head in that form
+    returns the same weights and logits; and how many weights qlower's g32 asymmetric round to
+    nearest (an integer zero point) moves."""
+    from .. import numerics
+    torch.set_num_threads(1)
+    lm = smollm2.load_lm()
+    held, _ = texts()
+    linears = {n: m for n, m in lm.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    with torch.no_grad():
+        ref = lm(input_ids=held, use_cache=False).logits
+        moved = total = 0
+        for m in linears.values():
+            w = m.weight.detach()
+            s, zp = numerics.weight_only_qparams(w, 4, 32, symmetric=False)
+            rtn = numerics.dequantize_weight_groups(numerics.quantize_weight_groups(w, s, zp, 4, 32), s, zp, 32)
+            moved += int(((rtn - w).abs() > 1e-6 * w.abs().max()).sum())
+            total += w.numel()
+            g = w.reshape(w.shape[0], -1, 32)
+            lo, step = g.amin(-1, keepdim=True), (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+            m.weight = torch.nn.Parameter((torch.round((g - lo) / torch.where(step > 0, step, 1)) * step + lo)
+                                          .reshape(w.shape), requires_grad=False)
+        got = lm(input_ids=held, use_cache=False).logits
+    print(f"Q4_1 form (g32, float min): logits max |diff| {(got - ref).abs().max().item():.3g}, ppl "
+          f"{perplexity(got, held):.3f} (fp32 {perplexity(ref, held):.3f}); qlower g32 asymmetric RTN moves "
+          f"{moved} of {total} weights ({100 * moved / total:.1f}%)", flush=True)
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor, floor: float = 1.0) -> int:
@@ -190,6 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     what, names = (argv[0] if argv else "accuracy"), argv[1:]
     if what == "accuracy":
         accuracy(names or list(CONFIGS))
+    elif what == "grid":
+        native_grid()
+    elif what == "nncf":
+        nncf_peer(names or ["rtn g128", "awq+se g128"])
     elif what == "engines":
         engines(tuple(names) or ("onnxruntime", "openvino"))
     elif what == "kernels":
@@ -197,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, engines, speed or kernels")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, engines, speed or kernels")
 
 
 if __name__ == "__main__":
