@@ -5,9 +5,8 @@ Order: AWQ scaling (method "awq" or "awq+gptq", folded into the float constants)
 clipping (`awq_clip`: the clamped weights replace the float constants), then the codes: GPTQ's
 (method "gptq" or "awq+gptq", from the calibration inputs' Hessians) or round to nearest. The
 Hessians X^T X (clipping and GPTQ) are measured once, on the float graph after AWQ's scaling.
-No observers, no
-Q/DQ nodes: the program holds `qlower.linear_weight_only` ops, which every backend lowers to
-its weight-only kernel (docs/llm.md).
+No observers, no Q/DQ nodes: the program holds `qlower.linear_weight_only` ops, which every
+backend lowers to its weight-only kernel (docs/llm.md).
 """
 from __future__ import annotations
 
