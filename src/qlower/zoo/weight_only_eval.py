@@ -3,6 +3,7 @@
     python -m qlower.zoo.weight_only_eval accuracy [name ...]   # perplexity / top-1, reference backend
     python -m qlower.zoo.weight_only_eval nncf "awq+se g128" ...  # the peer: NNCF compress_weights
     python -m qlower.zoo.weight_only_eval grid                   # Q4_1's own g32 grid, eager
+    python -m qlower.zoo.weight_only_eval ties                   # int8 flips vs fp32's near ties, eager
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
     python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
     python -m qlower.zoo.weight_only_eval kernels                # one MatMulNBits per compute type
@@ -144,6 +145,46 @@ def native_grid() -> None:
           f"{moved} of {total} weights ({100 * moved / total:.1f}%)", flush=True)
 
 
+def _fake_int8(w: torch.Tensor, group: int | None) -> torch.Tensor:
+    """Plain-PyTorch symmetric int8 (s = max|w| / 127 per output channel or per group of
+    `group` inputs, round half to even): independent of qlower's numerics on purpose."""
+    g = w.reshape(w.shape[0], -1, group or w.shape[1])
+    s = g.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(g / s) * s).reshape(w.shape)
+
+
+def ties() -> None:
+    """Eager: every linear but the tied lm_head fake-quantized (int8 per channel, in groups of 64
+    and 32, and fp16), perplexity and top-1 vs fp32 on the held-out text; for per-channel int8,
+    fp32's top-2 logit gap at the positions whose next token changed."""
+    torch.set_num_threads(1)
+    lm = smollm2.load_lm()
+    held, _ = texts()
+    linears = {n: m for n, m in lm.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    weights = {n: m.weight.detach() for n, m in linears.items()}
+    variants = {"int8 per channel": lambda w: _fake_int8(w, None), "int8 g64": lambda w: _fake_int8(w, 64),
+                "int8 g32": lambda w: _fake_int8(w, 32), "fp16": lambda w: w.half().float()}
+    with torch.no_grad():
+        ref = lm(input_ids=held, use_cache=False).logits
+        top2 = ref[0].topk(2, -1).values
+        gap = top2[:, 0] - top2[:, 1]
+        for name, fake in variants.items():
+            for n, m in linears.items():
+                m.weight = torch.nn.Parameter(fake(weights[n]), requires_grad=False)
+            got = lm(input_ids=held, use_cache=False).logits
+            flip = ref[0].argmax(-1) != got[0].argmax(-1)
+            p, p0 = perplexity(got, held), perplexity(ref, held)
+            agree = 100 * (1 - flip.double().mean().item())
+            print(f"{name:18s} ppl {p:.3f} ({100 * (p / p0 - 1):+.2f}%)  top-1 {agree:.2f}% "
+                  f"({int(flip.sum())} of {flip.numel()} flipped)", flush=True)
+            if name == "int8 per channel":
+                for t in (0.1, 0.25, 0.5):
+                    keep = gap >= t
+                    print(f"  fp32 top-2 gap < {t}: {int((gap < t).sum())} positions, {int((gap[flip] < t).sum())} "
+                          f"of the flipped; top-1 where gap >= {t}: "
+                          f"{100 * (1 - flip[keep].double().mean().item()):.2f}% of {int(keep.sum())}", flush=True)
+
+
 def ulps(a: torch.Tensor, b: torch.Tensor, floor: float = 1.0) -> int:
     """The largest distance in fp32 units in the last place between a and b over the elements
     with |b| >= floor (near 0 a tiny absolute difference is a huge count of ulps)."""
@@ -260,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     what, names = (argv[0] if argv else "accuracy"), argv[1:]
     if what == "accuracy":
         accuracy(names or list(CONFIGS))
+    elif what == "ties":
+        ties()
     elif what == "grid":
         native_grid()
     elif what == "nncf":
@@ -271,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, engines, speed or kernels")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed or kernels")
 
 
 if __name__ == "__main__":
