@@ -5,9 +5,10 @@ on its own copy of the graph, then `backend.compile`."""
 from __future__ import annotations
 
 import operator
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from torch.fx import GraphModule, Node
 
@@ -42,6 +43,43 @@ class Executable:
     validating_run: Callable | None = None
 
 
+class Started:
+    """A compile begun by a backend's `start(gm)` hook: `work()`, the engine's native compile (a
+    subprocess, or native code that releases the GIL), runs in a background thread; `finish()`
+    waits for it and completes the executable in the caller's thread. `work` must not trace or
+    touch torch's global state (the dispatch mode stack, export's module hierarchy: capture.py's
+    COMPILE_LOCK says why): the caller traces meanwhile, and an abandoned `work` runs on beside
+    later compiles. Its thread is not a daemon: a process exiting meanwhile waits for it (an
+    engine killed inside native code at interpreter shutdown aborted the process)."""
+
+    def __init__(self, work: Callable[[], Any], complete: Callable[[], Executable]):
+        self._complete = complete
+        self._error: BaseException | None = None
+        self.notes: list[str] = []   # report lines put before the executable's own (legalization's)
+
+        def run():
+            try:
+                work()
+            except BaseException as exc:   # raised again by finish(), in the caller's thread
+                self._error = exc
+        self._thread = threading.Thread(target=run, name="qlower-engine-compile", daemon=False)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the native work at most `timeout` seconds (None: until it ends); whether it ended."""
+        self._thread.join(None if timeout is None else max(timeout, 0.0))
+        return not self._thread.is_alive()
+
+    def finish(self) -> Executable:
+        """The executable: waits for the native work, raises its error, completes (in this thread)."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        executable = self._complete()
+        executable.notes[:0] = self.notes
+        return executable
+
+
 class InputsRefused(Exception):
     """Raised by `Executable.validating_run` when the engine refused a call's inputs (or could
     not run them): the caller checks them and takes the general path."""
@@ -55,7 +93,10 @@ class Backend(Protocol):
       pipeline(passes) -> passes: adapt the default pass pipeline (never a user's `passes=`);
       legalize_passes() -> [Pass]: the backend's own rewrites (block ops it lacks decomposed,
         fused kernels proven exact, engine workarounds), run by `compile_graph` after the
-        pipeline on the backend's copy of the graph; default none.
+        pipeline on the backend's copy of the graph; default none;
+      start(gm) -> Started: `compile(gm)` in two halves, so engines compile side by side
+        (`start_compile`): what needs the interpreter now, the engine's native compile in the
+        background (`Started`).
     `compile(gm)` receives the legalized graph and may restructure it (it is the backend's copy)."""
     name: str
     capability: "Capability"   # what it accepts (qlower ops / qlower schema)
@@ -76,6 +117,21 @@ def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
     executable = backend.compile(own)
     executable.notes[:0] = notes
     return executable
+
+
+def start_compile(backend: Backend, gm: GraphModule) -> Started | None:
+    """`compile_graph` begun, for a backend with a `start` hook (else None): the copy and its
+    legalization, and the backend's own interpreter-bound work (clustering, emission), run now in
+    this thread; the engine's native compile runs in the background until `finish()`."""
+    start = getattr(backend, "start", None)
+    if start is None:
+        return None
+    cache.cache_dir()
+    own = copy_graph_module(gm)
+    notes = legalize(backend, own)
+    started = start(own)
+    started.notes[:0] = notes
+    return started
 
 
 def legalize(backend: Backend, gm: GraphModule) -> list[str]:
