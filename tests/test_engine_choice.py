@@ -16,7 +16,7 @@ from qlower.backends.reference import ReferenceBackend
 from qlower.backends.registry import Entry
 from qlower.engine_choice import AUTO_CANDIDATES, AutoSettings, EngineSelector, auto_backends
 from qlower import engine_choice as select
-from qlower.backends.base import Executable, Started
+from qlower.backends.base import Compiling, Executable
 from qlower.errors import BackendError, QlowerError
 from qlower.report import CompileReport
 from qlower.core.types import EngineTrial
@@ -85,7 +85,7 @@ class Background(Fake):
             if self.native_fail:
                 raise RuntimeError("synthetic native compile failure")
             Background.events.append((f"{self.name} native ends", time.perf_counter()))
-        return Started(work, lambda: self.compile(gm))
+        return Compiling(work, lambda: self.compile(gm))
 
 
 class Timed(Fake):

@@ -394,7 +394,7 @@ class EngineSelector:
         # engines' halves begun in this thread)
         build_s: float | None = None   # the first program's build (quantization and passes)
         retry = False     # a compile abandoned while running (see Selection.retry)
-        launched: dict[str, tuple[Any, float, int]] = {}   # label -> (Started or its error, start, nodes)
+        launched: dict[str, tuple[Any, float, int]] = {}   # label -> (Compiling or its error, start, nodes)
         joins: list[tuple[Backend, EngineTrial, Program, _Oracle]] = []   # launched: joined after the others
 
         def left() -> float | None:

@@ -29,7 +29,7 @@ from ...passes.functionalize_state import WRITE_BACK
 from ...core.types import ClusterInfo
 from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..argument_checks import CHECKED_OPS, ArgumentCheck, checkable
-from ..base import Executable, Started, decompose_unsupported_block_ops, op_counts
+from ..base import Compiling, Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
 from ...passes.iree.drop_noop_ceil_mode import DropNoopCeilMode
@@ -222,13 +222,13 @@ class IreeBackend:
         Each round starts from a copy of the legalized graph (clustering rewrites it)."""
         return self.start(gm).finish()
 
-    def start(self, gm: GraphModule) -> Started:
+    def start(self, gm: GraphModule) -> Compiling:
         """`compile` begun: the first round's clustering and emission now, in this thread (the
-        MLIR bindings' context is per thread, and emission traces the float ops it imports);
-        iree-compile, a subprocess per cluster, and the loading of its modules in the background.
+        MLIR bindings' context is per thread, and emission traces the float ops it imports); its
+        native half is iree-compile, a subprocess per cluster, and the loading of its modules.
         `finish()` installs the clusters and compiles any further round itself."""
         first = self._emit_round(copy_graph_module(gm), {})
-        return Started(lambda: self._compile_round(first), lambda: self._finish(gm, first))
+        return Compiling(lambda: self._compile_round(first), lambda: self._finish(gm, first))
 
     def _finish(self, gm: GraphModule, first: "_Round") -> Executable:
         """The executable from the compiled first round, after the further rounds its failures ask for."""
