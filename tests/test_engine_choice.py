@@ -499,6 +499,31 @@ def test_a_faster_engine_on_a_less_accurate_program_is_not_chosen(selector, inte
     assert compile_int8(integer_net, ("slow", "fast")).report().backend == "fast"
 
 
+def test_no_candidate_is_refused_for_accuracy_against_a_program_only_the_slower_reference_runs(
+        selector, integer_net, monkeypatch):
+    """The zoo vit (int8): openvino's program was more accurate than onnxruntime's, but openvino
+    was not faster than the reference backend; onnxruntime was refused as less-accurate, and the
+    whole model ran in PyTorch on onnxruntime's program itself, 12x slower. Only programs that a
+    kept candidate or the fallback runs set the accuracy to match: here the fallback runs crude's
+    program (the first candidate's), so crude is kept. Near miss: with the accurate program's
+    engine faster than the reference, crude is refused."""
+    import qlower.backends as backends
+    crude = fake("crude", adjust_observers=staticmethod(_coarse_activation_scales))
+    # a program of its own (an observer hook that changes nothing): the accurate one
+    careful = fake("careful", delay=0.5, adjust_observers=staticmethod(lambda observed: None))
+    deft = fake("deft", adjust_observers=staticmethod(lambda observed: None))
+    for cls in (crude, careful, deft):
+        monkeypatch.setitem(backends.REGISTRY, cls.name, Entry.of(cls))
+    report = compile_int8(integer_net, ("crude", "careful")).report()
+    trials = by_name(report)
+    assert report.backend == "crude", report.engine_choice
+    assert trials["crude"].status == "chosen" and trials["careful"].status == "not-faster"
+    accurate, coarse = sorted((t.sqnr_db for t in report.engine_trials if t.status == "oracle"), reverse=True)
+    assert accurate > coarse + 0.5 and trials["crude"].sqnr_db == coarse
+    report = compile_int8(integer_net, ("crude", "deft")).report()
+    assert report.backend == "deft" and by_name(report)["crude"].status == "less-accurate"
+
+
 def test_remembered_decision_quantizes_only_for_the_winner(selector, integer_net, monkeypatch):
     """The decision is keyed by what every program is built from (captured graph, weights,
     calibration), so a recompile builds the winner's program alone, even when the winner is not

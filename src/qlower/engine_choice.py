@@ -582,10 +582,6 @@ class EngineSelector:
             for name, (median, runs) in _time_together({n: states[n] for n in results}, example_inputs, s).items():
                 results[name][2].median_ms, results[name][2].runs = median, runs
 
-        natives = {candidate_label(b) for b in candidates if is_native(b)}
-        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
-            self._refuse_less_accurate_programs(oracles, results, want(), natives)
-
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
         # on that program (its median can then only be slower too).
@@ -605,6 +601,14 @@ class EngineSelector:
                         t.status = "not-faster"
                         t.reason = f"not faster than the reference backend ({oracle.trial.median_ms:.3f} ms)"
                         del results[t.backend]
+
+        natives = {candidate_label(b) for b in candidates if is_native(b)}
+        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
+            # after the reference's timing: only programs a kept candidate or the fallback runs
+            # set the accuracy to match (refusing one for a program whose engines all lost to
+            # the reference ran the whole model in PyTorch on the refused program itself)
+            fallback = program_for(reference) if program_for.built(reference) else None
+            self._refuse_less_accurate_programs(oracles, results, want(), natives, fallback)
 
         if not results:
             program = program_for(reference)
@@ -639,15 +643,21 @@ class EngineSelector:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why, retry=retry)
 
-    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset()) -> None:
+    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset(),
+                                       fallback: Program | None = None) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
         float model (its reference outputs, on the example inputs) goes into its trials, and a
-        candidate whose program is more than `accuracy_margin_db` below the best is refused
-        ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
+        candidate whose program is more than `accuracy_margin_db` below the best that a kept
+        candidate (`results`) or the fallback (the reference backend on `fallback`) runs is
+        refused ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
         for oracle in oracles.values():
             oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
+        running = {id(p) for _, p, _ in results.values()} | ({id(fallback)} if fallback is not None else set())
+        considered = [o for o in oracles.values() if id(o.program) in running]
         native_programs = {id(p) for name, (_, p, _) in results.items() if name in natives}
-        canonical = [o for o in oracles.values() if id(o.program) not in native_programs] or list(oracles.values())
+        canonical = [o for o in considered if id(o.program) not in native_programs] or considered
+        if not canonical:
+            return
         best = max(canonical, key=lambda o: o.trial.sqnr_db)
         for name, (_, program, trial) in list(results.items()):
             if name not in natives:   # an engine-native candidate keeps its own measured SQNR
