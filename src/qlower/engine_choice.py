@@ -13,7 +13,10 @@ make it so) is recorded and skipped; if none is left, the reference backend runs
 
 Cost is bounded: no measurement with fewer than two candidates; quantization runs once per
 distinct backend quantization (onnxruntime snaps add scales and may use 7-bit weights, the others
-share one program); each timing loop stops after `timing_calls` calls or `timing_seconds`; and a
+share one program); a candidate whose backend compiles in two halves (the `start` hook: iree,
+whose iree-compile is a subprocess) begins as soon as its program exists, so its native compile
+runs beside the other candidates' work, and is joined last; the correct candidates are timed
+together at the end, in turn, each for `timing_calls` calls or `timing_seconds`; and a
 recompile of the same lowered graph (same constants, candidates, options, input shapes, CPU and
 thread count) reuses the earlier decision from `EngineSelector`'s bounded in-memory cache instead
 of measuring again.
@@ -41,7 +44,7 @@ from .capture import leave_running
 from .errors import BackendError
 from .fx import mutated_attributes, schema_name
 from .core.types import EngineTrial
-from .backends.base import Backend, Executable, compile_graph
+from .backends.base import Backend, Executable, compile_graph, start_compile
 from .backends.registry import backend_names, make_backend, options_backend
 from .core.cache import LRUCache
 from .core.settings import Settings, settings
@@ -129,7 +132,8 @@ class AutoSettings:
     # compile took T seconds since compile() began), the whole selection ends by budget_factor x T
     # (at least min_budget_s); a later candidate that would end past it is skipped when its
     # estimated compile time (from this process's earlier compiles) does not fit, or abandoned
-    # when its compile or check call is still running at the deadline
+    # when its compile or check call is still running at the deadline (a compile begun in the
+    # background: at the deadline less what the timing of the correct candidates will take)
     budget_factor: float = 2.0
     min_budget_s: float = 2.0
     # a candidate's check call may take at most this many times the reference backend's call
@@ -369,88 +373,79 @@ class EngineSelector:
         """Every candidate compiled, checked and timed, within the time budget: `started` is when
         compile() began, `plain_from` when the work a plain single-engine compile also does began
         (what came between, like loading the engines' modules, is auto's own cost); the budget is
-        budget_factor x that plain work, counted from `started`."""
+        budget_factor x that plain work, counted from `started`.
+
+        A candidate whose backend has a `start` hook (iree: iree-compile is a subprocess) starts
+        its compile as soon as its program is built, before the candidates ahead of it compile:
+        its interpreter-bound half then, its native compile in the background while the others
+        compile and are checked; it is joined after them, bounded by the budget less the time
+        the timing will take. The correct candidates are timed together at the end (`_time_together`)."""
         s = self.settings
         trials: list[EngineTrial] = []
         oracles: dict[int, _Oracle] = {}      # id(program) -> the reference backend on it
         results: dict[str, tuple[Executable, Program, EngineTrial]] = {}
+        states: dict[str, _State] = {}
+        call_s: dict[str, float] = {}         # each correct candidate's check call (the timing's cost)
         want = functools.cache(float_outputs or (lambda: None))   # the float model's outputs, once
         started = time.perf_counter() if started is None else started
         plain_from = started if plain_from is None else plain_from
-        deadline: float | None = None   # set once the first candidate is compiled
+        clock = {"deadline": None, "overhead": 0.0}   # deadline: set once the first candidate is compiled;
+        # overhead: before then, time a plain compile does not spend (the reference's call, other
+        # engines' halves begun in this thread)
         build_s: float | None = None   # the first program's build (quantization and passes)
-        overhead = 0.0    # before the first candidate is compiled: time a plain compile does not spend
         retry = False     # a compile abandoned while running (see Selection.retry)
-        for backend in candidates:
-            name, native = candidate_label(backend), is_native(backend)
-            left = None if deadline is None else deadline - time.perf_counter()
-            if left is not None and build_s is not None and not program_for.built(backend) and build_s > left:
-                trials.append(EngineTrial(name, "abandoned", reason=(
-                    f"not built: its program needs its own quantization, which took {build_s:.1f} s for the first "
-                    f"candidate, past the time budget ({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")))
-                continue
-            start = time.perf_counter()
-            program = program_for(backend)
-            build_s = time.perf_counter() - start if build_s is None else build_s
-            if id(program) not in oracles:
-                say(f"running the reference backend ({program.label or 'the program'})")
-                t0 = time.perf_counter()
-                oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
-                                                    label=program.label if distinct > 1 else None)
-                overhead += time.perf_counter() - t0 if deadline is None else 0.0
-            oracle = oracles[id(program)]
-            trial = EngineTrial(name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
-                                program=program.label if distinct > 1 else None)
-            if native:
-                trial.check = "accuracy vs float (engine-native numerics)"
-            trials.append(trial)
-            nodes = max(1, len(program.gm.graph.nodes))
-            left = None if deadline is None else deadline - time.perf_counter()
-            estimate = self._estimate(name, nodes)
-            if left is not None and left <= 0:
-                trial.status, trial.check = "abandoned", None
-                trial.reason = f"not compiled: the time budget of {deadline - started:.1f} s was spent"
-                continue
-            if left is not None and estimate > left:
-                trial.status, trial.check = "abandoned", None
-                trial.reason = (f"not compiled: its compile takes about {estimate:.1f} s here (measured on earlier "
-                                f"compiles in this process, or one still running), past the time budget "
-                                f"({max(left, 0.0):.1f} s left of {deadline - started:.1f} s)")
-                continue
-            say(f"compiling for {name}")
-            start = time.perf_counter()
+        launched: dict[str, tuple[Any, float, int]] = {}   # label -> (Compiling or its error, start, nodes)
+        joins: list[tuple[Backend, EngineTrial, Program, _Oracle]] = []   # launched: joined after the others
 
-            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start, label=name):
-                executable = compile_graph(b, gm)
-                self._compile_rate[label] = (time.perf_counter() - t0) / n
-                self._inflight.pop(label, None)
-                return executable
+        def left() -> float | None:
+            return None if clock["deadline"] is None else clock["deadline"] - time.perf_counter()
+
+        def compiled_first() -> None:
+            """The first candidate's capture, build and compile (a plain compile) ended: the deadline."""
+            if clock["deadline"] is None:
+                plain = time.perf_counter() - plain_from - clock["overhead"]
+                clock["deadline"] = started + max(s.min_budget_s, s.budget_factor * plain)
+
+        def launch(backend: Backend) -> None:
+            """Start `backend`'s compile (its interpreter-bound half here, its native compile in the
+            background), unless its estimated compile time is known not to fit."""
+            name = candidate_label(backend)
+            program = program_for(backend)
+            nodes = max(1, len(program.gm.graph.nodes))
+            remaining = left()
+            if remaining is not None and self._estimate(name, nodes) > remaining:
+                return   # skipped, with the reason, when the loop reaches it
+            say(f"starting {name}'s compile")
+            t0 = time.perf_counter()
             try:
-                executable = _bounded(compile_and_record, left, f"{name}-compile")
-            except _Abandoned as exc:
-                self._inflight[name] = (start, nodes)
-                retry = True
-                trial.status, trial.check = "abandoned", None
-                trial.reason = (f"abandoned: its compile was {exc}, at the end of the time budget of "
-                                f"{deadline - started:.1f} s (budget_factor x the time to the first candidate's "
-                                "compile)")
-                continue
-            except Exception as exc:
-                trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
-                continue
-            finally:
-                if deadline is None:   # the first candidate's capture, build and compile: a plain compile
-                    plain = time.perf_counter() - plain_from - overhead
-                    deadline = started + max(s.min_budget_s, s.budget_factor * plain)
-            trial.compile_s = time.perf_counter() - start
+                handle = start_compile(backend, program.gm)
+            except Exception as exc:   # reported when the loop reaches it
+                handle = exc
+            launched[name] = (handle, t0, nodes)
+            if clock["deadline"] is None:
+                clock["overhead"] += time.perf_counter() - t0
+            if not isinstance(handle, Exception):
+                def record(h=handle, label=name, n=nodes, since=t0):
+                    h.wait()
+                    self._compile_rate[label] = (time.perf_counter() - since) / n
+                    self._inflight.pop(label, None)
+                threading.Thread(target=record, name=f"qlower-auto-{name}-rate", daemon=True).start()
+
+        def check(backend: Backend, trial: EngineTrial, program: Program, oracle: _Oracle,
+                  executable: Executable) -> None:
+            """Run the compiled candidate once on the example inputs and judge it; a correct one
+            joins `results` (timed later)."""
+            name, native = trial.backend, is_native(backend)
             trial.fallbacks = sum(1 for c in executable.clusters if c.status == "fallback")
             try:
                 state = _State(executable, program.gm)
                 say(f"checking {name}")
                 bound = max(s.check_floor_s, s.check_factor * oracle.call_s)
-                left = deadline - time.perf_counter()
-                got = _bounded(lambda st=state: st.call(example_inputs), min(bound, max(left, s.check_floor_s)),
-                               f"{name}-check")
+                t0 = time.perf_counter()
+                got = _bounded(lambda st=state: st.call(example_inputs),
+                               min(bound, max(left(), s.check_floor_s)), f"{name}-check")
+                took = time.perf_counter() - t0
+                state.restore()
                 ok, trial.max_abs_diff, why = _compare(got, oracle.outputs, oracle.exact, s.rtol, s.atol)
                 if native:   # its own arithmetic: judged against the float model, after all candidates
                     ok, trial.sqnr_db = want() is not None, sqnr_db(want(), got) if want() is not None else None
@@ -463,25 +458,129 @@ class EngineSelector:
                     why = why if ok else f"{why}; {detail}"
                 if not ok:
                     trial.status, trial.reason = "mismatch", why
-                    state.restore()
-                    continue
-                say(f"timing {name}")
-                trial.median_ms, trial.runs = _time(state, example_inputs, s)
-                state.restore()
+                    return
             except _Abandoned as exc:
                 trial.status, trial.check = "abandoned", None
                 trial.reason = (f"abandoned: its check call was {exc}, more than {s.check_factor:g}x the reference "
                                 f"backend's call ({oracle.call_s * 1e3:.1f} ms) or past the time budget")
-                continue
+                return
             except Exception as exc:
                 trial.reason = f"run raised {_brief(exc)}"
-                continue
+                return
             trial.status = "slower"   # until it wins
-            results[name] = (executable, program, trial)
+            results[name], states[name], call_s[name] = (executable, program, trial), state, took
 
-        natives = {candidate_label(b) for b in candidates if is_native(b)}
-        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
-            self._refuse_less_accurate_programs(oracles, results, want(), natives)
+        def timing_reserve() -> float:
+            """What timing the correct candidates and the reference will take (one more candidate
+            counted, as fast as the slowest so far), from their check calls."""
+            calls = [*call_s.values(), max(call_s.values(), default=0.0),
+                     *(o.call_s for o in oracles.values())]
+            return sum(min(s.timing_seconds, (s.timing_calls + 1) * c) for c in calls)
+
+        for index, backend in enumerate(candidates):
+            name = candidate_label(backend)
+            remaining = left()
+            if remaining is not None and build_s is not None and not program_for.built(backend) and build_s > remaining:
+                trials.append(EngineTrial(name, "abandoned", reason=(
+                    f"not built: its program needs its own quantization, which took {build_s:.1f} s for the first "
+                    f"candidate, past the time budget ({max(remaining, 0.0):.1f} s left of "
+                    f"{clock['deadline'] - started:.1f} s)")))
+                continue
+            start = time.perf_counter()
+            program = program_for(backend)
+            build_s = time.perf_counter() - start if build_s is None else build_s
+            if id(program) not in oracles:
+                say(f"running the reference backend ({program.label or 'the program'})")
+                t0 = time.perf_counter()
+                oracles[id(program)] = self._oracle(reference, program, example_inputs, trials,
+                                                    label=program.label if distinct > 1 else None)
+                clock["overhead"] += time.perf_counter() - t0 if clock["deadline"] is None else 0.0
+            oracle = oracles[id(program)]
+            trial = EngineTrial(name, "failed", check="bit-exact" if oracle.exact else "float tolerance",
+                                program=program.label if distinct > 1 else None)
+            if is_native(backend):
+                trial.check = "accuracy vs float (engine-native numerics)"
+            trials.append(trial)
+            # this and later candidates that compile in the background and whose program now
+            # exists start now, so their native compile runs beside the work ahead of them
+            for later in candidates[index:]:
+                if candidate_label(later) not in launched and getattr(later, "start", None) is not None \
+                        and program_for.built(later):
+                    launch(later)
+            if name in launched:
+                joins.append((backend, trial, program, oracle))
+                continue
+            nodes = max(1, len(program.gm.graph.nodes))
+            remaining = left()
+            estimate = self._estimate(name, nodes)
+            if remaining is not None and remaining <= 0:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = f"not compiled: the time budget of {clock['deadline'] - started:.1f} s was spent"
+                continue
+            if remaining is not None and estimate > remaining:
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"not compiled: its compile takes about {estimate:.1f} s here (measured on earlier "
+                                f"compiles in this process, or one still running), past the time budget "
+                                f"({max(remaining, 0.0):.1f} s left of {clock['deadline'] - started:.1f} s)")
+                continue
+            say(f"compiling for {name}")
+            start = time.perf_counter()
+
+            def compile_and_record(b=backend, gm=program.gm, n=nodes, t0=start, label=name):
+                executable = compile_graph(b, gm)
+                self._compile_rate[label] = (time.perf_counter() - t0) / n
+                self._inflight.pop(label, None)
+                return executable
+            try:
+                executable = _bounded(compile_and_record, remaining, f"{name}-compile")
+            except _Abandoned as exc:
+                self._inflight[name] = (start, nodes)
+                retry = True
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its compile was {exc}, at the end of the time budget of "
+                                f"{clock['deadline'] - started:.1f} s (budget_factor x the time to the first "
+                                "candidate's compile)")
+                continue
+            except Exception as exc:
+                trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
+                continue
+            finally:
+                compiled_first()
+            trial.compile_s = time.perf_counter() - start
+            check(backend, trial, program, oracle, executable)
+
+        for backend, trial, program, oracle in joins:
+            name = trial.backend
+            handle, start, nodes = launched[name]
+            if isinstance(handle, Exception):
+                trial.check, trial.reason = None, f"compile raised {_brief(handle)}"
+                continue
+            say(f"compiling for {name}")
+            remaining = left()
+            bound = None if remaining is None else remaining - timing_reserve()
+            if not handle.wait(bound):
+                self._inflight[name] = (start, nodes)
+                retry = True
+                trial.status, trial.check = "abandoned", None
+                trial.reason = (f"abandoned: its compile (begun beside the others') was still running after "
+                                f"{time.perf_counter() - start:.1f} s, at the end of the time budget of "
+                                f"{clock['deadline'] - started:.1f} s (budget_factor x the time to the first "
+                                "candidate's compile, less the timing's share)")
+                continue
+            try:
+                executable = handle.finish()
+            except Exception as exc:
+                trial.check, trial.reason = None, f"compile raised {_brief(exc)}"
+                continue
+            finally:
+                compiled_first()
+            trial.compile_s = time.perf_counter() - start
+            check(backend, trial, program, oracle, executable)
+
+        if results:
+            say("timing " + ", ".join(results))
+            for name, (median, runs) in _time_together({n: states[n] for n in results}, example_inputs, s).items():
+                results[name][2].median_ms, results[name][2].runs = median, runs
 
         # The reference's time, the baseline each correct candidate must beat: its check call was
         # the warm-up; the loop stops early once its fastest call is slower than every candidate
@@ -497,12 +596,19 @@ class EngineSelector:
                 say("timing the reference backend")
                 oracle.trial.median_ms, oracle.trial.runs = _time(
                     oracle.state, example_inputs, s, warmup=False, stop_above=max(t.median_ms for t in mine))
-                oracle.state.restore()
                 for t in mine:
                     if t.median_ms >= oracle.trial.median_ms:
                         t.status = "not-faster"
                         t.reason = f"not faster than the reference backend ({oracle.trial.median_ms:.3f} ms)"
                         del results[t.backend]
+
+        natives = {candidate_label(b) for b in candidates if is_native(b)}
+        if (len(oracles) > 1 or natives & set(results)) and want() is not None:
+            # after the reference's timing: only programs a kept candidate or the fallback runs
+            # set the accuracy to match (refusing one for a program whose engines all lost to
+            # the reference ran the whole model in PyTorch on the refused program itself)
+            fallback = program_for(reference) if program_for.built(reference) else None
+            self._refuse_less_accurate_programs(oracles, results, want(), natives, fallback)
 
         if not results:
             program = program_for(reference)
@@ -537,15 +643,21 @@ class EngineSelector:
             why += "; refused: " + ", ".join(f"{t.backend} ({t.status})" for t in refused)
         return Selection(self._backend(candidates, winner), program, executable, trials, why, retry=retry)
 
-    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset()) -> None:
+    def _refuse_less_accurate_programs(self, oracles: dict, results: dict, want, natives=frozenset(),
+                                       fallback: Program | None = None) -> None:
         """Candidates run different quantized programs: each program's output SQNR against the
         float model (its reference outputs, on the example inputs) goes into its trials, and a
-        candidate whose program is more than `accuracy_margin_db` below the best is refused
-        ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
+        candidate whose program is more than `accuracy_margin_db` below the best that a kept
+        candidate (`results`) or the fallback (the reference backend on `fallback`) runs is
+        refused ("less-accurate"): a preset the user asked for is not traded for speed in silence."""
         for oracle in oracles.values():
             oracle.trial.sqnr_db = sqnr_db(want, oracle.outputs)
+        running = {id(p) for _, p, _ in results.values()} | ({id(fallback)} if fallback is not None else set())
+        considered = [o for o in oracles.values() if id(o.program) in running]
         native_programs = {id(p) for name, (_, p, _) in results.items() if name in natives}
-        canonical = [o for o in oracles.values() if id(o.program) not in native_programs] or list(oracles.values())
+        canonical = [o for o in considered if id(o.program) not in native_programs] or considered
+        if not canonical:
+            return
         best = max(canonical, key=lambda o: o.trial.sqnr_db)
         for name, (_, program, trial) in list(results.items()):
             if name not in natives:   # an engine-native candidate keeps its own measured SQNR
@@ -725,6 +837,20 @@ class _State:
         with torch.no_grad():
             return self.executable.run(*args)
 
+    def timed_call(self, example_inputs: tuple) -> float:
+        """Seconds of one call, the state restore and input copies outside the clock."""
+        self.restore()
+        args = torch.utils._pytree.tree_map(
+            lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
+        if not self.executable.needs_no_grad:
+            t0 = time.perf_counter()
+            self.executable.run(*args)
+            return time.perf_counter() - t0
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            self.executable.run(*args)
+            return time.perf_counter() - t0
+
 
 def _time(state: _State, example_inputs: tuple, s: AutoSettings, warmup: bool = True,
           stop_above: float | None = None) -> tuple[float, int]:
@@ -736,19 +862,31 @@ def _time(state: _State, example_inputs: tuple, s: AutoSettings, warmup: bool = 
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < s.timing_calls:
-        state.restore()
-        args = torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
-        t0 = time.perf_counter()
-        if state.executable.needs_no_grad:
-            with torch.no_grad():
-                state.executable.run(*args)
-        else:
-            state.executable.run(*args)
-        times.append(time.perf_counter() - t0)
+        times.append(state.timed_call(example_inputs))
         if time.perf_counter() - start >= s.timing_seconds or \
                 (stop_above is not None and min(times) * 1e3 > stop_above):
             break
+    state.restore()
     return statistics.median(times) * 1e3, len(times)
+
+
+def _time_together(states: dict[str, _State], example_inputs: tuple, s: AutoSettings) -> dict[str, tuple[float, int]]:
+    """{name: (median ms, timed calls)}: a warm-up call each, then rounds in which each is called
+    once, in turn, until `timing_calls` rounds or `timing_seconds` per candidate in all (at least
+    one round): what else runs on the machine meanwhile (other processes, a compile left running
+    in the background) falls on every candidate alike."""
+    for state in states.values():
+        state.call(example_inputs)
+    times: dict[str, list[float]] = {name: [] for name in states}
+    start = time.perf_counter()
+    for _ in range(s.timing_calls):
+        for name, state in states.items():
+            times[name].append(state.timed_call(example_inputs))
+        if time.perf_counter() - start >= s.timing_seconds * len(states):
+            break
+    for state in states.values():
+        state.restore()
+    return {name: (statistics.median(t) * 1e3, len(t)) for name, t in times.items()}
 
 
 def _compare(got, want, exact: bool, rtol: float, atol: float) -> tuple[bool, float | None, str | None]:

@@ -4,10 +4,14 @@ runs the backend's `legalize_passes()` as ordinary passes (PassManager, verified
 on its own copy of the graph, then `backend.compile`."""
 from __future__ import annotations
 
+import contextlib
 import operator
+import os
+import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from torch.fx import GraphModule, Node
 
@@ -42,6 +46,60 @@ class Executable:
     validating_run: Callable | None = None
 
 
+class Compiling:
+    """A compile in two halves, from a backend's `start(gm)` hook (its interpreter-bound work,
+    clustering and emission, already done): `work()`, the engine's native compile (a subprocess,
+    or native code that releases the GIL), and `complete()`, which makes the executable.
+    `finish()` runs the native work in the calling thread, or, after `begin()`, waits for the
+    background thread running it; then completes, in the calling thread.
+
+    `work` must not trace or touch torch's global state (the dispatch mode stack, export's
+    module hierarchy: capture.py's COMPILE_LOCK says why): the caller traces meanwhile, and an
+    abandoned `work` runs on beside later compiles."""
+
+    def __init__(self, work: Callable[[], Any], complete: Callable[[], Executable]):
+        self._work, self._complete = work, complete
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.notes: list[str] = []   # report lines put before the executable's own (legalization's)
+
+    def begin(self, nice: int = 0) -> None:
+        """Run the native work in a background thread, `nice` steps below this process's priority
+        (Linux, where niceness is per thread and what the thread starts inherits it: the work then
+        takes the CPU the caller's own compile leaves, so running it alongside does not slow that
+        compile). The thread is not a daemon: a process exiting meanwhile waits for it (an engine
+        killed inside native code at interpreter shutdown aborted the process)."""
+        def run():
+            if nice and sys.platform.startswith("linux"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                                   min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+            try:
+                self._work()
+            except BaseException as exc:   # raised again by finish(), in the caller's thread
+                self._error = exc
+        self._thread = threading.Thread(target=run, name="qlower-engine-compile", daemon=False)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """After `begin()`: wait for the native work at most `timeout` seconds (None: until it
+        ends); whether it ended."""
+        self._thread.join(None if timeout is None else max(timeout, 0.0))
+        return not self._thread.is_alive()
+
+    def finish(self) -> Executable:
+        """The executable: the native work done (here, or waited for), its error raised, completed."""
+        if self._thread is None:
+            self._work()
+        else:
+            self.wait()
+            if self._error is not None:
+                raise self._error
+        executable = self._complete()
+        executable.notes[:0] = self.notes
+        return executable
+
+
 class InputsRefused(Exception):
     """Raised by `Executable.validating_run` when the engine refused a call's inputs (or could
     not run them): the caller checks them and takes the general path."""
@@ -55,7 +113,10 @@ class Backend(Protocol):
       pipeline(passes) -> passes: adapt the default pass pipeline (never a user's `passes=`);
       legalize_passes() -> [Pass]: the backend's own rewrites (block ops it lacks decomposed,
         fused kernels proven exact, engine workarounds), run by `compile_graph` after the
-        pipeline on the backend's copy of the graph; default none.
+        pipeline on the backend's copy of the graph; default none;
+      start(gm) -> Compiling: `compile(gm)` in two halves, so engines compile side by side
+        (`start_compile`): what needs the interpreter now, the engine's native compile later,
+        in the background or not (`Compiling`).
     `compile(gm)` receives the legalized graph and may restructure it (it is the backend's copy)."""
     name: str
     capability: "Capability"   # what it accepts (qlower ops / qlower schema)
@@ -76,6 +137,23 @@ def compile_graph(backend: Backend, gm: GraphModule) -> Executable:
     executable = backend.compile(own)
     executable.notes[:0] = notes
     return executable
+
+
+def start_compile(backend: Backend, gm: GraphModule, nice: int = 10) -> Compiling | None:
+    """`compile_graph` begun, for a backend with a `start` hook (else None): the copy and its
+    legalization, and the backend's own interpreter-bound work (clustering, emission), run now in
+    this thread; the engine's native compile runs in the background (`Compiling.begin(nice)`)
+    until `finish()`."""
+    start = getattr(backend, "start", None)
+    if start is None:
+        return None
+    cache.cache_dir()
+    own = copy_graph_module(gm)
+    notes = legalize(backend, own)
+    compiling = start(own)
+    compiling.notes[:0] = notes
+    compiling.begin(nice)
+    return compiling
 
 
 def legalize(backend: Backend, gm: GraphModule) -> list[str]:

@@ -29,7 +29,7 @@ from ...passes.functionalize_state import WRITE_BACK
 from ...core.types import ClusterInfo
 from ...passes.scatter_into_neutral import ScatterIntoNeutral
 from ..argument_checks import CHECKED_OPS, ArgumentCheck, checkable
-from ..base import Executable, decompose_unsupported_block_ops, op_counts
+from ..base import Compiling, Executable, decompose_unsupported_block_ops, op_counts
 from ..cluster_sizes import SIZE_OPS, derive_sizes, one_user_per_size, sizes_with_their_users
 from ..clusters import ConstantCluster, picks_with_their_producer, float_inputs, maps_float_to_integers, policy_inputs
 from ...passes.iree.drop_noop_ceil_mode import DropNoopCeilMode
@@ -220,42 +220,65 @@ class IreeBackend:
         ATen op it could not legalize, is compiled again without that op's nodes (they run in
         PyTorch; the rest of the cluster stays on IREE), at most `_ISOLATION_ROUNDS` times.
         Each round starts from a copy of the legalized graph (clustering rewrites it)."""
+        return self.start(gm).finish()
+
+    def start(self, gm: GraphModule) -> Compiling:
+        """`compile` begun: the first round's clustering and emission now, in this thread (the
+        MLIR bindings' context is per thread, and emission traces the float ops it imports); its
+        native half is iree-compile, a subprocess per cluster, and the loading of its modules.
+        `finish()` installs the clusters and compiles any further round itself."""
+        first = self._emit_round(copy_graph_module(gm), {})
+        return Compiling(lambda: self._compile_round(first), lambda: self._finish(gm, first))
+
+    def _finish(self, gm: GraphModule, first: "_Round") -> Executable:
+        """The executable from the compiled first round, after the further rounds its failures ask for."""
         refused: dict[str, str] = {}
-        for _ in range(_ISOLATION_ROUNDS):
-            executable, rejected = self._compile_refusing(copy_graph_module(gm), refused)
+        executable, rejected = self._install_round(first)
+        for _ in range(_ISOLATION_ROUNDS - 1):
             if not rejected or rejected.keys() <= refused.keys():
                 break
             refused.update(rejected)
+            again = self._emit_round(copy_graph_module(gm), refused)
+            self._compile_round(again)
+            executable, rejected = self._install_round(again)
         for info in executable.clusters:   # the final round's (an earlier round's failure was retried)
             if info.backend == self.name and info.status == "fallback":
                 log.warning("cluster #%d fell back to PyTorch: %s", info.id, info.reason)
         return executable
 
-    def _compile_refusing(self, gm: GraphModule, refused: dict[str, str]) -> tuple[Executable, dict[str, str]]:
-        """One round of `compile`: (the executable, nodes a failed cluster's error names)."""
-        notes = []
+    def _emit_round(self, gm: GraphModule, refused: dict[str, str]) -> "_Round":
+        """One round's clustering and emission, refusing `refused` (node name -> reason)."""
         check_finite = maps_float_to_integers(gm)   # before clustering moves the nodes into submodules
         fused, kinds, capability = self._fuse(gm, refused)
         mutated = mutated_attributes(fused)
         calls = [n for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith("cluster_")]
         pending = [self._emit_cluster(fused, call, i, kinds[str(call.target)], mutated) for i, call in enumerate(calls)]
+        if any(p.emitted is not None for p in pending):
+            runtime_config(self.options.runtime_driver())   # created once, here, before compile threads share it
+        return _Round(fused, kinds, capability, pending, check_finite)
+
+    def _compile_round(self, r: "_Round") -> None:
         start = time.perf_counter()
-        self._compile_all([p for p in pending if p.emitted is not None])
-        seconds = time.perf_counter() - start
+        self._compile_all([p for p in r.pending if p.emitted is not None])
+        r.seconds = time.perf_counter() - start
+
+    def _install_round(self, r: "_Round") -> tuple[Executable, dict[str, str]]:
+        """The compiled round installed: (the executable, nodes a failed cluster's error names)."""
+        fused, pending = r.fused, r.pending
         for p in pending:
             self._install(fused, p)
         fused.graph.eliminate_dead_code()
         fused.recompile()
         infos = [p.info for p in pending]
-        infos += self._pytorch_infos(fused, len(infos), capability)
-        counts = {k: sum(1 for v in kinds.values() if v == k) for k in ("tosa", "torch")}
-        notes += [p.retry_note for p in pending if p.retry_note]
+        infos += self._pytorch_infos(fused, len(infos), r.capability)
+        counts = {k: sum(1 for v in r.kinds.values() if v == k) for k in ("tosa", "torch")}
+        notes = [p.retry_note for p in pending if p.retry_note]
         notes.append(f"iree: {counts['tosa']} TOSA + {counts['torch']} torch-dialect clusters, "
-                     f"iree-compile {seconds:.2f} s")
+                     f"iree-compile {r.seconds:.2f} s")
         direct = _whole_model_runner(fused)
         # a quantized model's NaN policy: the sums of its graph inputs come from the runners
         checked = [m for m in fused.children() if isinstance(m, IreeCluster) and policy_inputs(m.finite_checks)] \
-            if check_finite else []
+            if r.check_finite else []
 
         def on_nonfinite(handler) -> None:
             for cluster in checked:
@@ -339,8 +362,6 @@ class IreeBackend:
                 p.compiled = compiled
             except Exception as exc:   # compile/load failed: this cluster runs in PyTorch
                 self._failed(p, exc)
-        if pending:
-            runtime_config(self.options.runtime_driver())   # created once, before the threads share it
         workers = max(1, min(len(pending), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, pending))
@@ -411,6 +432,17 @@ class IreeBackend:
                                                   engine_sums=bool(p.emitted is not None and p.emitted.input_sums),
                                                   argument_check=ArgumentCheck(p.sub)))
         p.call.args = tuple(p.runtime_args)
+
+
+@dataclass
+class _Round:
+    """One round of `compile`: the clustered graph and its clusters, from emission to installation."""
+    fused: GraphModule
+    kinds: dict[str, str]         # submodule name -> "tosa" | "torch"
+    capability: Capability        # with the round's refusals
+    pending: list["_Pending"]
+    check_finite: bool            # a quantized model's NaN policy applies
+    seconds: float = 0.0          # iree-compile's wall time
 
 
 @dataclass
