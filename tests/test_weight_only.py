@@ -197,6 +197,24 @@ def test_iree_weight_only_within_profile(scheme):
 
 
 @pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+def test_iree_weight_only_dynamic_rows():
+    """Batch and sequence dynamic: one module (its row count read at run time), within the bound
+    at sizes other than the example's."""
+    torch.manual_seed(12)
+    model, x = Mlp(hidden=64).eval(), torch.randn(2, 5, 96)
+    config = QuantConfig(weight_only=WeightOnly(4, 32))
+    dynamic = {"x": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=16)}}
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree", dynamic_shapes=dynamic)
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference",
+                         dynamic_shapes=dynamic)
+    assert [c.backend for c in cm.report().clusters] == ["iree"], cm.report()
+    for shape in ((1, 3, 96), (4, 9, 96)):
+        other = torch.randn(shape)
+        with torch.no_grad():
+            _within_profile(cm(other), ref, other, model, config.weight_only)
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
 @pytest.mark.parametrize("bits,dequantize", [(4, "load"), (8, "load"), (4, "call")])
 def test_iree_module_holds_codes_not_fp32_weights(bits, dequantize):
     """The compiled module is smaller than the float model's by most of the fp32 weights' size:
