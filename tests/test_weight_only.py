@@ -178,13 +178,14 @@ def _iree_clusters(cm):
 
 
 @pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
-@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(4, 32, symmetric=True),
+@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(4, 64, symmetric=True),
                                     WeightOnly(8, None, symmetric=True), WeightOnly(8, 32)])
 def test_iree_weight_only_within_profile(scheme):
     """Both linears and the SiLU are one IREE cluster (the codes i4/i8 constants of its module),
-    every element within the reordered-sum bound of the reference."""
+    every element within the reordered-sum bound of the reference; groups of 32 over the second
+    linear's 80 inputs and of 64 over both (96 and 80) end with a shorter group."""
     torch.manual_seed(9)
-    model, x = Mlp(hidden=64).eval(), torch.randn(2, 5, 96)
+    model, x = Mlp().eval(), torch.randn(2, 5, 96)
     config = QuantConfig(weight_only=scheme)
     cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree")
     ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
@@ -236,23 +237,6 @@ def test_iree_module_holds_codes_not_fp32_weights(bits, dequantize):
         _within_profile(cm(x), ref, x, model, config.weight_only)
 
 
-@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
-def test_iree_weight_only_group_not_dividing_k_runs_in_pytorch():
-    """Near miss: groups of 32 over the second linear's 80 input features (a shorter last group)
-    are not lowered; that linear runs in PyTorch with the reason, the first one in IREE."""
-    torch.manual_seed(11)
-    model, x = Mlp(hidden=80).eval(), torch.randn(2, 5, 96)
-    config = QuantConfig(weight_only=WeightOnly(4, 32))
-    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree")
-    clusters = cm.report().clusters
-    assert [c.backend for c in clusters] == ["iree", "pytorch"], cm.report()
-    assert clusters[0].ops.get("qlower::linear_weight_only") == 1
-    assert "group size 32 does not divide the 80 input features" in clusters[1].reason
-    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
-    with torch.no_grad():
-        _within_profile(cm(x), ref, x, model, config.weight_only)
-
-
 class TiedLM(torch.nn.Module):
     def __init__(self, vocab=64, dim=32):
         super().__init__()
@@ -263,6 +247,33 @@ class TiedLM(torch.nn.Module):
 
     def forward(self, ids):
         return self.head(torch.relu(self.mid(self.embed(ids))))
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+def test_iree_weight_only_embedding_runs_in_pytorch():
+    """Near miss: IREE has no lowering of the weight-only embedding (a gather of codes); it runs in
+    PyTorch with the reason (bit-exact), both linears in IREE, each within its bound."""
+    torch.manual_seed(13)
+    model, ids = TiedLM().eval(), torch.randint(0, 64, (1, 6))
+    config = QuantConfig(weight_only=WeightOnly(4, 16, embeddings=True))
+    cm = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="iree")
+    ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
+    clusters = cm.report().clusters
+    assert [c.backend for c in clusters] == ["iree", "pytorch"], cm.report()
+    assert clusters[0].ops.get("qlower::linear_weight_only") == 2
+    assert "qlower::embedding_weight_only: no IREE lowering" in clusters[1].reason
+    w = {}
+    for name in ("head", "mid"):   # the tied table is stored under the head's name
+        codes, scale, zp = (dict(ref.graph_module.named_buffers())[f"{name}.weight_wo_{s}"]
+                            for s in ("codes", "scale", "zero_point"))
+        w[name] = numerics.dequantize_weight_groups(codes, scale, zp, 16)
+    with torch.no_grad():
+        e = w["head"][ids]
+        b1 = numerics.reordered_sum_bound(e, w["mid"], model.mid.bias)
+        a = torch.relu(torch.nn.functional.linear(e, w["mid"], model.mid.bias))
+        bound = numerics.reordered_sum_bound(a, w["head"]) + torch.nn.functional.linear(b1, w["head"].abs().double())
+        diff = (cm(ids) - ref(ids)).abs().double()
+    assert bool((diff <= bound).all()), f"worst excess {(diff - bound).max().item()}"
 
 
 def test_embedding_option():

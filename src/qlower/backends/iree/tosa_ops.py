@@ -614,22 +614,16 @@ def emit_linear(em: Emitter, node: Node) -> Val:
 
 
 def _weight_only_check(node: Node) -> str | None:
-    """float32 input with a static feature dim; constant codes, scales, zero points and bias;
-    the group size divides the input features (or is all of them)"""
-    x, codes, scale, zp, bias, bits, group = full_args(node)
+    """float32 input, static feature dim, constant codes/scales/zero points/bias, 4 or 8 bits"""
+    x, codes, scale, zp, bias, bits, _ = full_args(node)
     if x.meta["val"].dtype != torch.float32:
         return f"{x.meta['val'].dtype} input is not lowered (float32 only)"
-    k = codes.meta["val"].shape[1]
     if dims(x.meta["val"].shape)[-1] == DYN:
         return "the input feature dim must be static"
     if any(a is not None and _const(node, a) is None for a in (codes, scale, zp, bias)):
         return "weight-only codes, scales, zero points and bias must be constants"
     if bits not in (4, 8):
         return f"{bits}-bit codes are not lowered (4 or 8)"
-    if min(group, k) != k and k % group:
-        # The groups are a dim of the dequantized weight [N, G, g] (IREE's grouped form); a shorter
-        # last group would need the input padded as well
-        return f"group size {group} does not divide the {k} input features"
     return None
 
 
@@ -656,16 +650,18 @@ def emit_linear_weight_only(em: Emitter, node: Node) -> Val:
     points i4/i8 and scales f32 [N, G] are the module's constants; one `linalg.generic` computes
     w = fp32(int32(u) - zp) * s (numerics.dequantize_weight_groups: an exact integer, one
     rounding), a `linalg.matmul` with the transposed weight sums the products in IREE's order
-    (the reordered-sum profile, docs/llm.md), and the bias is added last. Where the dequantized
-    weight lives is IREE's const-expr hoisting (IreeOptions.weight_only_dequantize)."""
+    (the reordered-sum profile, docs/llm.md), and the bias is added last. A shorter last group
+    (g not dividing K: SmolLM2's K = 576 in groups of 128) has its codes padded with the zero
+    point's and the dequantized weight sliced back to K. Where the dequantized weight lives is
+    IREE's const-expr hoisting (IreeOptions.weight_only_dequantize)."""
     x_n, codes_n, scale_n, zp_n, bias_n, bits, group = full_args(node)
     b = em.b
-    codes = em.constant(codes_n).detach().numpy()
-    n, k = codes.shape
-    g = min(group, k)
-    groups = k // g
     scale = em.constant(scale_n).detach().to(torch.float32).numpy()
     zp = em.constant(zp_n).detach().numpy()
+    n, k = codes_n.meta["val"].shape
+    g, groups = min(group, k), scale.shape[1]        # groups = ceil(K / g)
+    codes = np.repeat(zp, g, axis=1)                 # past K: the zero point's code, a weight of 0
+    codes[:, :k] = em.constant(codes_n).detach().numpy()
     x = em.value(x_n)
     rows = _prod(x.shape[:-1])
     x2 = b.reshape(x, [rows, k])
@@ -686,8 +682,13 @@ def emit_linear_weight_only(em: Emitter, node: Node) -> Val:
              f"  ^bb0(%u: {it}, %sc: f32, %zp: {zt_elem}, %o: f32):",
              f"    %u32 = arith.extui %u : {it} to i32", f"    %z32 = arith.extui %zp : {zt_elem} to i32",
              "    %d = arith.subi %u32, %z32 : i32", "    %f = arith.sitofp %d : i32 to f32",
-             "    %v = arith.mulf %f, %sc : f32", "    linalg.yield %v : f32", f"  }} -> {wt}",
-             f"  %w = tensor.collapse_shape %w3 [[0], [1, 2]] : {wt} into tensor<{n}x{k}xf32>"]
+             "    %v = arith.mulf %f, %sc : f32", "    linalg.yield %v : f32", f"  }} -> {wt}"]
+    padded = f"tensor<{n}x{groups * g}xf32>"
+    if groups * g == k:
+        lines.append(f"  %w = tensor.collapse_shape %w3 [[0], [1, 2]] : {wt} into {padded}")
+    else:
+        lines += [f"  %wg = tensor.collapse_shape %w3 [[0], [1, 2]] : {wt} into {padded}",
+                  f"  %w = tensor.extract_slice %wg[0, 0] [{n}, {k}] [1, 1] : {padded} to tensor<{n}x{k}xf32>"]
     sizes = ""
     if rows == DYN:
         lines += ["  %c0 = arith.constant 0 : index", f"  %m = tensor.dim %x, %c0 : {xt}"]
