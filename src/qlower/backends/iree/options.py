@@ -60,8 +60,8 @@ class IreeOptions:
     loads, and turns compile-time evaluation off for the cluster (else i8 codes were evaluated
     into fp32 constants: a vmfb as large as the float model's; i4 ones IREE does not evaluate) —
     the file holds codes, memory and call time are the float model's; "call" hoists nothing
-    (threshold 0), so every call dequantizes: codes in memory too, and slower (one [1, 576] x
-    [576, 1536] 4-bit product, one thread: 2.6 ms against 0.13 ms fp32; docs/iree.md).
+    (threshold 0), so every call dequantizes: codes in memory too, and slower (measured in
+    docs/iree.md, "Weight-only linears")
     """
     target_backend: str = "llvm-cpu"
     target_cpu: str = "host"

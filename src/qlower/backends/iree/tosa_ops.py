@@ -8,7 +8,9 @@ Every formula is numerics.py's, written in TOSA/arith so IREE computes the same 
 - requantize `float`, quantize, dequantize, quantized add/mul: arith on tensors (sitofp, mulf,
   divf, clamp, round-half-to-even as `(r + 1.5 * 2^23) - 1.5 * 2^23` on the clamped value,
   fptosi), because TOSA has no IEEE division and no explicit round-half-to-even; these lower
-  to the same single IEEE operations the reference uses (_round_clamp_to_int says why exact).
+  to the same single IEEE operations the reference uses (_round_clamp_to_int says why exact);
+- weight-only linear: i4/i8 codes dequantized by a linalg.generic (exactly numerics'), the float
+  matmul in IREE's order: the reordered-sum profile, not bit-exact (docs/llm.md).
 """
 from __future__ import annotations
 
