@@ -1,7 +1,7 @@
 """Weight-only quantization (int4-weight / int8-weight): the numerics against hand computations
 and torchao's affine primitives, the reference backend against eager dequantized math (bit for
-bit), ONNX Runtime's MatMulNBits and OpenVINO's compressed weights within the declared
-reordered-sum profile, presets, the embedding option, GPTQ / AWQ against round to nearest, and
+bit), ONNX Runtime's MatMulNBits, OpenVINO's compressed weights and IREE's i4/i8 codes within
+the declared reordered-sum profile, presets, the embedding option, GPTQ / AWQ against round to nearest, and
 the block-op LM as one cluster."""
 import onnx
 import pytest
@@ -14,7 +14,7 @@ from qlower.quantize.awq import search as awq_search
 from qlower.quantize.gptq import gptq
 from qlower.zoo.block_lm import BlockDecoderLM
 
-from conftest import HAS_OPENVINO
+from conftest import HAS_IREE, HAS_OPENVINO
 
 W = torch.tensor([[-1.0, 0.5, 2.0, 0.25, 0.75, -0.5]])
 
@@ -173,6 +173,71 @@ def test_openvino_compressed_weights_within_profile(scheme):
         _within_profile(cm(x), ref, x, model, scheme)
 
 
+def _iree_clusters(cm):
+    from qlower.backends.iree.runner import IreeCluster
+    return [m for m in cm._executable.module.modules() if isinstance(m, IreeCluster)]
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+@pytest.mark.parametrize("scheme", [WeightOnly(4, 32), WeightOnly(4, 64, symmetric=True),
+                                    WeightOnly(8, None, symmetric=True), WeightOnly(8, 32)])
+def test_iree_weight_only_within_profile(scheme):
+    """Both linears and the SiLU are one IREE cluster (the codes i4/i8 constants of its module),
+    every element within the reordered-sum bound of the reference; groups of 32 over the second
+    linear's 80 inputs and of 64 over both (96 and 80) end with a shorter group."""
+    torch.manual_seed(9)
+    model, x = Mlp().eval(), torch.randn(2, 5, 96)
+    config = QuantConfig(weight_only=scheme)
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree")
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
+    assert [c.backend for c in cm.report().clusters] == ["iree"], cm.report()
+    assert cm.report().clusters[0].ops.get("qlower::linear_weight_only") == 2
+    (cluster,) = _iree_clusters(cm)
+    assert f"xi{scheme.bits}>" in cluster.mlir and "linalg.matmul" in cluster.mlir
+    with torch.no_grad():
+        _within_profile(cm(x), ref, x, model, scheme)
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+def test_iree_weight_only_dynamic_rows():
+    """Batch and sequence dynamic: one module (its row count read at run time), within the bound
+    at sizes other than the example's."""
+    torch.manual_seed(12)
+    model, x = Mlp(hidden=64).eval(), torch.randn(2, 5, 96)
+    config = QuantConfig(weight_only=WeightOnly(4, 32))
+    dynamic = {"x": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=16)}}
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree", dynamic_shapes=dynamic)
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference",
+                         dynamic_shapes=dynamic)
+    assert [c.backend for c in cm.report().clusters] == ["iree"], cm.report()
+    for shape in ((1, 3, 96), (4, 9, 96)):
+        other = torch.randn(shape)
+        with torch.no_grad():
+            _within_profile(cm(other), ref, other, model, config.weight_only)
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+@pytest.mark.parametrize("bits,dequantize", [(4, "load"), (8, "load"), (4, "call")])
+def test_iree_module_holds_codes_not_fp32_weights(bits, dequantize):
+    """The compiled module is smaller than the float model's by most of the fp32 weights' size:
+    IREE neither evaluated the dequantization into fp32 constants at compile time (it did for i8
+    codes with IREE's compile-time const-eval on; qlower turns it off) nor kept the float weights."""
+    from qlower.backends.iree import IreeOptions
+    torch.manual_seed(10)
+    model, x = Mlp(k=256, hidden=512, out=256).eval(), torch.randn(1, 4, 256)
+    options = IreeOptions(weight_only_dequantize=dequantize)
+    config = QuantConfig(weight_only=WeightOnly(bits, 64 if bits == 4 else None, symmetric=bits == 8))
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="iree", backend_options=options)
+    fp = qlower.compile(model, (x,), backend="iree", backend_options=options)
+    (quantized,), (floating,) = _iree_clusters(cm), _iree_clusters(fp)
+    fp32_bytes = 4 * sum(m.weight.numel() for m in (model.up, model.down))
+    saved = len(floating.vmfb) - len(quantized.vmfb)
+    assert saved > (0.75 if bits == 4 else 0.6) * fp32_bytes, (len(floating.vmfb), len(quantized.vmfb), fp32_bytes)
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
+    with torch.no_grad():
+        _within_profile(cm(x), ref, x, model, config.weight_only)
+
+
 class TiedLM(torch.nn.Module):
     def __init__(self, vocab=64, dim=32):
         super().__init__()
@@ -183,6 +248,33 @@ class TiedLM(torch.nn.Module):
 
     def forward(self, ids):
         return self.head(torch.relu(self.mid(self.embed(ids))))
+
+
+@pytest.mark.skipif(not HAS_IREE, reason='pip install "qlower[iree]"')
+def test_iree_weight_only_embedding_runs_in_pytorch():
+    """Near miss: IREE has no lowering of the weight-only embedding (a gather of codes); it runs in
+    PyTorch with the reason (bit-exact), both linears in IREE, each within its bound."""
+    torch.manual_seed(13)
+    model, ids = TiedLM().eval(), torch.randint(0, 64, (1, 6))
+    config = QuantConfig(weight_only=WeightOnly(4, 16, embeddings=True))
+    cm = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="iree")
+    ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
+    clusters = cm.report().clusters
+    assert [c.backend for c in clusters] == ["iree", "pytorch"], cm.report()
+    assert clusters[0].ops.get("qlower::linear_weight_only") == 2
+    assert "qlower::embedding_weight_only: no IREE lowering" in clusters[1].reason
+    w = {}
+    for name in ("head", "mid"):   # the tied table is stored under the head's name
+        codes, scale, zp = (dict(ref.graph_module.named_buffers())[f"{name}.weight_wo_{s}"]
+                            for s in ("codes", "scale", "zero_point"))
+        w[name] = numerics.dequantize_weight_groups(codes, scale, zp, 16)
+    with torch.no_grad():
+        e = w["head"][ids]
+        b1 = numerics.reordered_sum_bound(e, w["mid"], model.mid.bias)
+        a = torch.relu(torch.nn.functional.linear(e, w["mid"], model.mid.bias))
+        bound = numerics.reordered_sum_bound(a, w["head"]) + torch.nn.functional.linear(b1, w["head"].abs().double())
+        diff = (cm(ids) - ref(ids)).abs().double()
+    assert bool((diff <= bound).all()), f"worst excess {(diff - bound).max().item()}"
 
 
 def test_embedding_option():

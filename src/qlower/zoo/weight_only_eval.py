@@ -7,6 +7,7 @@
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
     python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
     python -m qlower.zoo.weight_only_eval kernels                # one MatMulNBits per compute type
+    python -m qlower.zoo.weight_only_eval iree                   # one weight-only linear on IREE
 """
 from __future__ import annotations
 
@@ -296,6 +297,36 @@ def kernels(k: int = 576, n: int = 1536, calls: int = 200) -> None:
         print(f"{name:22s} {min(best):8.1f} us (best of 5 x {calls})", flush=True)
 
 
+def iree_linear(k: int = 576, n: int = 1536, rows: tuple[int, ...] = (1, 128), runs: int = 20) -> None:
+    """One [M, K] x [K, N] linear (SmolLM2's MLP up-projection shape) compiled by qlower for
+    IREE, one thread: fp32, and 4-bit (groups of 32) and 8-bit (per channel) weight-only with
+    each IreeOptions.weight_only_dequantize; the module's size and the call time, the float and
+    weight-only modules timed in turn (timing.paired_latency_ms)."""
+    import qlower
+    from ..backends.iree import IreeOptions
+    from ..backends.iree.runner import IreeCluster
+    from ..timing import paired_latency_ms
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(k, n, bias=False).eval()
+    schemes = {"4-bit g32": WeightOnly(4, 32, method="rtn"), "8-bit": WeightOnly(8, None, symmetric=True, method="rtn")}
+    for m in rows:
+        x = torch.randn(m, k)
+        compiled = {"fp32": qlower.compile(model, (x,), backend="iree")}
+        for name, scheme in schemes.items():
+            for where in ("load", "call"):
+                compiled[f"{name}, {where}"] = qlower.compile(
+                    model, (x,), quantize=QuantConfig(weight_only=scheme), calibration=[(x,)], backend="iree",
+                    backend_options=IreeOptions(weight_only_dequantize=where))
+        with torch.no_grad():
+            times = paired_latency_ms({name: (lambda cm=cm: cm(x)) for name, cm in compiled.items()}, runs=runs)
+        for name, cm in compiled.items():
+            (cluster,) = [c for c in cm._executable.module.modules() if isinstance(c, IreeCluster)]
+            median, spread = times[name]
+            print(f"M={m:4d} {name:18s} module {len(cluster.vmfb) / 1e6:6.2f} MB  {median:8.3f} ms "
+                  f"(interquartile {spread:.3f})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     what, names = (argv[0] if argv else "accuracy"), argv[1:]
@@ -313,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
         kernels()
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
+    elif what == "iree":
+        iree_linear()
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed or kernels")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed, kernels or iree")
 
 
 if __name__ == "__main__":

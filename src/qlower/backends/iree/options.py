@@ -14,6 +14,15 @@ GPU_TARGETS = {
 }
 CPU_TARGET = "llvm-cpu"
 
+# A weight-only cluster's const-expr flags (IreeOptions.weight_only_dequantize): "load" hoists any
+# constant expression whatever it adds to memory, "call" hoists none that grows (no cluster
+# evaluates constant expressions at compile time: --iree-opt-const-eval=false in flags())
+WEIGHT_ONLY_OP = "qlower::linear_weight_only"
+_WEIGHT_ONLY_FLAGS = {
+    "load": ("--iree-opt-const-expr-max-size-increase-threshold=4611686018427387904",),
+    "call": ("--iree-opt-const-expr-max-size-increase-threshold=0",),
+}
+
 
 @dataclass(frozen=True)
 class IreeOptions:
@@ -42,6 +51,17 @@ class IreeOptions:
     i8 x i8 -> i32 `linalg.matmul`) instead of `tosa.conv2d`, because IREE 3.13's im2col rewrite
     fails on integer convs and the direct conv is slow (docs/iree.md, "What limits IREE on the
     int8 CNN"). False emits `tosa.conv2d` (pure TOSA, what tests/test_tosa_reference.py runs).
+
+    weight_only_dequantize: where a cluster with weight-only linears (`qlower.linear_weight_only`:
+    i4/i8 codes in the module) dequantizes its weights. IREE 3.13's llvm-cpu does not fuse the
+    dequantization into the matmul dispatch (it forms a dispatch of its own; measured on IREE's
+    own `clone_dequantization` test pattern too), so the choice is IREE's const-expr hoisting:
+    "load" hoists every dequantization into the module's initializer, run once when the module
+    loads (compile-time evaluation is off for every cluster; with it, i8 codes were evaluated
+    into fp32 constants: a vmfb as large as the float model's; i4 ones IREE does not evaluate) —
+    the file holds codes, memory and call time are the float model's; "call" hoists nothing
+    (threshold 0), so every call dequantizes: codes in memory too, and slower (measured in
+    docs/iree.md, "Weight-only linears")
     """
     target_backend: str = "llvm-cpu"
     target_cpu: str = "host"
@@ -53,6 +73,7 @@ class IreeOptions:
     target_gpu: str = ""
     ukernels: str = "auto"                # llvm-cpu microkernels: "auto" (per cluster) | "default" | "all" | "none"
     min_cluster_size: int = 1
+    weight_only_dequantize: str = "load"  # "load" | "call": where weight-only clusters dequantize (below)
     extra_flags: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -62,6 +83,9 @@ class IreeOptions:
         if self.ukernels not in ("auto", "default", "all", "none", "mmt4d"):
             raise BackendError(f"unknown ukernels setting {self.ukernels!r}",
                                hint="use 'auto', 'default', 'all', 'none' or 'mmt4d'")
+        if self.weight_only_dequantize not in _WEIGHT_ONLY_FLAGS:
+            raise BackendError(f"unknown weight_only_dequantize {self.weight_only_dequantize!r}",
+                               hint=f"use one of {list(_WEIGHT_ONLY_FLAGS)}")
         if self.data_tiling_path not in ("auto", "dispatch", "global"):
             raise BackendError(f"unknown data_tiling_path {self.data_tiling_path!r}",
                                hint="use 'auto', 'dispatch' or 'global'")
@@ -82,7 +106,8 @@ class IreeOptions:
         """These options for one cluster with these op counts: ukernels and data_tiling_path
         "auto" decided (conv-dominated clusters: all micro-kernels, dispatch-creation data tiling;
         the rest: IREE's default micro-kernels, global-optimization data tiling; on a GPU the
-        dispatch-creation path, the only one measured there)."""
+        dispatch-creation path, the only one measured there), and a weight-only cluster's
+        const-expr flags (weight_only_dequantize) ahead of extra_flags."""
         convs = sum(n for op, n in ops.items() if "conv" in op)
         products = sum(n for op, n in ops.items() if any(k in op for k in ("linear", "matmul", "mm", "bmm")))
         conv_dominated = convs > products
@@ -93,6 +118,9 @@ class IreeOptions:
         if self.data_tiling_path == "auto":
             path = "dispatch" if conv_dominated or self.is_gpu else "global"
             resolved = dataclasses.replace(resolved, data_tiling_path=path)
+        if ops.get(WEIGHT_ONLY_OP):
+            resolved = dataclasses.replace(resolved, extra_flags=(*_WEIGHT_ONLY_FLAGS[self.weight_only_dequantize],
+                                                                  *resolved.extra_flags))
         return resolved
 
     @property

@@ -8,7 +8,9 @@ Every formula is numerics.py's, written in TOSA/arith so IREE computes the same 
 - requantize `float`, quantize, dequantize, quantized add/mul: arith on tensors (sitofp, mulf,
   divf, clamp, round-half-to-even as `(r + 1.5 * 2^23) - 1.5 * 2^23` on the clamped value,
   fptosi), because TOSA has no IEEE division and no explicit round-half-to-even; these lower
-  to the same single IEEE operations the reference uses (_round_clamp_to_int says why exact).
+  to the same single IEEE operations the reference uses (_round_clamp_to_int says why exact);
+- weight-only linear: i4/i8 codes dequantized by a linalg.generic (exactly numerics'), the float
+  matmul in IREE's order: the reordered-sum profile, not bit-exact (docs/llm.md).
 """
 from __future__ import annotations
 
@@ -611,6 +613,107 @@ def emit_linear(em: Emitter, node: Node) -> Val:
     bias = b.const(_bias(em, bias_n, n_out).reshape(1, 1, n_out))
     acc = Val(b.tosa.add(b.ttype(acc.shape, torch.int32), acc.value, bias), torch.int32, acc.shape)
     return _to_output_shape(em, acc, node)
+
+
+def _weight_only_check(node: Node) -> str | None:
+    """float32 input, static feature dim, constant codes/scales/zero points/bias, 4 or 8 bits"""
+    x, codes, scale, zp, bias, bits, _ = full_args(node)
+    if x.meta["val"].dtype != torch.float32:
+        return f"{x.meta['val'].dtype} input is not lowered (float32 only)"
+    if dims(x.meta["val"].shape)[-1] == DYN:
+        return "the input feature dim must be static"
+    if any(a is not None and _const(node, a) is None for a in (codes, scale, zp, bias)):
+        return "weight-only codes, scales, zero points and bias must be constants"
+    if bits not in (4, 8):
+        return f"{bits}-bit codes are not lowered (4 or 8)"
+    return None
+
+
+# IREE inlines constants of up to 256 bytes into the dispatches that read them
+# (--iree-flow-inline-constants-max-byte-length), where an i4 one fails to legalize ("failed to
+# legalize operation 'memref.get_global'", measured on a [80, 3] zero point): those stay 8-bit
+_INLINED_BYTES = 256
+
+
+def _dense(b, array: np.ndarray, bits: int):
+    """(arith.constant of unsigned codes as i`bits`, its element type name): i4 is stored 4-bit
+    in the module; a constant IREE would inline as i8."""
+    ir = b.ir
+    if bits == 4 and array.size * bits // 8 <= _INLINED_BYTES:
+        bits = 8
+    element = ir.IntegerType.get_signless(bits)
+    attr = ir.DenseElementsAttr.get(np.ascontiguousarray(array.astype(np.uint8).view(np.int8)), type=element)
+    return b.arith.constant(ir.RankedTensorType.get(list(array.shape), element), attr), f"i{bits}"
+
+
+@tosa_lowering("qlower::linear_weight_only", check=_weight_only_check, dynamic_dims=True)
+def emit_linear_weight_only(em: Emitter, node: Node) -> Val:
+    """y = x[..., K] @ w^T (+ bias), w dequantized in the module: codes i4/i8 [N, G, g], zero
+    points i4/i8 and scales f32 [N, G] are the module's constants; one `linalg.generic` computes
+    w = fp32(int32(u) - zp) * s (numerics.dequantize_weight_groups: an exact integer, one
+    rounding), a `linalg.matmul` with the transposed weight sums the products in IREE's order
+    (the reordered-sum profile, docs/llm.md), and the bias is added last. A shorter last group
+    (g not dividing K: SmolLM2's K = 576 in groups of 128) has its codes padded with the zero
+    point's and the dequantized weight sliced back to K. Where the dequantized weight lives is
+    IREE's const-expr hoisting (IreeOptions.weight_only_dequantize)."""
+    x_n, codes_n, scale_n, zp_n, bias_n, bits, group = full_args(node)
+    b = em.b
+    scale = em.constant(scale_n).detach().to(torch.float32).numpy()
+    zp = em.constant(zp_n).detach().numpy()
+    n, k = codes_n.meta["val"].shape
+    g, groups = min(group, k), scale.shape[1]        # groups = ceil(K / g)
+    codes = np.repeat(zp, g, axis=1)                 # past K: the zero point's code, a weight of 0
+    codes[:, :k] = em.constant(codes_n).detach().numpy()
+    x = em.value(x_n)
+    rows = _prod(x.shape[:-1])
+    x2 = b.reshape(x, [rows, k])
+    m = "?" if rows == DYN else str(rows)
+    name = f"weight_only_{em.private_functions}"
+    c_const, it = _dense(b, codes.reshape(n, groups, g), bits)
+    z_const, zt_elem = _dense(b, zp.reshape(n, groups), bits)
+    xt, yt = f"tensor<{m}x{k}xf32>", f"tensor<{m}x{n}xf32>"
+    ct, st, zt, wt = (f"tensor<{n}x{groups}x{g}x{it}>", f"tensor<{n}x{groups}xf32>", f"tensor<{n}x{groups}x{zt_elem}>",
+                      f"tensor<{n}x{groups}x{g}xf32>")
+    grouped, per_group = "affine_map<(n, G, j) -> (n, G, j)>", "affine_map<(n, G, j) -> (n, G)>"
+    lines = [f"func.func private @{name}(%x: {xt}, %c: {ct}, %s: {st}, %z: {zt}"
+             + (f", %bias: tensor<{n}xf32>" if bias_n is not None else "") + f") -> {yt} {{",
+             f"  %e = tensor.empty() : {wt}",
+             f"  %w3 = linalg.generic {{indexing_maps = [{grouped}, {per_group}, {per_group}, {grouped}], "
+             'iterator_types = ["parallel", "parallel", "parallel"]} '
+             f"ins(%c, %s, %z : {ct}, {st}, {zt}) outs(%e : {wt}) {{",
+             f"  ^bb0(%u: {it}, %sc: f32, %zp: {zt_elem}, %o: f32):",
+             f"    %u32 = arith.extui %u : {it} to i32", f"    %z32 = arith.extui %zp : {zt_elem} to i32",
+             "    %d = arith.subi %u32, %z32 : i32", "    %f = arith.sitofp %d : i32 to f32",
+             "    %v = arith.mulf %f, %sc : f32", "    linalg.yield %v : f32", f"  }} -> {wt}"]
+    padded = f"tensor<{n}x{groups * g}xf32>"
+    if groups * g == k:
+        lines.append(f"  %w = tensor.collapse_shape %w3 [[0], [1, 2]] : {wt} into {padded}")
+    else:
+        lines += [f"  %wg = tensor.collapse_shape %w3 [[0], [1, 2]] : {wt} into {padded}",
+                  f"  %w = tensor.extract_slice %wg[0, 0] [{n}, {k}] [1, 1] : {padded} to tensor<{n}x{k}xf32>"]
+    sizes = ""
+    if rows == DYN:
+        lines += ["  %c0 = arith.constant 0 : index", f"  %m = tensor.dim %x, %c0 : {xt}"]
+        sizes = "%m"
+    lines += ["  %zero = arith.constant 0.0 : f32", f"  %ye = tensor.empty({sizes}) : {yt}",
+              f"  %y0 = linalg.fill ins(%zero : f32) outs(%ye : {yt}) -> {yt}",
+              "  %y = linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (m, k)>, "
+              "affine_map<(m, n, k) -> (n, k)>, affine_map<(m, n, k) -> (m, n)>] "
+              f"ins(%x, %w : {xt}, tensor<{n}x{k}xf32>) outs(%y0 : {yt}) -> {yt}"]
+    result = "%y"
+    if bias_n is not None:
+        lines += ["  %yb = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (n)>, "
+                  'affine_map<(m, n) -> (m, n)>], iterator_types = ["parallel", "parallel"]} '
+                  f"ins(%y, %bias : {yt}, tensor<{n}xf32>) outs(%ye : {yt}) {{",
+                  "  ^bb0(%a: f32, %bb: f32, %o: f32):", "    %r = arith.addf %a, %bb : f32",
+                  "    linalg.yield %r : f32", f"  }} -> {yt}"]
+        result = "%yb"
+    lines += [f"  return {result} : {yt}", "}"]
+    args = [x2.value, c_const, b.const(scale.reshape(n, groups)), z_const]
+    if bias_n is not None:
+        args.append(b.const(em.constant(bias_n).detach().to(torch.float32).contiguous().numpy()))
+    (out,) = em.call_text_function("\n".join(lines), name, args, [b.ttype([rows, n], torch.float32)])
+    return _to_output_shape(em, Val(out, torch.float32, [rows, n]), node)
 
 
 @tosa_lowering("qlower::matmul", check=_matmul_check, dynamic_dims=True)
