@@ -208,6 +208,53 @@ def test_embedding_option():
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+class Lookup(torch.nn.Module):
+    def __init__(self, vocab=64, dim=40):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+@pytest.mark.parametrize("table,group,want", [(8, 32, (8, 1)), (4, 32, (4, 2)), (None, 16, (4, 3))])
+def test_embedding_bits(table, group, want):
+    """embedding_bits gives a table (and the head tied to it) its own scheme while the other
+    linears keep theirs: 8, per row symmetric; 4, the linears' groups; None, the linears' own
+    scheme. Each op carries its bits and group, and the onnxruntime lookup is the reference's
+    bit for bit, also where the group does not divide the row (dim 40 in groups of 32)."""
+    torch.manual_seed(6)
+    ids = torch.randint(0, 64, (2, 5))
+    scheme = WeightOnly(4, group, embeddings=True, embedding_bits=table)
+    bits, groups = want
+    assert scheme.table_scheme()[0] == bits
+    config = QuantConfig(weight_only=scheme)
+    model = TiedLM(dim=40).eval()
+    ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
+    tables = [n for n in ref.graph_module.graph.nodes if n.op == "call_function" and "weight_only" in str(n.target)]
+    heads = [n for n in tables if n.args[4] is None and "linear" in str(n.target)]   # the bias-free head
+    lookup = next(n for n in tables if "embedding" in str(n.target))
+    assert lookup.args[4] == bits and heads[0].args[5] == bits
+    scale = dict(ref.graph_module.named_buffers())[lookup.args[2].target]
+    assert scale.shape == (64, groups)
+    mid = next(n for n in tables if "linear" in str(n.target) and n.args[4] is not None)
+    assert mid.args[5] == 4 and mid.args[6] == group   # the other linear keeps the linears' scheme
+    lookups = Lookup(dim=40).eval()
+    with torch.no_grad():
+        want_rows = qlower.compile(lookups, (ids,), quantize=config, calibration=[(ids,)], backend="reference")(ids)
+    ort = qlower.compile(lookups, (ids,), quantize=config, calibration=[(ids,)], backend="onnxruntime")
+    assert [c.backend for c in ort.report().clusters] == ["onnxruntime"]
+    assert torch.equal(ort(ids), want_rows)
+
+
+def test_embedding_bits_needs_embeddings():
+    with pytest.raises(QuantizeError, match="embeddings=False"):
+        WeightOnly(4, 128, embedding_bits=8)
+    with pytest.raises(QuantizeError):
+        WeightOnly(4, 128, embeddings=True, embedding_bits=2)
+    assert "embeddings 8-bit per row" in WeightOnly(4, 128, embeddings=True, embedding_bits=8).describe()
+
+
 def test_gptq_beats_round_to_nearest_on_correlated_inputs():
     """GPTQ's output error ||XW^T - XQ^T|| on inputs with a few large, correlated channels is
     below round to nearest's with the same group qparams scheme."""

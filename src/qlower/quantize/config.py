@@ -39,6 +39,11 @@ class WeightOnly:
     embeddings: also quantize embedding tables and the linears that share their weight (a tied
         lm_head); default False: they stay float (a linear with its own weight, e.g. an untied
         output projection, is quantized like every other linear).
+    embedding_bits: the tables' own scheme, when `embeddings`: None, that of the linears (`bits`,
+        `group_size`, `symmetric`); 8, 8-bit per row, symmetric (the `int8-weight` scheme: one
+        scale per token, i.e. per output channel of a tied lm_head); 4, 4-bit in groups of
+        `group_size` (128 when that is None), `symmetric` as the linears. Tables always round to
+        nearest (GPTQ and AWQ leave a table, and a weight shared with one, alone).
     gptq_damping: GPTQ's diagonal damping, a fraction of the mean of the Hessian's diagonal.
     """
     bits: Literal[4, 8] = 4
@@ -46,6 +51,7 @@ class WeightOnly:
     symmetric: bool = False
     method: Literal["rtn", "gptq", "awq", "awq+gptq"] = "rtn"
     embeddings: bool = False
+    embedding_bits: Literal[4, 8] | None = None
     gptq_damping: float = 0.01
 
     def __post_init__(self):
@@ -59,11 +65,32 @@ class WeightOnly:
                                 hint="use 'rtn', 'gptq', 'awq' or 'awq+gptq'")
         if not 0.0 < self.gptq_damping < 1.0:
             raise QuantizeError(f"gptq_damping must be in (0, 1), got {self.gptq_damping}")
+        if self.embedding_bits not in (None, 4, 8):
+            raise QuantizeError(f"embedding_bits must be 4, 8 or None (as the linears), got {self.embedding_bits!r}")
+        if self.embedding_bits is not None and not self.embeddings:
+            raise QuantizeError("embedding_bits is the scheme of quantized embedding tables, but embeddings=False "
+                                "keeps them float", hint="WeightOnly(..., embeddings=True, embedding_bits=8)")
+
+    def table_scheme(self) -> tuple[int, int | None, bool]:
+        """(bits, group_size, symmetric) of the embedding tables and the linears sharing them."""
+        if self.embedding_bits is None:
+            return self.bits, self.group_size, self.symmetric
+        if self.embedding_bits == 8:
+            return 8, None, True
+        return 4, self.group_size or 128, self.symmetric
 
     def describe(self) -> str:
         groups = "per output channel" if self.group_size is None else f"groups of {self.group_size}"
         return (f"{self.bits}-bit weights ({groups}, {'symmetric' if self.symmetric else 'asymmetric'}, "
-                f"{self.method}{', embeddings too' if self.embeddings else ''}), float activations")
+                f"{self.method}{self._tables()}), float activations")
+
+    def _tables(self) -> str:
+        if not self.embeddings:
+            return ""
+        if self.table_scheme() == (self.bits, self.group_size, self.symmetric):
+            return ", embeddings too"
+        bits, group, _ = self.table_scheme()
+        return f", embeddings {bits}-bit {'per row' if group is None else f'in groups of {group}'}"
 
 
 Observer = Literal["minmax", "histogram", "percentile", "mse"]

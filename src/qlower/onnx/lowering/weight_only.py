@@ -18,8 +18,9 @@
   sliced weight to f32). Measured: every such weight a u4 / u8 input of the plugin's
   FullyConnected. The dequantized weights are the reference's bit for bit; the GEMM's
   sum order is the engine's (the same profile).
-- embedding_weight_only: Gather of the rows of codes, scales and zero points, the same
-  dequantization per row: exact data movement and one rounding per value (bit-exact).
+- embedding_weight_only: Gather of the rows of codes [N, G, g] and of their groups' scales and
+  zero points [N, G, 1], the same dequantization per row: exact data movement and one rounding
+  per value (bit-exact).
 """
 from __future__ import annotations
 
@@ -159,8 +160,17 @@ def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_s
 @lowers(q.embedding_weight_only.default, when=_constants)
 def embedding_weight_only(ids, codes, scale, zero_point, bits: int, group_size: int):
     u, s, z = value_of(codes), value_of(scale), value_of(zero_point)
-    k = u.shape[1]
-    rows = op.Gather(const(u, np.uint8), ids, axis=0)
-    zp = op.Gather(const(_per_value(z, min(group_size, k), k), np.uint8), ids, axis=0)
-    sc = op.Gather(const(_per_value(s, min(group_size, k), k), np.float32), ids, axis=0)
-    return op.Mul(op.Sub(op.Cast(rows, to=_FLOAT), op.Cast(zp, to=_FLOAT)), sc)
+    n, k = u.shape
+    g = min(group_size, k)
+    groups = s.shape[1]
+    padded = np.empty((n, groups * g), np.uint8)   # a last, shorter group: padded with its zero point
+    padded[:, :k] = u
+    padded[:, k:] = z[:, -1:]
+    # the rows' codes [..., G, g] and their groups' scales and zero points [..., G, 1]: a table of
+    # scales per value would be as large as the float table
+    rows = op.Gather(const(padded.reshape(n, groups, g), np.uint8), ids, axis=0)
+    zp = op.Gather(const(z.reshape(n, groups, 1).astype(np.uint8), np.uint8), ids, axis=0)
+    sc = op.Gather(const(s.reshape(n, groups, 1).astype(np.float32), np.float32), ids, axis=0)
+    w = op.Mul(op.Sub(op.Cast(rows, to=_FLOAT), op.Cast(zp, to=_FLOAT)), sc)
+    w = op.Reshape(w, op.Concat(op.Shape(ids), i64([groups * g]), axis=0))
+    return w if groups * g == k else op.Slice(w, i64([0]), i64([k]), i64([-1]))
