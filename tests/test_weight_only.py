@@ -63,7 +63,8 @@ def test_asymmetric_numerics_equal_torchao_affine():
 
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
-    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=False)
+    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=True, embedding_bits=8)
+    assert int4.table_scheme() == (8, None, True)
     int8 = QuantConfig.from_name("int8-weight").weight_only
     assert int8 == WeightOnly(bits=8, group_size=None, symmetric=True, method="rtn")
     assert "float activations" in QuantConfig.from_name("int4-weight").describe_weights()
@@ -141,9 +142,12 @@ def test_onnxruntime_matmulnbits_within_profile(scheme, tmp_path):
     qlower.export(cm, tmp_path / "m.onnx", format="onnx", onnx_ops="onnxruntime")   # the session's own kernels
     nodes = onnx.load(str(tmp_path / "m.onnx")).graph.node
     nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2
-    attrs = {a.name: a.i for a in nbits[0].attribute}
-    assert attrs["bits"] == scheme.bits and attrs["accuracy_level"] == 1 and attrs["K"] == 96
+    if scheme.bits == 8:   # no fp32-compute 8-bit kernel: the weight dequantized once, for a MatMul
+        assert not nbits and sum(n.op_type == "MatMul" for n in nodes) == 2
+    else:
+        assert len(nbits) == 2
+        attrs = {a.name: a.i for a in nbits[0].attribute}
+        assert attrs["bits"] == scheme.bits and attrs["accuracy_level"] == 1 and attrs["K"] == 96
     with torch.no_grad():
         _within_profile(cm(x), ref, x, model, scheme)
 
@@ -245,6 +249,25 @@ def test_embedding_bits(table, group, want):
     ort = qlower.compile(lookups, (ids,), quantize=config, calibration=[(ids,)], backend="onnxruntime")
     assert [c.backend for c in ort.report().clusters] == ["onnxruntime"]
     assert torch.equal(ort(ids), want_rows)
+
+
+def test_int8_compute_keeps_8_bit_weights_in_matmulnbits():
+    """With weight_only_compute="int8" an 8-bit weight stays 8-bit in the session (MatMulNBits,
+    accuracy level 4), close to the reference but its own numerics."""
+    from qlower.backends.onnxruntime import OrtOptions
+    torch.manual_seed(2)
+    model, x = Mlp().eval(), torch.randn(2, 5, 96)
+    config = QuantConfig(weight_only=WeightOnly(8, None, symmetric=True))
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="onnxruntime",
+                        backend_options=OrtOptions(weight_only_compute="int8"))
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
+    model_onnx = onnx.load_from_string(cm.report().clusters[0].onnx)
+    levels = [{a.name: a.i for a in n.attribute}["accuracy_level"] for n in model_onnx.graph.node
+              if n.op_type == "MatMulNBits"]
+    assert levels == [4, 4]
+    with torch.no_grad():
+        got, want = cm(x), ref(x)
+    assert not torch.equal(got, want) and torch.allclose(got, want, rtol=0.05, atol=0.05)
 
 
 def test_embedding_bits_needs_embeddings():

@@ -1,8 +1,10 @@
 """ONNX translations of the weight-only ops (ops/weight_only.py).
 
-- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (bits 4 or 8; fp32 compute,
-  accuracy_level 1, float activations; `OrtOptions(weight_only_compute="int8")`: accuracy_level
-  4, the engine's int8 activations, a declared non-canonical profile). B packed
+- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (4 bits with fp32 compute,
+  accuracy_level 1, float activations; `OrtOptions(weight_only_compute="int8")`: 4 or 8 bits,
+  accuracy_level 4, the engine's int8 activations, a declared non-canonical profile). 8 bits with
+  fp32 compute: the standard form below, which the session's constant folding turns into one
+  fp32 weight for a MatMul (its MatMulNBits dequantized the whole weight on every call). B packed
   [N, blocks, block_size * bits / 8], values in the low bits first; scales [N * blocks]; zero
   points packed likewise per row (omitted when symmetric: the kernel's default 2^(bits-1) is
   the numerics' zero point). A block is a power of two >= 16 dividing the group (a group of
@@ -123,7 +125,10 @@ def pack_nbits(codes: np.ndarray, scale: np.ndarray, zp: np.ndarray, bits: int, 
 def linear_weight_only(x, codes, scale, zero_point, bias, bits: int, group_size: int):
     u, s, z = value_of(codes), value_of(scale), value_of(zero_point)
     n, k = u.shape
-    if contrib_ops_allowed():
+    # ONNX Runtime 1.31 has no fp32-compute kernel for 8-bit blocks: MatMulNBits dequantizes the
+    # whole weight on every call (measured 10x slower than fp32 MatMul, docs/llm.md), so there
+    # the weight is dequantized once, by the session's constant folding, for a MatMul
+    if contrib_ops_allowed() and not (bits == 8 and _COMPUTE.get() == "fp32"):
         block = block_size(group_size, k)
         b, scales, zps = pack_nbits(u, s, z, bits, min(group_size, k), block)
         inputs = [x, const(b, np.uint8), const(scales, np.float32)]
