@@ -96,3 +96,21 @@ def test_state_also_returned_stays_a_pytorch_write_back():
     assert [c.backend for c in states] == ["pytorch"], str(cm.report())
     outs = [cm(torch.full((1, 3), float(i)), torch.tensor(i)).clone() for i in range(1, 4)]
     assert [o[0].item() for o in outs] == [2.0, 6.0, 12.0]
+
+
+def test_float_transformers_cache_held_as_constants_is_bound_too(monkeypatch):
+    """A float transformers model's static cache reaches the program as tensor constants (plain
+    attributes, not registered buffers): the session writes them as well, bit for bit."""
+    from qlower.zoo import hf
+    eager = hf.build("llama-kv")
+    steps = hf.decode_steps(3, steps=4)
+    compiled = {}
+    for bound in (True, False):
+        with monkeypatch.context() as m:
+            if not bound:
+                m.setattr(ort_backend, "bind_state", lambda fused, cluster_type: [])
+            compiled[bound] = qlower.compile(copy.deepcopy(eager), steps[0], backend="onnxruntime")
+    states = [c for c in compiled[True].report().clusters if c.status == "state"]
+    assert states and all(c.backend == "onnxruntime" for c in states), str(compiled[True].report())
+    for token, position in steps:
+        assert torch.equal(compiled[True](token, position), compiled[False](token, position))

@@ -39,11 +39,19 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: n
 @dataclass(frozen=True)
 class StateSlot:
     """One buffer the session writes: the cluster's runtime input `position` reads it, session
-    output `output` is its new value; `owner._buffers[name]` holds it."""
+    output `output` is its new value; `owner`'s `name` holds it, in `owner._buffers` or, for a
+    tensor constant of the exported program (a float program's cache: torch.export lifts a
+    tensor attribute that is not a registered buffer as a constant), as a plain attribute."""
     position: int
     output: int
     owner: torch.nn.Module
     name: str
+
+    def get(self) -> torch.Tensor:
+        return self.owner._buffers[self.name] if self.name in self.owner._buffers else self.owner.__dict__[self.name]
+
+    def set(self, tensor: torch.Tensor) -> None:
+        (self.owner._buffers if self.name in self.owner._buffers else self.owner.__dict__)[self.name] = tensor
 
 
 def bind_state(fused: GraphModule, cluster_type: type) -> list[str]:
@@ -96,7 +104,7 @@ def _slot(fused: GraphModule, node: Node, cluster_type: type, readers: dict[str,
         return None
     *path, name = target.split(".")
     owner = fused.get_submodule(".".join(path))
-    tensor = owner._buffers.get(name)
+    tensor = owner._buffers.get(name, owner.__dict__.get(name))
     val = value.meta.get("val")
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _NUMPY or not tensor.is_contiguous() \
             or not isinstance(val, torch.Tensor) or val.dtype != tensor.dtype \
@@ -120,7 +128,7 @@ class BoundState:
         written = {s.output: k for k, s in enumerate(slots)}
         self.written = written                  # session output -> slot
         self.free_outputs = [n for i, n in enumerate(output_names) if i not in written]
-        self._adopt([s.owner._buffers[s.name] for s in slots])
+        self._adopt([s.get() for s in slots])
 
     def _adopt(self, current: list[torch.Tensor]) -> None:
         """Bind the state anew: `current` read first, twins written."""
@@ -167,7 +175,7 @@ class BoundState:
         """The module's buffers become the state the last `run` wrote."""
         self.parity = 1 - self.parity
         for slot, tensor in zip(self.slots, self.sets[self.parity]):
-            slot.owner._buffers[slot.name] = tensor
+            slot.set(tensor)
 
     def write_in_place(self, args, result) -> None:
         """A call answered in PyTorch: its new state into the current buffers (the write-back's
