@@ -2,12 +2,13 @@
 
     python -m qlower.zoo.weight_only_eval accuracy [name ...]   # perplexity / top-1, reference backend
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
-    python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
+    python -m qlower.zoo.weight_only_eval speed [name ...]       # decode step, onnxruntime / llama.cpp, 1 thread
     python -m qlower.zoo.weight_only_eval kernels [K N]          # one MatMulNBits per compute type
     python -m qlower.zoo.weight_only_eval profile [name]         # where a decode step's time goes
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -129,26 +130,49 @@ def compile_decode(name: str, model, example, calibration):
                           backend_options=OrtOptions(threads=1, weight_only_compute=compute or "fp32"))
 
 
+def _llama_cpp_step(position: int = 64):
+    """One llama.cpp decode step (llama-cpp-python, one thread) on the GGUF file the weights come
+    from, at cache position `position` (the text before it evaluated once, a token at a time:
+    batched evaluation faults in some llama.cpp CPU builds, bench/llm.py)."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(smollm2.gguf_path()), n_ctx=128, n_batch=1, n_ubatch=1, n_threads=1,
+                n_threads_batch=1, verbose=False)
+    ids = list(smollm2.TOKEN_IDS[:position + 1])
+    llm.eval(ids[:position])
+
+    def step():
+        llm.n_tokens = position   # eval drops the cache past n_tokens: the same step every call
+        llm.eval(ids[position:])
+    return step
+
+
 def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
-    """Decode step (128-slot KV cache, batch 1) on onnxruntime with one thread, interleaved blocks."""
+    """Decode step (128-slot KV cache, batch 1) on onnxruntime with one thread, interleaved
+    blocks; the name "llama.cpp" times llama.cpp on the bundled GGUF file in the same blocks."""
+    from collections import Counter
     torch.set_num_threads(1)
     model, (token, position), calibration = _decode_inputs()
-    compiled = {}
+    steps = {}
     for name in names:
         start = time.perf_counter()
-        compiled[name] = compile_decode(name, model, (token, position), calibration)
-        clusters = [(c.backend, c.status) for c in compiled[name].report().clusters]
-        print(f"{name}: compile {time.perf_counter() - start:.1f} s, clusters {clusters}", flush=True)
+        if name == "llama.cpp":
+            steps[name] = _llama_cpp_step()
+            print(f"{name}: loaded in {time.perf_counter() - start:.1f} s", flush=True)
+            continue
+        cm = compile_decode(name, model, (token, position), calibration)
+        steps[name] = functools.partial(cm, token, position)
+        clusters = Counter(f"{c.backend} {c.status}" for c in cm.report().clusters)
+        print(f"{name}: compile {time.perf_counter() - start:.1f} s, clusters {dict(clusters)}", flush=True)
     times: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         for name in names:
             for _ in range(3):
-                compiled[name](token, position)
+                steps[name]()
         for _ in range(blocks):
             for name in names:
                 start = time.perf_counter()
                 for _ in range(calls):
-                    compiled[name](token, position)
+                    steps[name]()
                 times[name].append((time.perf_counter() - start) / calls * 1000)
     for name in names:
         print(f"{name}: median {statistics.median(times[name]):.2f} ms/step, best block {min(times[name]):.2f} "
