@@ -64,7 +64,8 @@ def test_asymmetric_numerics_equal_torchao_affine():
 
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
-    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=False)
+    assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=True, embedding_bits=8)
+    assert int4.table_scheme() == (8, None, True)
     int8 = QuantConfig.from_name("int8-weight").weight_only
     assert int8 == WeightOnly(bits=8, group_size=None, symmetric=True, method="rtn")
     assert "float activations" in QuantConfig.from_name("int4-weight").describe_weights()
@@ -142,9 +143,12 @@ def test_onnxruntime_matmulnbits_within_profile(scheme, tmp_path):
     qlower.export(cm, tmp_path / "m.onnx", format="onnx", onnx_ops="onnxruntime")   # the session's own kernels
     nodes = onnx.load(str(tmp_path / "m.onnx")).graph.node
     nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2
-    attrs = {a.name: a.i for a in nbits[0].attribute}
-    assert attrs["bits"] == scheme.bits and attrs["accuracy_level"] == 1 and attrs["K"] == 96
+    if scheme.bits == 8:   # no fp32-compute 8-bit kernel: the weight dequantized once, for a MatMul
+        assert not nbits and sum(n.op_type == "MatMul" for n in nodes) == 2
+    else:
+        assert len(nbits) == 2
+        attrs = {a.name: a.i for a in nbits[0].attribute}
+        assert attrs["bits"] == scheme.bits and attrs["accuracy_level"] == 1 and attrs["K"] == 96
     with torch.no_grad():
         _within_profile(cm(x), ref, x, model, scheme)
 
@@ -299,6 +303,72 @@ def test_embedding_option():
     with torch.no_grad():
         got, want = ort(ids), ref(ids)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self, vocab=64, dim=40):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+@pytest.mark.parametrize("table,group,want", [(8, 32, (8, 1)), (4, 32, (4, 2)), (None, 16, (4, 3))])
+def test_embedding_bits(table, group, want):
+    """embedding_bits gives a table (and the head tied to it) its own scheme while the other
+    linears keep theirs: 8, per row symmetric; 4, the linears' groups; None, the linears' own
+    scheme. Each op carries its bits and group, and the onnxruntime lookup is the reference's
+    bit for bit, also where the group does not divide the row (dim 40 in groups of 32)."""
+    torch.manual_seed(6)
+    ids = torch.randint(0, 64, (2, 5))
+    scheme = WeightOnly(4, group, embeddings=True, embedding_bits=table)
+    bits, groups = want
+    assert scheme.table_scheme()[0] == bits
+    config = QuantConfig(weight_only=scheme)
+    model = TiedLM(dim=40).eval()
+    ref = qlower.compile(model, (ids,), quantize=config, calibration=[(ids,)], backend="reference")
+    tables = [n for n in ref.graph_module.graph.nodes if n.op == "call_function" and "weight_only" in str(n.target)]
+    heads = [n for n in tables if n.args[4] is None and "linear" in str(n.target)]   # the bias-free head
+    lookup = next(n for n in tables if "embedding" in str(n.target))
+    assert lookup.args[4] == bits and heads[0].args[5] == bits
+    scale = dict(ref.graph_module.named_buffers())[lookup.args[2].target]
+    assert scale.shape == (64, groups)
+    mid = next(n for n in tables if "linear" in str(n.target) and n.args[4] is not None)
+    assert mid.args[5] == 4 and mid.args[6] == group   # the other linear keeps the linears' scheme
+    lookups = Lookup(dim=40).eval()
+    with torch.no_grad():
+        want_rows = qlower.compile(lookups, (ids,), quantize=config, calibration=[(ids,)], backend="reference")(ids)
+    ort = qlower.compile(lookups, (ids,), quantize=config, calibration=[(ids,)], backend="onnxruntime")
+    assert [c.backend for c in ort.report().clusters] == ["onnxruntime"]
+    assert torch.equal(ort(ids), want_rows)
+
+
+def test_int8_compute_keeps_8_bit_weights_in_matmulnbits():
+    """With weight_only_compute="int8" an 8-bit weight stays 8-bit in the session (MatMulNBits,
+    accuracy level 4), close to the reference but its own numerics."""
+    from qlower.backends.onnxruntime import OrtOptions
+    torch.manual_seed(2)
+    model, x = Mlp().eval(), torch.randn(2, 5, 96)
+    config = QuantConfig(weight_only=WeightOnly(8, None, symmetric=True))
+    cm = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="onnxruntime",
+                        backend_options=OrtOptions(weight_only_compute="int8"))
+    ref = qlower.compile(model, (x,), quantize=config, calibration=[(x,)], backend="reference")
+    model_onnx = onnx.load_from_string(cm.report().clusters[0].onnx)
+    levels = [{a.name: a.i for a in n.attribute}["accuracy_level"] for n in model_onnx.graph.node
+              if n.op_type == "MatMulNBits"]
+    assert levels == [4, 4]
+    with torch.no_grad():
+        got, want = cm(x), ref(x)
+    assert not torch.equal(got, want) and torch.allclose(got, want, rtol=0.05, atol=0.05)
+
+
+def test_embedding_bits_needs_embeddings():
+    with pytest.raises(QuantizeError, match="embeddings=False"):
+        WeightOnly(4, 128, embedding_bits=8)
+    with pytest.raises(QuantizeError):
+        WeightOnly(4, 128, embeddings=True, embedding_bits=2)
+    assert "embeddings 8-bit per row" in WeightOnly(4, 128, embeddings=True, embedding_bits=8).describe()
 
 
 def test_gptq_beats_round_to_nearest_on_correlated_inputs():

@@ -11,7 +11,8 @@ AFTER:   y = qlower.linear_weight_only(x, w_codes, w_scale, w_zero_point, b, bit
          next to w (numerics.weight_only_qparams / quantize_weight_groups); w itself is removed
          from the module (under each of its names) once nothing reads it.
 With `embeddings`: e = aten.embedding(w, ids) ⇒ qlower.embedding_weight_only(ids, w_codes, ...)
-         and a linear sharing w (a tied lm_head) reads the same codes.
+         and a linear sharing w (a tied lm_head) reads the same codes, quantized in `table`'s
+         scheme (bits, group size, symmetric; default the linears').
 Not fired: a weight that is not a 2-D fp32 get_attr (a computed weight, a parameter of another
 dtype); a weight an embedding also reads, unless `embeddings` (a tied lm_head stays float by
 default, and so does its embedding); a linear inside a module listed in `keep_float`.
@@ -99,9 +100,10 @@ class WeightOnlyLinear(Pass):
 
     def __init__(self, bits: int = 4, group_size: int | None = 128, symmetric: bool = False,
                  embeddings: bool = False, codes: dict[str, Codes] | None = None,
-                 keep_float: tuple[str, ...] = ()):
+                 keep_float: tuple[str, ...] = (), table: tuple[int, int | None, bool] | None = None):
         self.bits, self.group_size, self.symmetric = bits, group_size, symmetric
         self.embeddings, self.codes, self.keep_float = embeddings, codes or {}, keep_float
+        self.table = table or (bits, group_size, symmetric)
 
     def run(self, gm: GraphModule, ctx: PassContext) -> bool:
         changed = False
@@ -111,8 +113,10 @@ class WeightOnlyLinear(Pass):
                          "quantizes them"] += kept
         for target, nodes in weight_targets(gm, self.embeddings, self.keep_float).items():
             w = constant(gm, target)
-            group = self.group_size or w.shape[1]
-            codes, scale, zp = self.codes.get(target) or round_to_nearest(w, self.bits, group, self.symmetric)
+            is_table = any(n.target is aten.embedding.default for n in nodes)
+            bits, group_size, symmetric = self.table if is_table else (self.bits, self.group_size, self.symmetric)
+            group = group_size or w.shape[1]
+            codes, scale, zp = self.codes.get(target) or round_to_nearest(w, bits, group, symmetric)
             *path, name = target.split(".")
             owner = gm.get_submodule(".".join(path))
             names = []
@@ -129,12 +133,12 @@ class WeightOnlyLinear(Pass):
                     if node.target is aten.linear.default:
                         bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
                         new = gm.graph.call_function(_q.linear_weight_only.default,
-                                                     (node.args[0], c, s, z, bias, self.bits, group))
-                        ctx.rewrites[f"linear -> {self.bits}-bit weight-only linear"] += 1
+                                                     (node.args[0], c, s, z, bias, bits, group))
+                        ctx.rewrites[f"linear -> {bits}-bit weight-only linear"] += 1
                     else:
                         new = gm.graph.call_function(_q.embedding_weight_only.default,
-                                                     (node.args[1], c, s, z, self.bits, group))
-                        ctx.rewrites[f"embedding -> {self.bits}-bit weight-only embedding"] += 1
+                                                     (node.args[1], c, s, z, bits, group))
+                        ctx.rewrites[f"embedding -> {bits}-bit weight-only embedding"] += 1
                 new.meta = {k: v for k, v in node.meta.items() if k in ("val", "nn_module_stack", "stack_trace")}
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)

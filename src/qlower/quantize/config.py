@@ -39,6 +39,11 @@ class WeightOnly:
     embeddings: also quantize embedding tables and the linears that share their weight (a tied
         lm_head); default False: they stay float (a linear with its own weight, e.g. an untied
         output projection, is quantized like every other linear).
+    embedding_bits: the tables' own scheme, when `embeddings`: None, that of the linears (`bits`,
+        `group_size`, `symmetric`); 8, 8-bit per row, symmetric (the `int8-weight` scheme: one
+        scale per token, i.e. per output channel of a tied lm_head); 4, 4-bit in groups of
+        `group_size` (128 when that is None), `symmetric` as the linears. Tables always round to
+        nearest (GPTQ and AWQ leave a table, and a weight shared with one, alone).
     gptq_damping: GPTQ's diagonal damping, a fraction of the mean of the Hessian's diagonal.
     awq_clip: with "awq" / "awq+gptq", also clip each group's weights to the range (a ratio in
         0.5 ... 1 of it, per output row and group) that minimizes the calibration inputs' output
@@ -49,6 +54,7 @@ class WeightOnly:
     symmetric: bool = False
     method: Literal["rtn", "gptq", "awq", "awq+gptq"] = "rtn"
     embeddings: bool = False
+    embedding_bits: Literal[4, 8] | None = None
     gptq_damping: float = 0.01
     awq_clip: bool = True
 
@@ -63,12 +69,33 @@ class WeightOnly:
                                 hint="use 'rtn', 'gptq', 'awq' or 'awq+gptq'")
         if not 0.0 < self.gptq_damping < 1.0:
             raise QuantizeError(f"gptq_damping must be in (0, 1), got {self.gptq_damping}")
+        if self.embedding_bits not in (None, 4, 8):
+            raise QuantizeError(f"embedding_bits must be 4, 8 or None (as the linears), got {self.embedding_bits!r}")
+        if self.embedding_bits is not None and not self.embeddings:
+            raise QuantizeError("embedding_bits is the scheme of quantized embedding tables, but embeddings=False "
+                                "keeps them float", hint="WeightOnly(..., embeddings=True, embedding_bits=8)")
+
+    def table_scheme(self) -> tuple[int, int | None, bool]:
+        """(bits, group_size, symmetric) of the embedding tables and the linears sharing them."""
+        if self.embedding_bits is None:
+            return self.bits, self.group_size, self.symmetric
+        if self.embedding_bits == 8:
+            return 8, None, True
+        return 4, self.group_size or 128, self.symmetric
 
     def describe(self) -> str:
         groups = "per output channel" if self.group_size is None else f"groups of {self.group_size}"
         unclipped = " without clipping" if "awq" in self.method and not self.awq_clip else ""
         return (f"{self.bits}-bit weights ({groups}, {'symmetric' if self.symmetric else 'asymmetric'}, "
-                f"{self.method}{unclipped}{', embeddings too' if self.embeddings else ''}), float activations")
+                f"{self.method}{unclipped}{self._tables()}), float activations")
+
+    def _tables(self) -> str:
+        if not self.embeddings:
+            return ""
+        if self.table_scheme() == (self.bits, self.group_size, self.symmetric):
+            return ", embeddings too"
+        bits, group, _ = self.table_scheme()
+        return f", embeddings {bits}-bit {'per row' if group is None else f'in groups of {group}'}"
 
 
 Observer = Literal["minmax", "histogram", "percentile", "mse"]
@@ -258,9 +285,12 @@ class QuantConfig:
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
                    # weight-only (docs/llm.md): W4A16 in asymmetric groups of 128 with AWQ-style
                    # scaling (SmolLM2-135M, held-out perplexity vs fp32: +19.3%; GPTQ +21.2%,
-                   # round to nearest +30.4%), and W8A16 per output channel; embeddings (and a
-                   # tied lm_head) stay float
-                   "int4-weight": QuantConfig(weight_only=WeightOnly(bits=4, group_size=128, method="awq")),
+                   # round to nearest +30.4%), its embedding table and tied lm_head 8-bit per row
+                   # (llama.cpp's Q8_0 for token_embd in this model's GGUF; +0.1% perplexity, where
+                   # a 4-bit table costs +17%: the head read at 8 bits, not 32, every decode step);
+                   # and W8A16 per output channel, embeddings (and a tied lm_head) float
+                   "int4-weight": QuantConfig(weight_only=WeightOnly(bits=4, group_size=128, method="awq",
+                                                                     embeddings=True, embedding_bits=8)),
                    "int8-weight": QuantConfig(weight_only=WeightOnly(bits=8, group_size=None, symmetric=True)),
                    "int8-7bit-weights": QuantConfig(weight_bits=7)}
         if name not in presets:

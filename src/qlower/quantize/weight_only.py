@@ -125,5 +125,5 @@ def rewrite_weight_only(gm: GraphModule, calibration, config: QuantConfig) -> Pa
         codes = _gptq_codes(gm, targets, h, scheme)
         ctx.rewrites["GPTQ: weights quantized with error compensation"] += len(codes)
     WeightOnlyLinear(scheme.bits, scheme.group_size, scheme.symmetric, scheme.embeddings, codes,
-                     config.keep_float).run(gm, ctx)
+                     config.keep_float, scheme.table_scheme()).run(gm, ctx)
     return ctx

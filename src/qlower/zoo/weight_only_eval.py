@@ -5,12 +5,14 @@
     python -m qlower.zoo.weight_only_eval grid                   # Q4_1's own g32 grid, eager
     python -m qlower.zoo.weight_only_eval ties                   # int8 flips vs fp32's near ties, eager
     python -m qlower.zoo.weight_only_eval engines                # onnxruntime / openvino vs reference
-    python -m qlower.zoo.weight_only_eval speed                  # decode step on onnxruntime, one thread
-    python -m qlower.zoo.weight_only_eval kernels                # one MatMulNBits per compute type
+    python -m qlower.zoo.weight_only_eval speed [name ...]       # decode step, onnxruntime / llama.cpp, 1 thread
+    python -m qlower.zoo.weight_only_eval kernels [K N]          # one MatMulNBits per compute type
+    python -m qlower.zoo.weight_only_eval profile [name]         # where a decode step's time goes
     python -m qlower.zoo.weight_only_eval iree                   # one weight-only linear on IREE
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -35,6 +37,13 @@ CONFIGS = {
     "int4 g32 rtn": QuantConfig(weight_only=WeightOnly(4, 32, method="rtn")),
     "int4 g32 gptq": QuantConfig(weight_only=WeightOnly(4, 32, method="gptq")),
     "int4 g32 awq": QuantConfig(weight_only=WeightOnly(4, 32, method="awq")),
+    # the tied embedding / lm_head table: float, 8-bit per row, or 4-bit in the linears' groups
+    "int4 g128 awq, table float": QuantConfig(weight_only=WeightOnly(4, 128, method="awq")),
+    "int4 g128 awq, table 8-bit": QuantConfig(weight_only=WeightOnly(4, 128, method="awq", embeddings=True,
+                                                                      embedding_bits=8)),
+    "int4 g128 awq, table 4-bit": QuantConfig(weight_only=WeightOnly(4, 128, method="awq", embeddings=True)),
+    "int8-weight, table float": QuantConfig(weight_only=WeightOnly(8, None, symmetric=True)),
+    "int8-weight, table 8-bit": QuantConfig(weight_only=WeightOnly(8, None, symmetric=True, embeddings=True)),
 }
 
 
@@ -216,46 +225,188 @@ def engines(backends: tuple[str, ...] = ("onnxruntime", "openvino"),
                   f"top-1 equal at {100 * (got.argmax(-1) == want.argmax(-1)).double().mean().item():.1f}%", flush=True)
 
 
-def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
-    """Decode step (128-slot KV cache, batch 1) on onnxruntime with one thread, interleaved blocks."""
-    import qlower
-    from ..backends.onnxruntime import OrtOptions
+def _decode_inputs():
+    """(decode step module, its inputs: one token at slot 0, calibration steps)."""
     from .realsuite import smollm2_decode
-    torch.set_num_threads(1)
     model = smollm2_decode(1).eval()
     token = smollm2.TextWindows(seq=1, stride=1).batch(1, 0)
     position = torch.zeros(1, dtype=torch.int64)
     calibration = [(smollm2.TextWindows(seq=1, stride=1).batch(1, i), torch.tensor([i])) for i in range(8)]
-    compiled = {}
-    for name in names:   # "<preset>+int8": OrtOptions(weight_only_compute="int8")
-        preset, _, compute = name.partition("+")
+    return model, (token, position), calibration
+
+
+def compile_decode(name: str, model, example, calibration):
+    """`name` ("fp32", a preset or a row of CONFIGS, "+int8" for weight_only_compute="int8")
+    compiled for onnxruntime with one thread."""
+    import qlower
+    from ..backends.onnxruntime import OrtOptions
+    preset, _, compute = name.partition("+")
+    config = None if preset == "fp32" else CONFIGS.get(preset, preset)
+    return qlower.compile(model, example, quantize=config, calibration=calibration, backend="onnxruntime",
+                          backend_options=OrtOptions(threads=1, weight_only_compute=compute or "fp32"))
+
+
+def _llama_cpp_step(position: int = 64):
+    """One llama.cpp decode step (llama-cpp-python, one thread) on the GGUF file the weights come
+    from, at cache position `position` (the text before it evaluated once, a token at a time:
+    batched evaluation faults in some llama.cpp CPU builds, bench/llm.py)."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(smollm2.gguf_path()), n_ctx=128, n_batch=1, n_ubatch=1, n_threads=1,
+                n_threads_batch=1, verbose=False)
+    ids = list(smollm2.TOKEN_IDS[:position + 1])
+    llm.eval(ids[:position])
+
+    def step():
+        llm.n_tokens = position   # eval drops the cache past n_tokens: the same step every call
+        llm.eval(ids[position:])
+    return step
+
+
+def speed(names: list[str], blocks: int = 8, calls: int = 16) -> None:
+    """Decode step (128-slot KV cache, batch 1) on onnxruntime with one thread, interleaved
+    blocks; the name "llama.cpp" times llama.cpp on the bundled GGUF file in the same blocks."""
+    from collections import Counter
+    torch.set_num_threads(1)
+    model, (token, position), calibration = _decode_inputs()
+    steps = {}
+    for name in names:
         start = time.perf_counter()
-        config = None if preset == "fp32" else CONFIGS.get(preset, preset)
-        compiled[name] = qlower.compile(model, (token, position), quantize=config,
-                                        calibration=calibration, backend="onnxruntime",
-                                        backend_options=OrtOptions(threads=1, weight_only_compute=compute or "fp32"))
-        clusters = [(c.backend, c.status) for c in compiled[name].report().clusters]
-        print(f"{name}: compile {time.perf_counter() - start:.1f} s, clusters {clusters}", flush=True)
+        if name == "llama.cpp":
+            steps[name] = _llama_cpp_step()
+            print(f"{name}: loaded in {time.perf_counter() - start:.1f} s", flush=True)
+            continue
+        cm = compile_decode(name, model, (token, position), calibration)
+        steps[name] = functools.partial(cm, token, position)
+        clusters = Counter(f"{c.backend} {c.status}" for c in cm.report().clusters)
+        print(f"{name}: compile {time.perf_counter() - start:.1f} s, clusters {dict(clusters)}", flush=True)
     times: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         for name in names:
             for _ in range(3):
-                compiled[name](token, position)
+                steps[name]()
         for _ in range(blocks):
             for name in names:
                 start = time.perf_counter()
                 for _ in range(calls):
-                    compiled[name](token, position)
+                    steps[name]()
                 times[name].append((time.perf_counter() - start) / calls * 1000)
     for name in names:
         print(f"{name}: median {statistics.median(times[name]):.2f} ms/step, best block {min(times[name]):.2f} "
               f"({blocks} interleaved blocks of {calls})", flush=True)
 
 
-def kernels(k: int = 576, n: int = 1536, calls: int = 200) -> None:
+def _node_times(fused, args, calls: int) -> dict[str, float]:
+    """ms per call of the executable's graph nodes by kind: engine clusters, the module-state
+    write-backs (FunctionalizeState's final copy_), other PyTorch ops, and the rest (get_attr,
+    getitem: Python only)."""
+    from ..passes.functionalize_state import WRITE_BACK
+    totals: dict[str, float] = {}
+
+    class Timed(torch.fx.Interpreter):
+        def run_node(self, n):
+            start = time.perf_counter()
+            out = super().run_node(n)
+            kind = ("engine" if n.op == "call_module" and str(n.target).startswith("cluster_") else
+                    "state write-back" if n.meta.get(WRITE_BACK) else
+                    "other PyTorch ops" if n.op == "call_function" and n.target.__module__ != "_operator" else
+                    "graph plumbing")
+            totals[kind] = totals.get(kind, 0.0) + time.perf_counter() - start
+            return out
+    with torch.no_grad():
+        for _ in range(calls):
+            Timed(fused).run(*args)
+    return {k: v / calls * 1000 for k, v in totals.items()}
+
+
+def _ort_profile(onnx_bytes: bytes, feed: dict, calls: int, vocab: int) -> dict[str, float]:
+    """ms per call per kind of node (the product whose output is `vocab` wide: lm_head), from
+    ONNX Runtime's own profiler on a session of the cluster's model with qlower's session
+    options (one thread)."""
+    import json
+    import os
+    import tempfile
+    import onnxruntime as ort
+    from ..backends.onnxruntime import OrtOptions, _inference_session
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
+    session = _inference_session(ort, onnx_bytes, so, OrtOptions().disabled_optimizers)
+    for _ in range(calls):
+        session.run(None, feed)
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        op = e["args"]["op_name"]
+        shapes = json.dumps(e["args"].get("output_type_shape", ""))
+        kind = f"lm_head ({op})" if f"{vocab}]" in shapes and ("MatMul" in op or op == "Gemm") else op
+        totals[kind] = totals.get(kind, 0.0) + e["dur"] / 1000
+    return {k: v / calls for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def profile(names: list[str], calls: int = 64) -> None:
+    """Where one decode step's time goes (SmolLM2-135M, 128-slot KV cache, batch 1, onnxruntime,
+    one thread): the whole call; the executable's graph node by node (engine, state
+    write-backs, other PyTorch ops); within the engine call, the session's run alone (inputs
+    already numpy) against its feed and output conversion; ONNX Runtime's own per-node profile
+    of that run (lm_head separately)."""
+    import statistics as stats
+    from ..backends.onnxruntime import OrtCluster, _as_numpy
+    torch.set_num_threads(1)
+    model, example, calibration = _decode_inputs()
+    for name in names:
+        cm = compile_decode(name, model, example, calibration)
+        fused = cm._executable.module
+        clusters = [m for m in fused.children() if isinstance(m, OrtCluster)]
+        with torch.no_grad():
+            for _ in range(8):
+                cm(*example)
+            whole = []
+            for _ in range(8):
+                start = time.perf_counter()
+                for _ in range(calls // 8):
+                    cm(*example)
+                whole.append((time.perf_counter() - start) / (calls // 8) * 1000)
+        nodes = _node_times(fused, example, calls)
+        cluster = max(clusters, key=lambda c: c.info.ops)
+        # the cluster's runtime inputs as the graph passes them: run the graph up to the call
+        seen = {}
+
+        class Grab(torch.fx.Interpreter):
+            def call_module(self, target, args, kwargs):
+                if getattr(fused, target) is cluster:
+                    seen["args"] = args
+                return super().call_module(target, args, kwargs)
+        with torch.no_grad():
+            Grab(fused).run(*example)
+        feed = {n: _as_numpy(a) for n, a in zip(cluster.input_names, seen["args"])}
+        run = []
+        for _ in range(8):
+            start = time.perf_counter()
+            for _ in range(calls // 8):
+                cluster._run(cluster.output_names, feed, None)
+            run.append((time.perf_counter() - start) / (calls // 8) * 1000)
+        writes = sum(1 for n in fused.graph.nodes if n.meta.get("qlower.write_back"))
+        print(f"{name}: whole call {stats.median(whole):.2f} ms (median of 8 x {calls // 8}); "
+              f"{len(clusters)} engine cluster(s), {writes} state write-backs, "
+              f"{len(cluster.input_names)} session inputs, {len(cluster.output_names)} outputs", flush=True)
+        for kind, ms in sorted(nodes.items(), key=lambda kv: -kv[1]):
+            print(f"  graph nodes, {kind:20s} {ms:7.2f} ms", flush=True)
+        print(f"  session run alone (numpy feed)  {stats.median(run):7.2f} ms", flush=True)
+        vocab = cm(*example).shape[-1]
+        for kind, ms in _ort_profile(cluster.info.onnx, feed, calls, vocab).items():
+            if ms >= 0.05:
+                print(f"    ORT {kind:28s} {ms:7.2f} ms", flush=True)
+
+
+def kernels(k: int = 576, n: int = 1536) -> None:
     """One [1, K] x [K, N] product on onnxruntime, one thread: fp32 MatMul, and MatMulNBits at 4
-    and 8 bits with fp32 (accuracy_level 1) and int8 (4) compute (random codes; SmolLM2's MLP
-    up-projection shape)."""
+    and 8 bits with fp32 (accuracy_level 1) and int8 (4) compute (random codes; default shape:
+    SmolLM2's MLP up-projection)."""
+    calls = max(10, 200 * 1536 // n)   # 200 at the default shape; the same work at larger ones
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -340,14 +491,17 @@ def main(argv: list[str] | None = None) -> None:
         nncf_peer(names or ["rtn g128", "awq+se g128"])
     elif what == "engines":
         engines(tuple(names) or ("onnxruntime", "openvino"))
+    elif what == "profile":
+        profile(names or ["int4-weight"])
     elif what == "kernels":
-        kernels()
+        kernels(*map(int, names))   # [K N]: default SmolLM2's MLP up-projection; 576 49152: its lm_head
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
     elif what == "iree":
         iree_linear()
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed, kernels or iree")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed, profile, "
+                         "kernels or iree")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from ...passes.onnxruntime.fuse_dequantize import FuseDequantize
 from ...passes.onnxruntime.fuse_per_token import FusePerTokenLinear
 from ...passes.onnxruntime.fuse_requantize import FuseRequantize
 from .snap_scales import snap_add_scales
+from .bound_state import BoundState, StateSlot, bind_state
 from ...onnx.translate import fx_nodes_of, target_text, translate_cluster
 from ...onnx.standard import translate_standard
 from ...onnx.exact_forms import legalize
@@ -233,6 +234,7 @@ class OrtCluster(torch.nn.Module):
         self.scalar_kinds = scalar_kinds(fallback)
         self.bfloat16_inputs, self.bfloat16_outputs = bfloat16_positions(fallback, constants)
         self.on_nonfinite = None   # handler(name, tensor), installed by the CompiledModule
+        self.bound: BoundState | None = None   # module state the session writes (bound_state.py)
 
     @property
     def session(self):
@@ -252,32 +254,56 @@ class OrtCluster(torch.nn.Module):
     def _pytorch(self, runtime_args):
         return run_in_pytorch(self.in_pytorch, self._full_args(runtime_args))
 
+    def can_bind_state(self) -> bool:
+        """Whether the session can write module state itself (bound_state.py): a session, outputs
+        taken as they come (no comparison run, no bfloat16 or scalar conversions)."""
+        return self.session is not None and not self.check and not self.single_output \
+            and not self.bfloat16_inputs and not self.bfloat16_outputs and self.scalar_kinds is None
+
+    def bind_state(self, slots: list[StateSlot]) -> None:
+        self.bound = BoundState(self.session._sess, self.input_names, self.output_names, slots)
+
     def forward(self, *args):
-        session = self.session
+        session, bound = self.session, self.bound
         if session is None:
             self._check_finite_in_pytorch(args)
-            return self._pytorch(args)
+            return self._in_pytorch(args, self._pytorch)
         try:
-            feed = args if not self.bfloat16_inputs else as_float32(args, self.bfloat16_inputs)
-            outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, feed)}, None)
+            if bound is not None:
+                outs = bound.run(args)
+            else:
+                feed = args if not self.bfloat16_inputs else as_float32(args, self.bfloat16_inputs)
+                outs = self._run(self.output_names, {n: _as_numpy(a) for n, a in zip(self.input_names, feed)}, None)
         except Exception as exc:  # any runtime failure: record, warn once, use PyTorch from now on
             self.session = None
             self.info.status, self.info.reason = "fallback", f"run failed: {str(exc).splitlines()[0][:200]}"
             log.warning("cluster #%d fell back to PyTorch: %s", self.info.id, self.info.reason)
             self._check_finite_in_pytorch(args)
-            return self._pytorch(args)
+            return self._in_pytorch(args, self._pytorch)
         if self.finite_checks:
             bad = nonfinite_positions(args, self.finite_checks, outs[self.n_outputs:])
             if bad:
-                return self._nonfinite_call(args, bad)
+                return self._in_pytorch(args, lambda a: self._nonfinite_call(a, bad))
             outs = outs[:self.n_outputs]
-        result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
+        if bound is not None:
+            bound.commit()
+            result = tuple(o if isinstance(o, torch.Tensor) else torch.from_numpy(o) for o in outs)
+        else:
+            result = torch.from_numpy(outs[0]) if self.single_output else tuple(map(torch.from_numpy, outs))
         if self.bfloat16_outputs:
             result = as_bfloat16(result, self.bfloat16_outputs, self.single_output)
         if self.scalar_kinds is not None:
             result = as_scalars(result, self.scalar_kinds, self.single_output)
         if self.check:
             self._compare(result, self._pytorch(args))
+        return result
+
+    def _in_pytorch(self, args, run):
+        """`run(args)` (the cluster in PyTorch); the module state the session would have written
+        is written into the current buffers."""
+        result = run(args)
+        if self.bound is not None:
+            self.bound.write_in_place(args, result)
         return result
 
     def validating_run(self, gm: GraphModule, order: list[int]):
@@ -287,7 +313,7 @@ class OrtCluster(torch.nn.Module):
         whose session inputs have every placeholder's dtype and all its dims, static. ONNX
         Runtime refuses another dtype, rank or static dim (INVALID_ARGUMENT) and copies a
         non-contiguous array; the bounds of a dynamic dim are not its to check. None otherwise."""
-        if self.session is None or self.check \
+        if self.session is None or self.check or self.bound is not None \
                 or self.bfloat16_inputs or self.bfloat16_outputs or self.scalar_kinds is not None:
             return None
         vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -489,9 +515,14 @@ class OnnxRuntimeBackend:
         compile_one = functools.partial(self._compile_cluster, check_finite=check_finite)
         fused, clustering, infos = compile_isolating_rejected(gm, self.capability, self.options.min_cluster_size,
                                                               compile_one, log, _MAX_KERNEL_REFUSALS)
+        infos += pytorch_infos(clustering.unsupported, fused, len(infos))
+        for name in bind_state(fused, OrtCluster):   # the session writes these buffers itself
+            for info in infos:
+                if info.ops == {name: 1} and info.backend == "pytorch":
+                    info.backend, info.status = self.name, "state"
+                    info.reason = "module state written by the session (I/O binding)"
         fused.graph.eliminate_dead_code()  # constants now live inside the clusters
         fused.recompile()
-        infos += pytorch_infos(clustering.unsupported, fused, len(infos))
         direct, whole = _direct_runner(fused) or (None, None)
         cluster, order = whole or (None, None)
         # a quantized model's NaN policy: the sums of its graph inputs come from the sessions

@@ -1,8 +1,10 @@
 """ONNX translations of the weight-only ops (ops/weight_only.py).
 
-- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (bits 4 or 8; fp32 compute,
-  accuracy_level 1, float activations; `OrtOptions(weight_only_compute="int8")`: accuracy_level
-  4, the engine's int8 activations, a declared non-canonical profile). B packed
+- linear_weight_only, ONNX Runtime: com.microsoft MatMulNBits (4 bits with fp32 compute,
+  accuracy_level 1, float activations; `OrtOptions(weight_only_compute="int8")`: 4 or 8 bits,
+  accuracy_level 4, the engine's int8 activations, a declared non-canonical profile). 8 bits with
+  fp32 compute: the standard form below, which the session's constant folding turns into one
+  fp32 weight for a MatMul (its MatMulNBits dequantized the whole weight on every call). B packed
   [N, blocks, block_size * bits / 8], values in the low bits first; scales [N * blocks]; zero
   points packed likewise per row (omitted when symmetric: the kernel's default 2^(bits-1) is
   the numerics' zero point). A block is a power of two >= 16 dividing the group (a group of
@@ -18,8 +20,9 @@
   sliced weight to f32). Measured: every such weight a u4 / u8 input of the plugin's
   FullyConnected. The dequantized weights are the reference's bit for bit; the GEMM's
   sum order is the engine's (the same profile).
-- embedding_weight_only: Gather of the rows of codes, scales and zero points, the same
-  dequantization per row: exact data movement and one rounding per value (bit-exact).
+- embedding_weight_only: Gather of the rows of codes [N, G, g] and of their groups' scales and
+  zero points [N, G, 1], the same dequantization per row: exact data movement and one rounding
+  per value (bit-exact).
 """
 from __future__ import annotations
 
@@ -122,7 +125,10 @@ def pack_nbits(codes: np.ndarray, scale: np.ndarray, zp: np.ndarray, bits: int, 
 def linear_weight_only(x, codes, scale, zero_point, bias, bits: int, group_size: int):
     u, s, z = value_of(codes), value_of(scale), value_of(zero_point)
     n, k = u.shape
-    if contrib_ops_allowed():
+    # ONNX Runtime 1.31 has no fp32-compute kernel for 8-bit blocks: MatMulNBits dequantizes the
+    # whole weight on every call (measured 10x slower than fp32 MatMul, docs/llm.md), so there
+    # the weight is dequantized once, by the session's constant folding, for a MatMul
+    if contrib_ops_allowed() and not (bits == 8 and _COMPUTE.get() == "fp32"):
         block = block_size(group_size, k)
         b, scales, zps = pack_nbits(u, s, z, bits, min(group_size, k), block)
         inputs = [x, const(b, np.uint8), const(scales, np.float32)]
@@ -159,8 +165,17 @@ def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_s
 @lowers(q.embedding_weight_only.default, when=_constants)
 def embedding_weight_only(ids, codes, scale, zero_point, bits: int, group_size: int):
     u, s, z = value_of(codes), value_of(scale), value_of(zero_point)
-    k = u.shape[1]
-    rows = op.Gather(const(u, np.uint8), ids, axis=0)
-    zp = op.Gather(const(_per_value(z, min(group_size, k), k), np.uint8), ids, axis=0)
-    sc = op.Gather(const(_per_value(s, min(group_size, k), k), np.float32), ids, axis=0)
-    return op.Mul(op.Sub(op.Cast(rows, to=_FLOAT), op.Cast(zp, to=_FLOAT)), sc)
+    n, k = u.shape
+    g = min(group_size, k)
+    groups = s.shape[1]
+    padded = np.empty((n, groups * g), np.uint8)   # a last, shorter group: padded with its zero point
+    padded[:, :k] = u
+    padded[:, k:] = z[:, -1:]
+    # the rows' codes [..., G, g] and their groups' scales and zero points [..., G, 1]: a table of
+    # scales per value would be as large as the float table
+    rows = op.Gather(const(padded.reshape(n, groups, g), np.uint8), ids, axis=0)
+    zp = op.Gather(const(z.reshape(n, groups, 1).astype(np.uint8), np.uint8), ids, axis=0)
+    sc = op.Gather(const(s.reshape(n, groups, 1).astype(np.float32), np.float32), ids, axis=0)
+    w = op.Mul(op.Sub(op.Cast(rows, to=_FLOAT), op.Cast(zp, to=_FLOAT)), sc)
+    w = op.Reshape(w, op.Concat(op.Shape(ids), i64([groups * g]), axis=0))
+    return w if groups * g == k else op.Slice(w, i64([0]), i64([k]), i64([-1]))
