@@ -8,7 +8,7 @@
     python -m qlower.zoo.weight_only_eval speed [name ...]       # decode step, onnxruntime / llama.cpp, 1 thread
     python -m qlower.zoo.weight_only_eval kernels [K N]          # one MatMulNBits per compute type
     python -m qlower.zoo.weight_only_eval profile [name]         # where a decode step's time goes
-    python -m qlower.zoo.weight_only_eval iree                   # one weight-only linear on IREE
+    python -m qlower.zoo.weight_only_eval iree-linear            # one weight-only linear on IREE
 """
 from __future__ import annotations
 
@@ -497,11 +497,11 @@ def main(argv: list[str] | None = None) -> None:
         kernels(*map(int, names))   # [K N]: default SmolLM2's MLP up-projection; 576 49152: its lm_head
     elif what == "speed":
         speed(names or ["int4-weight", "int8-weight", "transformer"])
-    elif what == "iree":
+    elif what == "iree-linear":
         iree_linear()
     else:
-        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed, profile, "
-                         "kernels or iree")
+        raise SystemExit(f"unknown measurement {what!r}: accuracy, nncf, grid, ties, engines, speed, profile, kernels "
+                         "or iree-linear")
 
 
 if __name__ == "__main__":
