@@ -108,3 +108,17 @@ def test_cli_runs_the_llm_suite(tmp_path):
     assert result.exit_code == 0, result.output
     text = (tmp_path / "llm.md").read_text()
     assert "| tiny-llama | 1 | eager-fp32 |" in text and "qlower-no-such-preset | skipped" in text
+
+
+def test_ort_int4_peer_import_leaves_logging_as_it_was():
+    """Importing ONNX Runtime's MatMulNBitsQuantizer configures the root logger at INFO; the bench
+    puts it back, so third-party INFO records stay off the terminal for the rest of the run."""
+    import subprocess
+    import sys
+    code = ("import logging\n"
+            "from qlower.bench.llm import _matmul_nbits_quantizer\n"
+            "_matmul_nbits_quantizer()\n"
+            "logging.getLogger('onnxscript.rewriter').info('an INFO record')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "an INFO record" not in done.stderr + done.stdout

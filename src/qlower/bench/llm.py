@@ -345,10 +345,23 @@ class FunctionalRunner(Runner):
         return torch.from_numpy(np.stack(tokens, 1)), prefill, time.perf_counter() - start, calls
 
 
+def _matmul_nbits_quantizer():
+    """ONNX Runtime's MatMulNBitsQuantizer. Its module calls `logging.basicConfig(level=INFO)` when
+    imported, after which every library's INFO records (hundreds from onnxscript's rewriter) would
+    print for the rest of the run: the root logger's handlers and level are put back."""
+    import logging
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    return MatMulNBitsQuantizer
+
+
 def _ort_int4(model: LLMModel, batch: int, max_len: int, workdir: Path) -> Runner:
     import onnx
     import onnxruntime as ort
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    MatMulNBitsQuantizer = _matmul_nbits_quantizer()
     dst = workdir / f"{model.name}-int4.onnx"
     if not dst.exists():
         src = export_functional(model.lm, max_len, workdir / f"{model.name}-fp32.onnx")
