@@ -63,7 +63,8 @@ def _iree_fields() -> dict[str, Callable]:
             "target_gpu": _pattern(_NAME, "a GPU architecture name ([A-Za-z0-9_.+-], at most 64 characters)",
                                    empty=True),
             "ukernels": _one_of("auto", "default", "all", "none", "mmt4d"),
-            "min_cluster_size": _int(0, 1 << 20)}
+            "min_cluster_size": _int(0, 1 << 20),
+            "weight_only_dequantize": _one_of("load", "call")}
 
 
 def _ort_fields() -> dict[str, Callable]:
