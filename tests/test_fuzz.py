@@ -1700,3 +1700,22 @@ def test_regression_iree_table_of_one_value_before_a_matmul(dynamic):
                                                Op("mul_s", (2,), (-2.0,)), Op("matmul_w", (3,), (3,))),
                    dynamic=dynamic, weights="tiny", seed=0, act="uint8", per_channel=False, weight_bits=8),
            ("iree",))
+
+
+def test_regression_fixed_profile_scale_beyond_rescale_is_refused_at_compile():
+    """Huge weights into a narrow output range: a requantization scale of ~3.6e11, which TOSA's
+    RESCALE (the "fixed" profile) cannot express. The reference compile with profile="fixed"
+    succeeded and its first call raised NumericsError (on iree the op runs in PyTorch, so the
+    same); the fixed profile's lowering now refuses it at compile, naming the op. Found by the
+    IREE fuzz run."""
+    prog = Program(in_shape=(1, 3, 8, 3), ops=(Op("linear", (0,), (2, True)), Op("maxpool", (1,), (3, 3, 0, 1, True)),
+                                               Op("conv", (2,), (2, 2, 1, 1, 1, 1, False)), Op("matmul_w", (3,), (1,)),
+                                               Op("conv", (4,), (2, 2, 3, 1, 2, 2, False))),
+                   weights="huge", inputs="normal", seed=1280, act="uint8", per_channel=False, weight_bits=7)
+    model, x0 = prog.module(), prog.sample(0)
+    ep = qlower.quantize(model, (x0,), [(prog.sample(10 + i),) for i in range(3)], config=prog.config(),
+                         backend="onnxruntime")
+    with pytest.raises(qlower.NumericsError, match="too large for TOSA RESCALE") as info:
+        qlower.compile(ep, (x0,), backend="reference", profile="fixed")
+    assert info.value.node and info.value.schema
+    qlower.compile(ep, (x0,), backend="reference", profile="float")(x0)   # the float profile has a multiplier

@@ -16,6 +16,8 @@ Refusals (node left in float, reason recorded): possible int32 overflow (bound c
 the actual weight values and the activation range), per-channel weight axis other than the
 output-channel axis, non-constant weights/scales/bias, per-channel matmul operands, non-default
 op overloads.
+Errors: under the "fixed" profile, a requantization scale TOSA's RESCALE cannot express (>= 2^29)
+is a NumericsError naming the op (no profile-"fixed" program could run it).
 Postconditions: integer ops carry QParams of what they produce; the graph computes the same
 function up to the canonical-numerics differences listed in docs/numerics.md.
 Idempotent: a second run finds no DQ-fed anchors left and changes nothing.
@@ -28,7 +30,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from .. import numerics
-from ..fx import add_constant, call, constant_value, is_dequantize, is_quantize
+from ..errors import NumericsError
+from ..fx import add_constant, call, constant_value, is_dequantize, is_quantize, schema_name, source_of
 from ..meta import QPARAMS_KEY, QParams
 from .base import Pass, PassContext
 from .dq_through_shape import dequantize_node
@@ -97,6 +100,18 @@ def output_chain(anchor: Node) -> tuple[Node | None, Node | None]:
         if qp is not None and not qp.per_channel:
             return act, users[0]
     return None, None
+
+
+def fixed_multipliers(node: Node, acc_scale: torch.Tensor, out_scale: float) -> None:
+    """Under the "fixed" profile every channel's requantization needs a TOSA multiplier: a scale
+    it cannot express (>= 2^29: huge weights into a narrow output range) is refused here, at
+    compile time and naming the op, not by the first call."""
+    for s in acc_scale.reshape(-1).tolist():
+        try:
+            numerics.fixed_multiplier(numerics.fixed_scale(s, out_scale))
+        except NumericsError as e:
+            raise NumericsError(e.cause, hint=e.hint, node=node.name, schema=schema_name(node),
+                                source=source_of(node)) from None
 
 
 def max_abs_centered(qp: QParams) -> int:
@@ -173,6 +188,8 @@ class LowerQDQ(Pass):
             axis = acc_axis if n_scale > 1 else None
             if q is not None:
                 out = q.meta[QPARAMS_KEY]
+                if ctx.profile == "fixed":
+                    fixed_multipliers(node, acc_scale, out.scale[0])
                 lo, hi = activation_range(act, out)
                 y = call(gm, qlower.requantize.default,
                          (acc, scale_node, out.scale[0], out.zero_point[0], lo, hi, out.dtype, axis,
