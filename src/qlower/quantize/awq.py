@@ -27,6 +27,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import numerics
+from ..passes.weight_only_linear import round_to_nearest
 from .config import WeightOnly
 from .smoothquant import collect, find_groups, fold, get_constant
 
@@ -46,8 +47,7 @@ class AwqResult:
 def fake_quant(w: torch.Tensor, scheme: WeightOnly) -> torch.Tensor:
     """w through the numerics' round-to-nearest group quantization and back."""
     group = scheme.group_size or w.shape[1]
-    scale, zp = numerics.weight_only_qparams(w, scheme.bits, group, scheme.symmetric)
-    codes = numerics.quantize_weight_groups(w, scale, zp, scheme.bits, group)
+    codes, scale, zp = round_to_nearest(w, scheme.bits, group, scheme.symmetric)
     return numerics.dequantize_weight_groups(codes, scale, zp, group)
 
 
