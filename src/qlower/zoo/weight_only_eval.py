@@ -131,7 +131,7 @@ def native_grid() -> None:
     float min, s = (max − min) / 15): re-quantizing every linear but the tied lm_head in that form
     returns the same weights and logits; and how many weights qlower's g32 asymmetric round to
     nearest (an integer zero point) moves."""
-    from .. import numerics
+    from ..quantize.awq import fake_quant
     torch.set_num_threads(1)
     lm = smollm2.load_lm()
     held, _ = texts()
@@ -141,8 +141,7 @@ def native_grid() -> None:
         moved = total = 0
         for m in linears.values():
             w = m.weight.detach()
-            s, zp = numerics.weight_only_qparams(w, 4, 32, symmetric=False)
-            rtn = numerics.dequantize_weight_groups(numerics.quantize_weight_groups(w, s, zp, 4, 32), s, zp, 32)
+            rtn = fake_quant(w, WeightOnly(4, 32, symmetric=False))
             moved += int(((rtn - w).abs() > 1e-6 * w.abs().max()).sum())
             total += w.numel()
             g = w.reshape(w.shape[0], -1, 32)
