@@ -27,13 +27,12 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int8: np.int8,
-          torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-          torch.bool: np.bool_}
+# dtypes an I/O binding takes as a buffer of its element type (numpy has them all)
+_BINDABLE = frozenset({torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
+                       torch.int32, torch.int64, torch.bool})
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def _slot(fused: GraphModule, node: Node, cluster_type: type, readers: dict[str,
     owner = fused.get_submodule(".".join(path))
     tensor = owner._buffers.get(name, owner.__dict__.get(name))
     val = value.meta.get("val")
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _NUMPY or not tensor.is_contiguous() \
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _BINDABLE or not tensor.is_contiguous() \
             or not isinstance(val, torch.Tensor) or val.dtype != tensor.dtype \
             or tuple(val.shape) != tuple(tensor.shape):
         return None
