@@ -62,6 +62,29 @@ def test_asymmetric_numerics_equal_torchao_affine():
                            dequantize_affine(codes, block, s_ao, z_ao, torch.uint8, 0, qmax))
 
 
+@pytest.mark.parametrize("bits,group,symmetric", [(4, 32, False), (4, 128, True), (8, 64, False), (4, 24, False)])
+def test_fake_quantization_equals_codes_and_back(bits, group, symmetric):
+    """The one-pass fake quantization an accuracy search calls is the codes' dequantization bit
+    for bit (signed zeros, a last group shorter than the others, NaN and infinities included);
+    clipping with the groups' max |w| handed over equals clipping that finds it."""
+    torch.manual_seed(bits + group)
+    w = torch.randn(24, 100) * torch.rand(24, 1) * 4
+    w[0, :7] = 0.0
+    w[1, 3], w[2, 5], w[3, 1] = float("nan"), float("inf"), -float("inf")
+    w[4, 10] = -1e-6   # rounds to -0.0 (as do many small negative weights)
+    scale, zp = numerics.weight_only_qparams(w, bits, group, symmetric)
+    scale = scale.nan_to_num(1.0, 1.0, 1.0)   # the NaN / inf rows' own scales are not finite
+    codes = numerics.quantize_weight_groups(w, scale, zp, bits, group)
+    want = numerics.dequantize_weight_groups(codes, scale, zp, group)
+    got = numerics.fake_quantize_weight_groups(w, scale, zp, bits, group)
+    assert got.shape == w.shape and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    finite = torch.nan_to_num(w, 0.0, 0.0, 0.0)
+    ratio = torch.rand(24, numerics.weight_groups(100, group)) * 0.5 + 0.5
+    _, amax = numerics.weight_group_ranges(finite, group, symmetric=True)
+    assert torch.equal(numerics.clip_weight_groups(finite, ratio, group, amax),
+                       numerics.clip_weight_groups(finite, ratio, group))
+
+
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
     assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=True, embedding_bits=8)

@@ -83,8 +83,8 @@ def dtype_range(dtype: torch.dtype) -> tuple[int, int]:
 def _per_axis(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:
     """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like` (a
     parameter of `like`'s own shape, one per element, is used as it is)."""
-    if t.dim() > 1 and t.shape == like.shape:
-        return t
+    if t.dim() > 1 and (t.shape == like.shape or (axis is None and t.dim() == like.dim())):
+        return t   # per element, or per block of `like` (broadcast: weight groups' [N, G, 1])
     if axis is None or t.numel() == 1:
         return t.reshape(())
     shape = [1] * like.dim()
@@ -450,11 +450,6 @@ def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
     return w.reshape(n, g, group_size)
 
 
-def _expand_groups(p: torch.Tensor, k: int, group_size: int) -> torch.Tensor:
-    """[N, G] group parameters repeated over each group's input features: [N, K]."""
-    return p.repeat_interleave(group_size, dim=1)[:, :k]
-
-
 def weight_group_ranges(w: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) fp32 [N, G]: the range a group's codes span (module docstring): symmetric
     (-max |w|, max |w|), else (min(min w, 0), max(max w, 0))."""
@@ -466,15 +461,17 @@ def weight_group_ranges(w: torch.Tensor, group_size: int, symmetric: bool) -> tu
     return torch.minimum(groups.amin(-1), zero), torch.maximum(groups.amax(-1), zero)
 
 
-def clip_weight_groups(w: torch.Tensor, ratio: torch.Tensor, group_size: int) -> torch.Tensor:
+def clip_weight_groups(w: torch.Tensor, ratio: torch.Tensor, group_size: int,
+                       amax: torch.Tensor | None = None) -> torch.Tensor:
     """w fp32 [N, K] with each group clamped to +-r * max |w| of the group, r = ratio [N, G] in
-    (0, 1] (AWQ's weight clipping, quantize/awq.py); r = 1 leaves the group unchanged."""
+    (0, 1] (AWQ's weight clipping, quantize/awq.py); r = 1 leaves the group unchanged. `amax`:
+    the groups' max |w| ([N, G], weight_group_ranges'), when the caller has it already."""
     if not bool(((ratio > 0) & (ratio <= 1)).all()):
         raise NumericsError("clip ratios must lie in (0, 1]")
-    k = w.shape[1]
-    _, amax = weight_group_ranges(w, group_size, symmetric=True)
-    bound = _expand_groups(amax * ratio.to(torch.float32), k, group_size)
-    return torch.clamp(w.detach().to(torch.float32), -bound, bound)
+    if amax is None:
+        _, amax = weight_group_ranges(w, group_size, symmetric=True)
+    bound = (amax * ratio.to(torch.float32)).unsqueeze(-1)
+    return _ungrouped(torch.clamp(_grouped(w.detach().to(torch.float32), group_size), -bound, bound), w.shape[1])
 
 
 def weight_only_qparams(w: torch.Tensor, bits: int, group_size: int,
@@ -492,20 +489,40 @@ def weight_only_qparams(w: torch.Tensor, bits: int, group_size: int,
     return scale, zp.to(torch.uint8)
 
 
+def _ungrouped(t: torch.Tensor, k: int) -> torch.Tensor:
+    """[N, G, group_size] -> [N, k]: `_grouped`'s inverse (the padding dropped)."""
+    return t.reshape(t.shape[0], -1)[:, :k]
+
+
 def quantize_weight_groups(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,
                            group_size: int) -> torch.Tensor:
     """Codes uint8 [N, K] = clamp(RNE(w / s) + zp, 0, 2^b - 1) with each group's (s, zp)."""
-    k = w.shape[1]
-    return quantize(w, _expand_groups(scale, k, group_size), _expand_groups(zero_point.to(torch.int32), k, group_size),
-                    0, weight_only_qmax(bits), torch.uint8)
+    q = quantize(_grouped(w, group_size), scale.unsqueeze(-1), zero_point.to(torch.int32).unsqueeze(-1),
+                 0, weight_only_qmax(bits), torch.uint8)
+    return _ungrouped(q, w.shape[1])
 
 
 def dequantize_weight_groups(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                              group_size: int) -> torch.Tensor:
     """w_fp = fp32(int32(u) - zp) * s, fp32 [N, K]."""
-    k = codes.shape[1]
-    return dequantize(codes, _expand_groups(scale.to(torch.float32), k, group_size),
-                      _expand_groups(zero_point.to(torch.int32), k, group_size))
+    w = dequantize(_grouped(codes, group_size), scale.to(torch.float32).unsqueeze(-1),
+                   zero_point.to(torch.int32).unsqueeze(-1))
+    return _ungrouped(w, codes.shape[1])
+
+
+def fake_quantize_weight_groups(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,
+                                group_size: int) -> torch.Tensor:
+    """dequantize_weight_groups(quantize_weight_groups(w, ...), ...) in one float pass (what an
+    accuracy search evaluates many times): r = clamp(RNE(w / s), -zp, qmax - zp), NaN -> -zp
+    (fmax/fmin return the number where one side is NaN), then r * s. Equal value for value:
+    int32(code) - zp is r exactly (integers < 2^24), and + 0.0 turns RNE's -0.0 into the +0.0
+    of the integer path. In place on one buffer: the search's time went to allocating."""
+    s = scale.to(torch.float32).unsqueeze(-1)
+    zp = zero_point.to(torch.float32).unsqueeze(-1)
+    r = torch.div(_grouped(w.detach().to(torch.float32), group_size), s).round_()
+    torch.fmax(r, -zp, out=r)
+    torch.fmin(r, weight_only_qmax(bits) - zp, out=r)
+    return _ungrouped(r.mul_(s).add_(0.0), w.shape[1])
 
 
 def linear_weight_only(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,

@@ -27,7 +27,6 @@ import torch
 from torch.fx import GraphModule
 
 from .. import numerics
-from ..passes.weight_only_linear import round_to_nearest
 from .config import WeightOnly
 from .smoothquant import collect, find_groups, fold, get_constant
 
@@ -47,8 +46,8 @@ class AwqResult:
 def fake_quant(w: torch.Tensor, scheme: WeightOnly) -> torch.Tensor:
     """w through the numerics' round-to-nearest group quantization and back."""
     group = scheme.group_size or w.shape[1]
-    codes, scale, zp = round_to_nearest(w, scheme.bits, group, scheme.symmetric)
-    return numerics.dequantize_weight_groups(codes, scale, zp, group)
+    scale, zp = numerics.weight_only_qparams(w, scheme.bits, group, scheme.symmetric)
+    return numerics.fake_quantize_weight_groups(w, scale, zp, scheme.bits, group)
 
 
 def channel_scales(mean_abs: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -104,11 +103,12 @@ def clip_ratios(w: torch.Tensor, h: torch.Tensor, scheme: WeightOnly) -> torch.T
     blocks = torch.nn.functional.pad(h.to(torch.float64), (0, pad, 0, pad)).reshape(groups, group, groups, group)
     blocks = blocks[torch.arange(groups), :, torch.arange(groups), :]
     w = w.detach().to(torch.float32)
+    _, amax = numerics.weight_group_ranges(w, group, symmetric=True)
     best = torch.ones(n, groups, dtype=torch.float32)
     best_error = torch.full((n, groups), float("inf"), dtype=torch.float64)
     for r in CLIP_RATIOS:
         ratio = torch.full((n, groups), r, dtype=torch.float32)
-        d = (w - fake_quant(numerics.clip_weight_groups(w, ratio, group), scheme)).to(torch.float64)
+        d = (w - fake_quant(numerics.clip_weight_groups(w, ratio, group, amax), scheme)).to(torch.float64)
         d = torch.nn.functional.pad(d, (0, pad)).reshape(n, groups, group).transpose(0, 1)   # [G, N, g]
         error = ((d @ blocks) * d).sum(-1).T                                                   # [N, G]
         better = error < best_error
