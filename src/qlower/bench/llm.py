@@ -21,7 +21,8 @@ row with the reason):
                        decodes one sequence)
 - qlower-<preset>      `qlower.compile_lm(model, quantize=preset, backend="onnxruntime")`,
                        `fp32` for no quantization; a preset this build does not have is a row
-                       saying so
+                       saying so; `+int8` after a weight-only preset: `OrtOptions(
+                       weight_only_compute="int8")` (ONNX Runtime's accuracy level 4, as ort-int4)
 
 Timing: one warm-up generation per stack, then `rounds` rounds; in each round every stack runs
 one whole generation (prefill, then the decode steps), stacks in alternating order. Each number
@@ -52,7 +53,7 @@ from .machine import describe, machine_info
 from .stacks import installed, ov_config
 
 LLM_STACKS = ("eager-fp32", "torchao-int8-weight", "torchao-int4-weight", "ort-int4", "openvino-nncf-int4",
-              "llama.cpp", "qlower-int8", "qlower-int8-weight", "qlower-int4-weight")
+              "llama.cpp", "qlower-int8", "qlower-int8-weight", "qlower-int4-weight", "qlower-int4-weight+int8")
 LLM_MODELS = ("smollm2-135m",)            # the default plan; "llama-random-0.5b" on request
 GROUP = 128                                # the 4-bit peers' group (block) size, where it divides the widths
 
@@ -215,7 +216,7 @@ def copy_bandwidth(mb: int = 512, repeats: int = 8) -> float:
 
 
 BITS = {"eager-fp32": 32, "qlower-fp32": 32, "torchao-int8-weight": 8, "qlower-int8": 8, "qlower-int8-weight": 8,
-        "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4, "llama.cpp": 4}
+        "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4, "qlower-int4-weight+int8": 4, "llama.cpp": 4}
 
 
 def floor_ms(params: int, bits: int, bandwidth_gbs: float, group: int = GROUP) -> float:
@@ -486,13 +487,15 @@ def build_runner(stack: str, model: LLMModel, batch: int, max_len: int, workdir:
             model.gguf = write_gguf(model.lm, workdir / f"{model.name}-Q4_0.gguf", gguf_path())
         return LlamaCppRunner(model.gguf, max_len)
     if stack.startswith("qlower-"):
-        preset = stack.removeprefix("qlower-")
+        from ..backends.onnxruntime import OrtOptions
+        preset, _, compute = stack.removeprefix("qlower-").partition("+")
         quantize = None if preset == "fp32" else preset
         if quantize is not None and not preset_exists(quantize):
             raise Skipped(f"quantize={quantize!r} is not a preset of this qlower build")
         calibration = [c[:max_len] for c in model.calibration] if quantize else None
+        options = OrtOptions(weight_only_compute=compute) if compute else None
         return LMRunner(compile_lm(model.lm, quantize=quantize, calibration=calibration, backend="onnxruntime",
-                                   batch=batch, max_len=max_len))
+                                   batch=batch, max_len=max_len, backend_options=options))
     raise ValueError(f"unknown LLM bench stack {stack!r}; choose from {', '.join(LLM_STACKS)}")
 
 
