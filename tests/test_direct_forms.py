@@ -173,3 +173,65 @@ def test_a_batch_norm_that_is_the_graph_output_keeps_its_name():
     cm = qlower.compile(module, (x,), backend="onnxruntime")
     assert cm.report().fallbacks == []
     torch.testing.assert_close(cm(x), module(x))
+
+
+class CacheWrite(torch.nn.Module):
+    """A KV cache write as transformers' StaticCache makes it (functional: index_copy)."""
+
+    def __init__(self, scalar_index=False):
+        super().__init__()
+        self.scalar_index = scalar_index
+        self.register_buffer("k", torch.arange(3 * 16 * 4, dtype=torch.float32).reshape(1, 3, 16, 4))
+
+    def forward(self, x, pos):
+        if self.scalar_index:
+            return torch.index_copy(self.k, 2, pos[0], x[:, :, :1]) * 2
+        return torch.index_copy(self.k, -2, pos, x) * 2
+
+
+def _cache_inputs(length, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, 3, length, 4, generator=g), torch.randperm(16, generator=g)[:length]
+
+
+def test_index_copy_becomes_one_scatter_with_the_same_values():
+    module, args = CacheWrite(), _cache_inputs(5)
+    seq = torch.export.Dim("seq", min=1, max=16)
+    ep = torch.export.export(module, args, dynamic_shapes=({2: seq}, {0: seq}))
+    assert aten.index_copy.default in _targets(ep.graph_module)
+    assert rename_to_direct_forms(ep.graph_module) == 1
+    targets = _targets(ep.graph_module)
+    assert aten.index_copy.default not in targets and aten.scatter.src in targets
+    assert aten.sym_size.int in targets   # the symbolic length read, not a size fixed at 5
+    for length in (1, 5, 16):
+        x, pos = _cache_inputs(length, seed=length)
+        assert torch.equal(ep.module()(x, pos), module(x, pos))
+    assert rename_to_direct_forms(ep.graph_module) == 0
+
+
+def test_a_scalar_index_copy_is_left_to_the_decomposition():
+    module, args = CacheWrite(scalar_index=True), _cache_inputs(2)
+    ep = torch.export.export(module, args)
+    assert aten.index_copy.default in _targets(ep.graph_module)
+    assert rename_to_direct_forms(ep.graph_module) == 0
+    assert aten.index_copy.default in _targets(ep.graph_module)
+
+
+def test_a_cache_write_cluster_is_one_scatter_without_a_re_trace(monkeypatch):
+    import onnx
+
+    from qlower.backends import onnxruntime as ortb
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(ortb, "_MODELS", ortb.cache.LRUCache())
+    monkeypatch.setenv("QLOWER_CACHE_DIR", "off")
+    module, seq = CacheWrite(), torch.export.Dim("seq", min=1, max=16)
+    cm = qlower.compile(module, _cache_inputs(5), backend="onnxruntime", dynamic_shapes=({2: seq}, {0: seq}))
+    assert calls == [] and cm.report().fallbacks == []
+    ops = [n.op_type for model in ortb._MODELS.values() for n in onnx.load_from_string(model).graph.node]
+    assert ops.count("ScatterElements") == 1 and "ScatterND" not in ops and "Transpose" not in ops
+    for length in (1, 7, 16):
+        x, pos = _cache_inputs(length, seed=length)
+        assert torch.equal(cm(x, pos), module(x, pos))

@@ -13,16 +13,21 @@ BEFORE:  y = aten.to.dtype(x, torch.bool)            (to.dtype_layout, to.device
          y = aten.batch_norm(x, w, b, rm, rv, False, momentum, eps, cudnn)   (eval mode, with
                                                                              running statistics)
          y = aten.adaptive_avg_pool2d(x, [1, 1])
+         y = aten.index_copy(x, d, index, src)        (1-D index, src of x's rank: a KV cache write)
 AFTER:   y = aten._to_copy.default(x, dtype=torch.bool)
          z = aten.bitwise_and.Tensor(a, b)
          y = getitem(aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps), 0)
          y = aten.mean.dim(x, [-1, -2], True)
-         (each the op torch.onnx's decomposition makes of it: tests/test_direct_forms.py compares)
+         y = aten.scatter.src(x, d, expand(view(index, [1.., -1, ..1]), src's sizes), src)
+         (each but the last the op torch.onnx's decomposition makes of it: tests/test_direct_forms.py
+         compares; index_copy it decomposes into index_put, which torchlib writes as Transpose ->
+         ScatterND -> Transpose: one ScatterElements along d instead, the same values, and no
+         re-trace of the cluster, which took ~12 s of a 55 s SmolLM2 decode-step compile)
 Near misses left alone: any `to` in a graph that also holds an in-place op (`to` returns its
 input itself when nothing changes, so `y = x.to(x.dtype); y.add_(1)` changes x in eager, and a
 copy would not: that graph keeps the full decomposition, which functionalizes it); a `to` to
 another device or layout, or with a memory format; batch norm in training mode or without
-running statistics; adaptive average pooling to any other size.
+running statistics; adaptive average pooling to any other size; index_copy with a 0-d index.
 Postconditions: the graph torch.onnx's decomposition would make of these nodes (the bitwise ops
 are ATen's aliases). Idempotent: a second call replaces nothing.
 """
@@ -56,6 +61,9 @@ def rename_to_direct_forms(graph_module: torch.fx.GraphModule) -> int:
             renamed += 1
         elif node.target is aten.adaptive_avg_pool2d.default and list(node.args[1]) == [1, 1]:
             node.target, node.args = aten.mean.dim, (node.args[0], [-1, -2], True)
+            renamed += 1
+        elif node.target is aten.index_copy.default and _rank_preserving_index_copy(node):
+            _index_copy_as_scatter(graph_module, node)
             renamed += 1
         elif node.target in BITWISE_ALIASES:
             node.target = BITWISE_ALIASES[node.target]
@@ -104,3 +112,28 @@ def _batch_norm_no_training(graph_module: torch.fx.GraphModule, node: torch.fx.N
                     (a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"], a["momentum"], a["eps"]),
                     like=node)
     node.target, node.args, node.kwargs = operator.getitem, (norm, 0), {}
+
+
+def _rank_preserving_index_copy(node: torch.fx.Node) -> bool:
+    a = _by_name(node)
+    vals = [getattr(a[k], "meta", {}).get("val") for k in ("self", "index", "source")]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return False
+    x, index, source = vals
+    return index.dim() == 1 and source.dim() == x.dim() >= 1
+
+
+def _index_copy_as_scatter(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """x.index_copy(d, index, src) writes src[.., i, ..] to x[.., index[i], ..]: scatter with
+    index viewed along d and expanded to src's sizes (symbolic ones read with sym_size)."""
+    a = _by_name(node)
+    source = a["source"]
+    sizes = list(source.meta["val"].shape)
+    dim = a["dim"] % len(sizes)
+    with graph_module.graph.inserting_before(node):
+        index = call(graph_module, aten.view.default,
+                     (a["index"], [-1 if d == dim else 1 for d in range(len(sizes))]), like=node)
+        sizes = [s if isinstance(s, int) else call(graph_module, aten.sym_size.int, (source, d), like=node)
+                 for d, s in enumerate(sizes)]
+        index = call(graph_module, aten.expand.default, (index, sizes), like=node)
+    node.target, node.args, node.kwargs = aten.scatter.src, (a["self"], dim, index, source), {}
