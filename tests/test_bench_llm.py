@@ -122,3 +122,30 @@ def test_ort_int4_peer_import_leaves_logging_as_it_was():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "an INFO record" not in done.stderr + done.stdout
+
+
+def test_what_a_stack_prints_or_warns_goes_to_the_log(tiny, tmp_path, monkeypatch, capfd):
+    """The terminal keeps the progress lines; a library's prints and warnings while a stack is
+    built or runs go to bench.log."""
+    import warnings
+
+    from qlower.bench.logcapture import LogCapture
+    original = llm.build_runner
+
+    def noisy(*args, **kwargs):
+        print("LIBRARY PRINT")
+        warnings.warn("LIBRARY WARNING", FutureWarning)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(llm, "build_runner", noisy)
+    capture = LogCapture(tmp_path / "bench.log").open()
+    progress = []
+    try:
+        results, _ = llm.run_llm(["tiny-llama"], ("eager-fp32",), (1,), prompt=8, new=2, rounds=1,
+                                 bandwidth_gbs=10.0, log=progress.append, capture=capture)
+    finally:
+        capture.close()
+    assert results[0].ok and any("built in" in line for line in progress)
+    terminal = "".join(capfd.readouterr())
+    assert "LIBRARY" not in terminal
+    log = (tmp_path / "bench.log").read_text()
+    assert "LIBRARY PRINT" in log and "LIBRARY WARNING" in log

@@ -33,6 +33,7 @@ bandwidth of a large numpy copy measured at the start (`copy_bandwidth`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import json
@@ -49,6 +50,7 @@ import numpy as np
 import torch
 
 from ..generate import CompiledLM, compile_lm, lm_step, preset_exists
+from .logcapture import LogCapture
 from .machine import describe, machine_info
 from .stacks import installed, ov_config
 
@@ -216,7 +218,8 @@ def copy_bandwidth(mb: int = 512, repeats: int = 8) -> float:
 
 
 BITS = {"eager-fp32": 32, "qlower-fp32": 32, "torchao-int8-weight": 8, "qlower-int8": 8, "qlower-int8-weight": 8,
-        "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4, "qlower-int4-weight+int8": 4, "llama.cpp": 4}
+        "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4,
+        "qlower-int4-weight+int8": 4, "llama.cpp": 4}
 
 
 def floor_ms(params: int, bits: int, bandwidth_gbs: float, group: int = GROUP) -> float:
@@ -538,9 +541,11 @@ def _error(exc: BaseException) -> str:
 
 def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 128, new: int = 128,
             rounds: int = 3, log: Callable[[str], None] = print, bandwidth_gbs: float | None = None,
-            workdir: str | None = None) -> tuple[list[LLMResult], dict]:
+            workdir: str | None = None, capture: LogCapture | None = None) -> tuple[list[LLMResult], dict]:
     """Every (model, batch) pair: build each stack, warm it up, time `rounds` interleaved rounds.
-    `new` decode steps follow the prefill (so `new + 1` tokens per row are generated)."""
+    `new` decode steps follow the prefill (so `new + 1` tokens per row are generated). What the
+    stacks' libraries print or warn while they are built and run goes to `capture` (bench.log)."""
+    quiet = capture if capture is not None else contextlib.nullcontext
     torch.set_num_threads(1)
     bandwidth = bandwidth_gbs if bandwidth_gbs is not None else copy_bandwidth()
     log(f"memory bandwidth (numpy copy, one thread): {bandwidth:.1f} GB/s")
@@ -551,7 +556,8 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
         for name in models:
-            model = build_model(name)
+            with quiet():   # transformers' GGUF conversion draws progress bars
+                model = build_model(name)
             params = params_of[name] = weight_params(model.lm)
             groups[name] = group_size(model.lm)
             for batch in batches:
@@ -565,8 +571,9 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                     gc.collect()
                     before, start = _rss_mb(), time.perf_counter()
                     try:
-                        runner = build_runner(stack, model, batch, max_len, work)
-                        runner.generate(model.prompt_ids(batch, 8), 3)   # warm-up
+                        with quiet():
+                            runner = build_runner(stack, model, batch, max_len, work)
+                            runner.generate(model.prompt_ids(batch, 8), 3)   # warm-up
                         runners[stack] = runner
                         row.note = getattr(runner, "note", None) or None
                     except Exception as exc:   # a row with the reason, never fatal
@@ -581,7 +588,8 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                 order = list(runners)
                 for r in range(rounds):
                     for stack in (order if r % 2 == 0 else order[::-1]):
-                        out, prefill_s, decode_s, calls = runners[stack].generate(ids, new + 1)
+                        with quiet():
+                            out, prefill_s, decode_s, calls = runners[stack].generate(ids, new + 1)
                         rows[stack].samples.append((prefill_s, decode_s, calls))
                         tokens[stack] = out
                     log(f"  {name} b{batch} round {r + 1}/{rounds} done")
@@ -656,8 +664,12 @@ def run_suite(models=None, stacks=None, batches=None, rounds=None, out: Path = P
     """What `qlower bench --suite llm` runs (SmolLM2-135M at batch 1 and 4, every stack: about
     45 minutes on a busy 2-core VM, half of it compiling qlower's presets and exporting the ONNX
     model; docs/llm.md)."""
-    results, info = run_llm(models or LLM_MODELS, stacks or LLM_STACKS, batches or (1, 4), rounds=rounds or 3,
-                            log=log)
+    capture = LogCapture(Path(out) / "bench.log").open()
+    try:
+        results, info = run_llm(models or LLM_MODELS, stacks or LLM_STACKS, batches or (1, 4), rounds=rounds or 3,
+                                log=log, capture=capture)
+    finally:
+        capture.close()
     md, js = write(results, info, out, command)
     log(table(results, info))
     log(f"wrote {md} and {js}")
