@@ -19,6 +19,7 @@ from .passes import PassContext, PassManager, default_pipeline
 from .quantize import (PRECISION_CHOICE_KEY, WEIGHT_ONLY_NOTES_KEY, QuantConfig, is_quantized, quantize as _quantize,
                        _state_restored)
 from .quantize.calibrate import prepare_calibration
+from .core.memory import release_freed_memory
 from .core.progress import PhaseProgress
 from .core.quiet import quiet
 from .core.types import CompileReport
@@ -78,8 +79,10 @@ def compile(model, example_inputs, quantize=None, calibration=None, backend: str
     check_module(model)
     started = time.perf_counter()
     with eval_mode(model), PhaseProgress("qlower compile") as say:
-        return _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile,
-                        backend_options, passes, nan_policy, auto_candidates, started, say)
+        compiled = _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile,
+                            backend_options, passes, nan_policy, auto_candidates, started, say)
+    release_freed_memory()   # what the compile freed, back to the OS (core/memory.py)
+    return compiled
 
 
 def _compile(model, example_inputs, quantize, calibration, backend, dynamic_shapes, profile, backend_options,
