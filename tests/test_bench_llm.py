@@ -98,6 +98,30 @@ def test_gguf_file_gives_llama_cpp_the_models_logits(tmp_path):
     assert abs(got - want).max() < 5e-3 * abs(want).max() and got.argmax() == want.argmax()
 
 
+@pytest.mark.slow
+def test_gguf_file_holds_quantized_weights_in_llama_cpp_order(tmp_path):
+    """write_gguf with a quantized type (what the bench writes for a random-weight model): each
+    2-D weight is the gguf package's own Q4_0 / Q8_0 of it, in llama.cpp's [inputs, outputs]
+    order; norms stay F32."""
+    gguf = pytest.importorskip("gguf")
+    from qlower.zoo import smollm2
+    if not smollm2.available():
+        pytest.skip(smollm2.INSTALL_HINT)
+    model = llm.build_model("tiny-llama")
+    for qtype in ("Q4_0", "Q8_0"):
+        path = llm.write_gguf(model.lm, tmp_path / f"tiny-{qtype}.gguf", smollm2.gguf_path(), qtype=qtype)
+        tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+        kind = gguf.GGMLQuantizationType[qtype]
+        for name, weight in (("token_embd.weight", model.lm.model.embed_tokens.weight),
+                             ("blk.0.ffn_down.weight", model.lm.model.layers[0].mlp.down_proj.weight)):
+            t = tensors[name]
+            w = weight.detach().float().numpy()
+            assert t.tensor_type == kind and list(t.shape) == [w.shape[1], w.shape[0]]
+            want = gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind)
+            assert (gguf.quants.dequantize(t.data, kind) == want).all()
+        assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+
+
 @pytest.mark.slow   # 128 + 128 tokens and two 512 MB bandwidth copies: ~40 s on a busy 2-core VM
 def test_cli_runs_the_llm_suite(tmp_path):
     from typer.testing import CliRunner

@@ -179,7 +179,7 @@ def write_gguf(lm, path: Path, vocab_from: Path, qtype: str = "Q4_0") -> Path:
         if q is None or q == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, np.ascontiguousarray(data))
         else:
-            writer.add_tensor(name, gguf.quants.quantize(data, q), raw_shape=data.shape, raw_dtype=q)
+            writer.add_tensor(name, gguf.quants.quantize(data, q), raw_dtype=q)   # shape: from the bytes
     model = lm.model
     add("token_embd.weight", model.embed_tokens.weight, quant)
     for i, layer in enumerate(model.layers):
