@@ -81,10 +81,11 @@ def dtype_range(dtype: torch.dtype) -> tuple[int, int]:
 
 
 def _per_axis(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:
-    """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like` (a
-    parameter of `like`'s own shape, one per element, is used as it is)."""
+    """Reshape a per-channel parameter vector so it broadcasts along `axis` of `like`. A
+    parameter of `like`'s own shape (one per element), or of its rank with no axis (one per
+    block, broadcast: weight groups' [N, G, 1] against [N, G, g]), is used as it is."""
     if t.dim() > 1 and (t.shape == like.shape or (axis is None and t.dim() == like.dim())):
-        return t   # per element, or per block of `like` (broadcast: weight groups' [N, G, 1])
+        return t
     if axis is None or t.numel() == 1:
         return t.reshape(())
     shape = [1] * like.dim()
