@@ -173,3 +173,17 @@ def test_what_a_stack_prints_or_warns_goes_to_the_log(tiny, tmp_path, monkeypatc
     assert "LIBRARY" not in terminal
     log = (tmp_path / "bench.log").read_text()
     assert "LIBRARY PRINT" in log and "LIBRARY WARNING" in log
+
+
+def test_a_qlower_stack_may_name_its_backend(tiny):
+    """`qlower-<preset>@openvino` compiles for OpenVINO; `+int8` is an ONNX Runtime option."""
+    pytest.importorskip("openvino")
+    results, _ = llm.run_llm(["tiny-llama"], ("eager-fp32", "qlower-int8-weight@openvino",
+                                              "qlower-int4-weight+int8@openvino"), (1,),
+                             prompt=8, new=2, rounds=1, bandwidth_gbs=10.0, log=lambda m: None)
+    rows = {r.stack: r for r in results}
+    ov = rows["qlower-int8-weight@openvino"]
+    assert ov.ok and ov.decode_tps > 0 and ov.same_tokens is not None
+    assert ov.floor_ms == pytest.approx(llm.floor_ms(llm.weight_params(tiny.lm), 8, 10.0))
+    bad = rows["qlower-int4-weight+int8@openvino"]
+    assert not bad.ok and "ONNX Runtime option" in bad.error

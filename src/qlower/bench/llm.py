@@ -22,7 +22,8 @@ row with the reason):
 - qlower-<preset>      `qlower.compile_lm(model, quantize=preset, backend="onnxruntime")`,
                        `fp32` for no quantization; a preset this build does not have is a row
                        saying so; `+int8` after a weight-only preset: `OrtOptions(
-                       weight_only_compute="int8")` (ONNX Runtime's accuracy level 4, as ort-int4)
+                       weight_only_compute="int8")` (ONNX Runtime's accuracy level 4, as ort-int4);
+                       `@openvino` at the end: backend="openvino" instead (not in the default plan)
 
 Timing: one warm-up generation per stack, then `rounds` rounds; in each round every stack runs
 one whole generation (prefill, then the decode steps), stacks in alternating order. Each number
@@ -219,7 +220,8 @@ def copy_bandwidth(mb: int = 512, repeats: int = 8) -> float:
 
 BITS = {"eager-fp32": 32, "qlower-fp32": 32, "torchao-int8-weight": 8, "qlower-int8": 8, "qlower-int8-weight": 8,
         "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4,
-        "qlower-int4-weight+int8": 4, "llama.cpp": 4}
+        "qlower-int4-weight+int8": 4, "qlower-int4-weight@openvino": 4, "qlower-int8-weight@openvino": 8,
+        "llama.cpp": 4}
 
 
 def floor_ms(params: int, bits: int, bandwidth_gbs: float, group: int = GROUP) -> float:
@@ -491,14 +493,20 @@ def build_runner(stack: str, model: LLMModel, batch: int, max_len: int, workdir:
         return LlamaCppRunner(model.gguf, max_len)
     if stack.startswith("qlower-"):
         from ..backends.onnxruntime import OrtOptions
-        preset, _, compute = stack.removeprefix("qlower-").partition("+")
+        name, _, backend = stack.removeprefix("qlower-").partition("@")
+        preset, _, compute = name.partition("+")
         quantize = None if preset == "fp32" else preset
         if quantize is not None and not preset_exists(quantize):
             raise Skipped(f"quantize={quantize!r} is not a preset of this qlower build")
+        if backend == "openvino" and not installed("openvino"):
+            raise Skipped("openvino not installed: pip install \"qlower[openvino]\"")
+        if compute and backend not in ("", "onnxruntime"):
+            raise ValueError(f"{stack}: '+{compute}' is an ONNX Runtime option")
         calibration = [c[:max_len] for c in model.calibration] if quantize else None
         options = OrtOptions(weight_only_compute=compute) if compute else None
-        return LMRunner(compile_lm(model.lm, quantize=quantize, calibration=calibration, backend="onnxruntime",
-                                   batch=batch, max_len=max_len, backend_options=options))
+        return LMRunner(compile_lm(model.lm, quantize=quantize, calibration=calibration,
+                                   backend=backend or "onnxruntime", batch=batch, max_len=max_len,
+                                   backend_options=options))
     raise ValueError(f"unknown LLM bench stack {stack!r}; choose from {', '.join(LLM_STACKS)}")
 
 
