@@ -220,8 +220,12 @@ def copy_bandwidth(mb: int = 512, repeats: int = 8) -> float:
 
 BITS = {"eager-fp32": 32, "qlower-fp32": 32, "torchao-int8-weight": 8, "qlower-int8": 8, "qlower-int8-weight": 8,
         "torchao-int4-weight": 4, "ort-int4": 4, "openvino-nncf-int4": 4, "qlower-int4-weight": 4,
-        "qlower-int4-weight+int8": 4, "qlower-int4-weight@openvino": 4, "qlower-int8-weight@openvino": 8,
         "llama.cpp": 4}
+
+
+def stack_bits(stack: str) -> int | None:
+    """The weight width a stack's floor counts: a qlower stack's preset's (`+compute`, `@backend` dropped)."""
+    return BITS.get(stack.partition("@")[0].partition("+")[0])
 
 
 def floor_ms(params: int, bits: int, bandwidth_gbs: float, group: int = GROUP) -> float:
@@ -574,8 +578,8 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
                 rows: dict[str, LLMResult] = {}
                 for stack in stacks:
                     row = rows[stack] = LLMResult(name, stack, batch)
-                    if stack in BITS:
-                        row.floor_ms = floor_ms(params, BITS[stack], bandwidth, group_size(model.lm))
+                    if stack_bits(stack):
+                        row.floor_ms = floor_ms(params, stack_bits(stack), bandwidth, group_size(model.lm))
                     gc.collect()
                     before, start = _rss_mb(), time.perf_counter()
                     try:
@@ -611,8 +615,8 @@ def run_llm(models=LLM_MODELS, stacks=LLM_STACKS, batches=(1, 4), prompt: int = 
         if at_end > bandwidth:
             bandwidth = at_end
             for row in results:
-                if row.stack in BITS:
-                    row.floor_ms = floor_ms(params_of[row.model], BITS[row.stack], bandwidth, groups[row.model])
+                if stack_bits(row.stack):
+                    row.floor_ms = floor_ms(params_of[row.model], stack_bits(row.stack), bandwidth, groups[row.model])
     info = machine_info()
     info.update(bandwidth_gbs=bandwidth, prompt=prompt, new=new, rounds=rounds)
     return results, info
