@@ -85,6 +85,20 @@ def test_fake_quantization_equals_codes_and_back(bits, group, symmetric):
                        numerics.clip_weight_groups(finite, ratio, group))
 
 
+def test_padded_codes_dequantize_to_zero_past_k():
+    """The engines' whole groups or blocks: codes padded with each row's last zero point are the
+    same weights, then zeros."""
+    torch.manual_seed(1)
+    w = torch.randn(5, 40)
+    scale, zp = numerics.weight_only_qparams(w, 4, 16, symmetric=False)
+    codes = numerics.quantize_weight_groups(w, scale, zp, 4, 16)
+    padded = numerics.pad_codes(codes.numpy(), zp.numpy(), 48)
+    assert padded.shape == (5, 48) and (padded[:, :40] == codes.numpy()).all()
+    back = numerics.dequantize_weight_groups(torch.from_numpy(padded), scale, zp, 16)
+    assert torch.equal(back[:, :40], numerics.dequantize_weight_groups(codes, scale, zp, 16))
+    assert torch.equal(back[:, 40:], torch.zeros(5, 8))
+
+
 def test_presets_parse():
     int4 = QuantConfig.from_name("int4-weight").weight_only
     assert int4 == WeightOnly(bits=4, group_size=128, symmetric=False, method="awq", embeddings=True, embedding_bits=8)

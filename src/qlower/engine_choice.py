@@ -27,6 +27,7 @@ Its candidates come from qlower's settings ($QLOWER_AUTO_BACKENDS, core/settings
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -828,25 +829,22 @@ class _State:
             for name, value in self.saved.items():
                 _resolve(self.executable.module, name).copy_(value)
 
-    def call(self, example_inputs: tuple):
+    def _prepared(self, example_inputs: tuple):
+        """(the call's arguments, its grad mode): the state restored, the inputs cloned."""
         self.restore()
         args = torch.utils._pytree.tree_map(
             lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
-        if not self.executable.needs_no_grad:
-            return self.executable.run(*args)
-        with torch.no_grad():
+        return args, torch.no_grad() if self.executable.needs_no_grad else contextlib.nullcontext()
+
+    def call(self, example_inputs: tuple):
+        args, mode = self._prepared(example_inputs)
+        with mode:
             return self.executable.run(*args)
 
     def timed_call(self, example_inputs: tuple) -> float:
         """Seconds of one call, the state restore and input copies outside the clock."""
-        self.restore()
-        args = torch.utils._pytree.tree_map(
-            lambda x: x.clone() if isinstance(x, torch.Tensor) else x, example_inputs)
-        if not self.executable.needs_no_grad:
-            t0 = time.perf_counter()
-            self.executable.run(*args)
-            return time.perf_counter() - t0
-        with torch.no_grad():
+        args, mode = self._prepared(example_inputs)
+        with mode:
             t0 = time.perf_counter()
             self.executable.run(*args)
             return time.perf_counter() - t0

@@ -57,6 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from .errors import NumericsError
@@ -493,6 +494,17 @@ def weight_only_qparams(w: torch.Tensor, bits: int, group_size: int,
 def _ungrouped(t: torch.Tensor, k: int) -> torch.Tensor:
     """[N, G, group_size] -> [N, k]: `_grouped`'s inverse (the padding dropped)."""
     return t.reshape(t.shape[0], -1)[:, :k]
+
+
+def pad_codes(codes: np.ndarray, zero_point: np.ndarray, width: int) -> np.ndarray:
+    """Codes uint8 [N, K] widened to `width` columns with each row's last zero point: a code
+    equal to its zero point dequantizes to exactly 0, so a kernel that takes whole groups or
+    blocks (a last group shorter than the others) computes the same products."""
+    n, k = codes.shape
+    padded = np.empty((n, width), np.uint8)
+    padded[:, :k] = codes
+    padded[:, k:] = zero_point[:, -1:]
+    return padded
 
 
 def quantize_weight_groups(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,

@@ -128,6 +128,14 @@ _FLOAT_TO_INT = ("qlower::quantize", "qlower::quantize_per_token", "qlower::quan
                  "quantized_decomposed::quantize_per_tensor", "quantized_decomposed::quantize_per_channel")
 
 
+def as_numpy(t: torch.Tensor):
+    """A zero-copy C-contiguous numpy view of a cluster input for an engine (copies only when
+    the tensor is not contiguous; detached when it requires grad)."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
+
+
 def maps_float_to_integers(gm: GraphModule) -> bool:
     """The graph quantizes a float value somewhere (what makes NaN inputs need a check)."""
     return any(n.op == "call_function" and schema_name(n).split(".")[0] in _FLOAT_TO_INT for n in gm.graph.nodes)

@@ -284,11 +284,12 @@ class QuantConfig:
                                                       smoothquant=SmoothQuant(), quantize_activation_matmul=False),
                    "int8-symmetric": QuantConfig(activation_dtype="int8"),
                    # weight-only (docs/llm.md): W4A16 in asymmetric groups of 128 with AWQ-style
-                   # scaling (SmolLM2-135M, held-out perplexity vs fp32: +19.3%; GPTQ +21.2%,
-                   # round to nearest +30.4%), its embedding table and tied lm_head 8-bit per row
-                   # (llama.cpp's Q8_0 for token_embd in this model's GGUF; +0.1% perplexity, where
-                   # a 4-bit table costs +17%: the head read at 8 bits, not 32, every decode step);
-                   # and W8A16 per output channel, embeddings (and a tied lm_head) float
+                   # scaling and clipping (SmolLM2-135M, held-out perplexity vs fp32: +18.1%; GPTQ
+                   # +26.6%, round to nearest +26.7%), its embedding table and tied lm_head 8-bit
+                   # per row (llama.cpp's Q8_0 for token_embd in this model's GGUF; +0.2 points of
+                   # perplexity, where a 4-bit table costs +21.8: the head read at 8 bits, not 32,
+                   # every decode step); and W8A16 per output channel, embeddings (and a tied
+                   # lm_head) float
                    "int4-weight": QuantConfig(weight_only=WeightOnly(bits=4, group_size=128, method="awq",
                                                                      embeddings=True, embedding_bits=8)),
                    "int8-weight": QuantConfig(weight_only=WeightOnly(bits=8, group_size=None, symmetric=True)),

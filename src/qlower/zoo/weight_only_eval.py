@@ -353,7 +353,8 @@ def profile(names: list[str], calls: int = 64) -> None:
     already numpy) against its feed and output conversion; ONNX Runtime's own per-node profile
     of that run (lm_head separately)."""
     import statistics as stats
-    from ..backends.onnxruntime import OrtCluster, _as_numpy
+    from ..backends.clusters import as_numpy
+    from ..backends.onnxruntime import OrtCluster
     torch.set_num_threads(1)
     model, example, calibration = _decode_inputs()
     for name in names:
@@ -381,7 +382,7 @@ def profile(names: list[str], calls: int = 64) -> None:
                 return super().call_module(target, args, kwargs)
         with torch.no_grad():
             Grab(fused).run(*example)
-        feed = {n: _as_numpy(a) for n, a in zip(cluster.input_names, seen["args"])}
+        feed = {n: as_numpy(a) for n, a in zip(cluster.input_names, seen["args"])}
         run = []
         for _ in range(8):
             start = time.perf_counter()

@@ -662,8 +662,7 @@ def emit_linear_weight_only(em: Emitter, node: Node) -> Val:
     zp = em.constant(zp_n).detach().numpy()
     n, k = codes_n.meta["val"].shape
     g, groups = min(group, k), scale.shape[1]        # groups = ceil(K / g)
-    codes = np.repeat(zp, g, axis=1)                 # past K: the zero point's code, a weight of 0
-    codes[:, :k] = em.constant(codes_n).detach().numpy()
+    codes = numerics.pad_codes(em.constant(codes_n).detach().numpy(), zp, groups * g)   # past K: weights of 0
     x = em.value(x_n)
     rows = _prod(x.shape[:-1])
     x2 = b.reshape(x, [rows, k])

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch.fx import GraphModule, Node
 
+from ..clusters import as_numpy
+
 # dtypes an I/O binding takes as a buffer of its element type (numpy has them all)
 _BINDABLE = frozenset({torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
                        torch.int32, torch.int64, torch.bool})
@@ -159,8 +161,7 @@ class BoundState:
         binding = self.bindings[self.parity]
         held = []   # the binding reads these arrays' memory: alive until the run returns
         for j, name in self.free_inputs:
-            a = args[j]
-            array = (a.detach() if a.requires_grad else a).contiguous().numpy()
+            array = as_numpy(args[j])
             binding.bind_input(name, array)
             held.append(array)
         for name in self.free_outputs:   # a fresh output per call: a returned array is never overwritten

@@ -12,7 +12,8 @@ from torch.fx import GraphModule
 
 from ...core.settings import settings
 from ...errors import BackendError
-from ..clusters import as_scalars, nonfinite_positions, pytorch_graph, run_in_pytorch, scalar_kinds, worst_abs_diff
+from ..clusters import (as_numpy, as_scalars, nonfinite_positions, pytorch_graph, run_in_pytorch, scalar_kinds,
+                        worst_abs_diff)
 from ...core.types import ClusterInfo
 
 log = logging.getLogger("qlower.openvino")
@@ -69,12 +70,6 @@ def gemm_precisions(compiled) -> dict[str, int]:
             precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
             counts[precision] = counts.get(precision, 0) + 1
     return counts
-
-
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.requires_grad:
-        t = t.detach()
-    return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
 class OvCluster(torch.nn.Module):
@@ -143,7 +138,7 @@ class OvCluster(torch.nn.Module):
         try:
             request = self._request()
             fed = args if self.feed is None else [args[i] for i in self.feed]
-            request.infer([_as_numpy(a) for a in fed], share_inputs=True)
+            request.infer([as_numpy(a) for a in fed], share_inputs=True)
             n = len(self.output_dtypes)
             outs = [request.get_output_tensor(i).data for i in range(n)]
             sums = [request.get_output_tensor(n).data] if self.finite_checks else None

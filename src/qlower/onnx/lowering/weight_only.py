@@ -34,6 +34,7 @@ import onnx_ir as ir
 import torch
 from torch.fx import Node
 
+from ... import numerics
 from ...fx import full_args
 from .onnx_ops import MS, const, contrib_op, contrib_ops_allowed, i64, op, value_of
 from .table import lowers
@@ -105,9 +106,7 @@ def pack_nbits(codes: np.ndarray, scale: np.ndarray, zp: np.ndarray, bits: int, 
     blocks = -(-k // block)
     s_val = _per_value(scale, group_size, k)          # [N, K], constant over each block
     z_val = _per_value(zp, group_size, k)
-    padded = np.empty((n, blocks * block), np.uint8)
-    padded[:, :k] = codes
-    padded[:, k:] = z_val[:, -1:]                     # the zero point's code: weight 0
+    padded = numerics.pad_codes(codes, zp, blocks * block)
     starts = np.arange(blocks) * block
     scales = s_val[:, starts].astype(np.float32)
     zps = z_val[:, starts].astype(np.uint8)
@@ -151,9 +150,7 @@ def _dequantized(u: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int, group_s
     n, k = u.shape
     g = min(group_size, k)
     groups = s.shape[1]
-    padded = np.empty((n, groups * g), np.uint8)
-    padded[:, :k] = u
-    padded[:, k:] = z[:, -1:]
+    padded = numerics.pad_codes(u, z, groups * g)
     dtype = ir.DataType.UINT4 if bits == 4 else ir.DataType.UINT8
     codes = op.Constant(value=ir.tensor(padded.reshape(n, groups, g), dtype=dtype))
     zps = op.Constant(value=ir.tensor(z.reshape(n, groups, 1).astype(np.uint8), dtype=dtype))
@@ -168,9 +165,7 @@ def embedding_weight_only(ids, codes, scale, zero_point, bits: int, group_size: 
     n, k = u.shape
     g = min(group_size, k)
     groups = s.shape[1]
-    padded = np.empty((n, groups * g), np.uint8)   # a last, shorter group: padded with its zero point
-    padded[:, :k] = u
-    padded[:, k:] = z[:, -1:]
+    padded = numerics.pad_codes(u, z, groups * g)   # a last, shorter group: padded with its zero point
     # the rows' codes [..., G, g] and their groups' scales and zero points [..., G, 1]: a table of
     # scales per value would be as large as the float table
     rows = op.Gather(const(padded.reshape(n, groups, g), np.uint8), ids, axis=0)
