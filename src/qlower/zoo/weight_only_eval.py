@@ -354,6 +354,7 @@ def profile(names: list[str], calls: int = 64) -> None:
     of that run (lm_head separately)."""
     import statistics as stats
     from ..backends.clusters import as_numpy
+    from ..passes.functionalize_state import WRITE_BACK
     from ..backends.onnxruntime import OrtCluster
     torch.set_num_threads(1)
     model, example, calibration = _decode_inputs()
@@ -389,7 +390,7 @@ def profile(names: list[str], calls: int = 64) -> None:
             for _ in range(calls // 8):
                 cluster._run(cluster.output_names, feed, None)
             run.append((time.perf_counter() - start) / (calls // 8) * 1000)
-        writes = sum(1 for n in fused.graph.nodes if n.meta.get("qlower.write_back"))
+        writes = sum(1 for n in fused.graph.nodes if n.meta.get(WRITE_BACK))
         print(f"{name}: whole call {stats.median(whole):.2f} ms (median of 8 x {calls // 8}); "
               f"{len(clusters)} engine cluster(s), {writes} state write-backs, "
               f"{len(cluster.input_names)} session inputs, {len(cluster.output_names)} outputs", flush=True)
